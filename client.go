@@ -1,0 +1,291 @@
+package gendurable
+
+import (
+	"context"
+	"fmt"
+	"time"
+	"unicode/utf8"
+
+	"github.com/gendurable/gendurable/durablemigrate"
+	"github.com/gendurable/gendurable/internal/bridge"
+	"github.com/gendurable/gendurable/internal/engine"
+	"github.com/gendurable/gendurable/internal/jsonx"
+	"github.com/gendurable/gendurable/internal/store"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+func init() {
+	bridge.Engine = func(c any) (*engine.Engine, engine.Pool) {
+		cl := c.(*Client)
+		return cl.eng, cl.pool
+	}
+}
+
+// Client inserts instances and, once started, works the queues of its Config. Several clients
+// may share a process (give each its own Name) and any number of processes may share a schema.
+type Client struct {
+	pool       *pgxpool.Pool
+	eng        *engine.Engine
+	store      *store.Store
+	maxPayload int
+}
+
+// NewClient validates cfg and builds a client on pool. Nothing runs and nothing touches the
+// database until Start; an invalid config is a *ConfigError.
+func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("gendurable: NewClient: nil pool")
+	}
+	ec, schema, err := cfg.resolve()
+	if err != nil {
+		return nil, err
+	}
+	st, err := store.New(schema)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{pool: pool, eng: engine.New(pool, st, ec), store: st, maxPayload: ec.MaxPayload}, nil
+}
+
+// Schema is the schema the client works in.
+func (c *Client) Schema() string { return c.store.Schema }
+
+// Start checks that the schema is migrated, releases claims a dead predecessor of this client
+// left behind (same name, queue and host, lease gone stale), then starts the queues' schedulers,
+// the heartbeat and the reaper. It never runs DDL: migrate first (Migrate or `gendurable migrate`).
+func (c *Client) Start(ctx context.Context) error {
+	if err := durablemigrate.Check(ctx, c.pool, c.store.Schema); err != nil {
+		return err
+	}
+	return c.eng.Start(ctx)
+}
+
+// Stop drains the client: schedulers stop claiming, running steps have until ctx is done to
+// finish (their outcomes commit); then the rest are cancelled (their context's cause is
+// ErrClientStopped) and their claims handed back at once for other workers. A step that ignores
+// its context keeps its goroutine until it returns; its late outcome is dropped.
+func (c *Client) Stop(ctx context.Context) error {
+	return c.eng.Stop(ctx)
+}
+
+// InsertOpts are per-insert options. Every field is optional.
+type InsertOpts struct {
+	// Queue overrides the machine's queue.
+	Queue string
+	// Priority is 1 (most urgent) to 9; 0 means 5. Lower runs first.
+	Priority int
+	// ScheduledAt makes the instance runnable only from this time on.
+	ScheduledAt time.Time
+	// In makes the instance runnable only after this delay (measured by the database clock).
+	// It cannot be combined with ScheduledAt.
+	In time.Duration
+	// MaxAttempts overrides the machine's MaxAttempts for this instance.
+	MaxAttempts int
+	// CorrelationKey is a business key (an order id, say) that addresses the instance and
+	// deduplicates inserts: while an instance of the same machine with this key is live, an
+	// insert returns that instance's id with Duplicate set instead of creating another. Up to
+	// 512 characters.
+	CorrelationKey string
+	// CorrelationScope adds finished statuses (StatusDone, StatusFailed, StatusCancelled) to the
+	// deduplication scope, so that an insert also returns a finished instance with that key.
+	// The live statuses are always in scope.
+	CorrelationScope []Status
+}
+
+// InsertResult is the instance an insert created or found.
+type InsertResult struct {
+	// ID is the instance's id.
+	ID int64
+	// Duplicate says that an instance with the same correlation key already existed in scope
+	// and nothing was inserted: ID is that instance's.
+	Duplicate bool
+}
+
+// InsertManyParams is one row of InsertMany.
+type InsertManyParams struct {
+	Input Input
+	Opts  *InsertOpts
+}
+
+// Insert inserts one instance and nudges this client's scheduler of its queue.
+func (c *Client) Insert(ctx context.Context, in Input, opts *InsertOpts) (InsertResult, error) {
+	res, err := c.insert(ctx, c.pool, []InsertManyParams{{Input: in, Opts: opts}}, true)
+	if err != nil {
+		return InsertResult{}, err
+	}
+	return res[0], nil
+}
+
+// InsertTx inserts one instance inside the caller's transaction: workers see it only once tx
+// commits, and never if it rolls back.
+func (c *Client) InsertTx(ctx context.Context, tx pgx.Tx, in Input, opts *InsertOpts) (InsertResult, error) {
+	res, err := c.insert(ctx, tx, []InsertManyParams{{Input: in, Opts: opts}}, false)
+	if err != nil {
+		return InsertResult{}, err
+	}
+	return res[0], nil
+}
+
+// InsertMany inserts many instances in one statement (no parameter-count ceiling) and returns
+// their results in input order. Rows are inserted in correlation-key order, so ids follow key
+// order, and batches racing over the same keys cannot deadlock. If any row is invalid, nothing
+// is inserted and the *InputError names the row.
+func (c *Client) InsertMany(ctx context.Context, params []InsertManyParams) ([]InsertResult, error) {
+	return c.insert(ctx, c.pool, params, true)
+}
+
+// InsertManyTx is InsertMany inside the caller's transaction.
+func (c *Client) InsertManyTx(ctx context.Context, tx pgx.Tx, params []InsertManyParams) ([]InsertResult, error) {
+	return c.insert(ctx, tx, params, false)
+}
+
+func (c *Client) insert(ctx context.Context, db store.DB, params []InsertManyParams, wake bool) ([]InsertResult, error) {
+	if len(params) == 0 {
+		return nil, nil
+	}
+	rows := make([]store.InsertRow, len(params))
+	index := -1
+	if len(params) > 1 {
+		index = 0
+	}
+	for i := range params {
+		if index >= 0 {
+			index = i
+		}
+		if err := c.row(&params[i], index, &rows[i]); err != nil {
+			return nil, err
+		}
+	}
+	ins, err := c.store.InsertMany(ctx, db, rows)
+	if err != nil {
+		return nil, fmt.Errorf("gendurable: insert %d rows: %w", len(rows), err)
+	}
+	out := make([]InsertResult, len(ins))
+	due := map[string]bool{}
+	for i, r := range ins {
+		out[i] = InsertResult{ID: r.ID, Duplicate: r.Duplicate}
+		if !r.Duplicate && rows[i].ScheduledAt == nil && rows[i].Delay == 0 {
+			due[rows[i].Queue] = true
+		}
+	}
+	if wake {
+		for q := range due {
+			c.eng.Wake(q)
+		}
+	}
+	return out, nil
+}
+
+// row validates one insert and builds its statement row.
+func (c *Client) row(p *InsertManyParams, index int, r *store.InsertRow) error {
+	in, opts := &p.Input, p.Opts
+	if opts == nil {
+		opts = &InsertOpts{}
+	}
+	bad := func(field, format string, args ...any) error {
+		return &InputError{Index: index, Field: field, Reason: fmt.Sprintf(format, args...)}
+	}
+	if in.err != nil {
+		return &InputError{Index: index, Field: "Input", Reason: in.err.Error(), Err: in.err}
+	}
+	if in.machine == "" && in.step == "" {
+		return bad("Input", "the zero Input: build one with FSM.With or Job.With")
+	}
+	if err := checkName("machine name", in.machine); err != nil {
+		return bad("Input", "%v", err)
+	}
+	if def := c.eng.Machine(in.machine); def != nil && !def.Steps[in.step] {
+		return &InputError{Index: index, Field: "Input", Err: ErrUnknownStep,
+			Reason: fmt.Sprintf("the registered machine %q has no step %q", in.machine, in.step)}
+	}
+	state, err := jsonx.Encode(in.state, c.maxPayload)
+	if err != nil {
+		return &InputError{Index: index, Field: "state", Reason: err.Error(), Err: err}
+	}
+	queue := orDefault(opts.Queue, orDefault(in.queue, DefaultQueue))
+	if err := checkName("queue name", queue); err != nil {
+		return bad("Queue", "%v", err)
+	}
+	prio := opts.Priority
+	if prio == 0 {
+		prio = 5
+	}
+	if prio < 1 || prio > 9 {
+		return bad("Priority", "%d: must be 1 (most urgent) to 9, or 0 for the default 5", opts.Priority)
+	}
+	maxAtt := orDefaultInt(opts.MaxAttempts, orDefaultInt(in.maxAttempts, DefaultMaxAttempts))
+	if maxAtt < 1 {
+		return bad("MaxAttempts", "%d: must be at least 1", opts.MaxAttempts)
+	}
+	if opts.In < 0 {
+		return bad("In", "%v: negative delay", opts.In)
+	}
+	if opts.In != 0 && !opts.ScheduledAt.IsZero() {
+		return bad("In", "set In or ScheduledAt, not both")
+	}
+	key := opts.CorrelationKey
+	if key != "" && (len(key) > 512 || !utf8.ValidString(key) || containsNUL(key)) {
+		return bad("CorrelationKey", "must be valid UTF-8 without NUL, at most 512 bytes")
+	}
+	var mask int16
+	for _, s := range opts.CorrelationScope {
+		switch s {
+		case StatusAvailable, StatusExecuting, StatusAwaiting, StatusJoining:
+		case StatusDone:
+			mask |= 1
+		case StatusFailed:
+			mask |= 2
+		case StatusCancelled:
+			mask |= 4
+		default:
+			return bad("CorrelationScope", "%q is not a status", s)
+		}
+	}
+	if len(opts.CorrelationScope) > 0 && key == "" {
+		return bad("CorrelationScope", "set without a CorrelationKey")
+	}
+	*r = store.InsertRow{
+		Machine: in.machine, Step: in.step, State: string(state), Queue: queue, Priority: prio,
+		Delay: opts.In, MaxAttempts: maxAtt, CorrelationKey: key, ScopeMask: mask,
+	}
+	if !opts.ScheduledAt.IsZero() {
+		t := opts.ScheduledAt
+		r.ScheduledAt = &t
+	}
+	return nil
+}
+
+func containsNUL(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// Get reads an instance by id; ErrNotFound if there is none.
+func (c *Client) Get(ctx context.Context, id int64) (*Instance, error) {
+	in, err := c.store.GetInstance(ctx, c.pool, id)
+	if err != nil {
+		return nil, fmt.Errorf("gendurable: get %d: %w", id, err)
+	}
+	return in, nil
+}
+
+// MigrateOpts configures Migrate.
+type MigrateOpts struct {
+	// Schema to create; default "gendurable".
+	Schema string
+}
+
+// Migrate creates gendurable's schema, or checks that an existing one was built by this
+// version. It is idempotent and safe to run from many processes at once.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) error {
+	schema := ""
+	if opts != nil {
+		schema = opts.Schema
+	}
+	return durablemigrate.Migrate(ctx, pool, schema)
+}

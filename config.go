@@ -1,0 +1,216 @@
+package gendurable
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/gendurable/gendurable/internal/engine"
+	"github.com/gendurable/gendurable/internal/ident"
+)
+
+// Config configures a Client. The zero value of every field means its documented default.
+// NewClient validates it in one place; an invalid field is a *ConfigError naming it, returned
+// before anything runs or touches the database.
+type Config struct {
+	// Name tells clients in one process apart (in worker ids, logs and events). Default
+	// "default". 1 to 64 characters without ':', '@' or '#'.
+	Name string
+	// Schema is the Postgres schema holding gendurable's tables. Default "gendurable". A plain
+	// lower-case identifier (a-z, 0-9, _; not starting with pg_).
+	Schema string
+	// Machines are the FSMs and Jobs this client can run. Rows of other machines in its queues
+	// are handed back untouched for a node that knows them (event fsm.unknown).
+	Machines []Machine
+	// Queues are the queues this client works, by name. Empty: this node runs no workers (it can
+	// still insert).
+	Queues map[string]QueueConfig
+	// Lease is how long a claim lasts without a heartbeat before the reaper may give the row to
+	// another worker. Default 30s; at least 100ms.
+	Lease time.Duration
+	// Heartbeat is how often the client extends the leases it holds (one statement for all of
+	// them). Default Lease/6; at most Lease/3.
+	Heartbeat time.Duration
+	// PollInterval is the longest an idle queue waits before looking for work again: the floor
+	// of discovery latency for rows made due by time (scheduled, backoff) or by other nodes.
+	// Default 1s. Queues can override it.
+	PollInterval time.Duration
+	// Reaper configures the sweep that releases expired claims. Nil: enabled with defaults.
+	Reaper *ReaperConfig
+	// MaxPayloadBytes caps an encoded state, result or argument document. Default 1 MiB.
+	MaxPayloadBytes int
+	// Logger receives the engine's logs. Default slog.Default().
+	Logger *slog.Logger
+	// Hooks receive every event, on a goroutine of their own: a slow hook never blocks the
+	// engine (past a large buffer, events are dropped and the drop is logged).
+	Hooks []func(Event)
+}
+
+// QueueConfig configures one queue's workers on a client.
+type QueueConfig struct {
+	// Concurrency is how many steps of the queue run at once on this client. Default 10; at
+	// most 10,000.
+	Concurrency int
+	// PollInterval overrides Config.PollInterval for this queue.
+	PollInterval time.Duration
+}
+
+// ReaperConfig configures the reaper. At least one node of a cluster must run it (duplicates are
+// safe: sweeps skip each other's rows).
+type ReaperConfig struct {
+	// Disabled turns the reaper off on this node.
+	Disabled bool
+	// Interval is the time between sweeps. Default 5s.
+	Interval time.Duration
+}
+
+// Defaults.
+const (
+	DefaultLease           = 30 * time.Second
+	DefaultPollInterval    = time.Second
+	DefaultReaperInterval  = 5 * time.Second
+	DefaultConcurrency     = 10
+	DefaultMaxPayloadBytes = 1 << 20
+	defaultCommitters      = 2
+	defaultMaxCommitBatch  = 1000
+)
+
+func cfgErr(field, format string, args ...any) error {
+	return &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// resolve validates c and returns the engine configuration with every default filled in.
+func (c *Config) resolve() (engine.Config, string, error) {
+	var ec engine.Config
+	if c == nil {
+		c = &Config{}
+	}
+	ec.Name = orDefault(c.Name, "default")
+	if len(ec.Name) > 64 || strings.ContainsAny(ec.Name, ":@#") || !printable(ec.Name) {
+		return ec, "", cfgErr("Name", "%q: use 1 to 64 printable characters without ':', '@' or '#'", c.Name)
+	}
+	schema, err := ident.Schema(c.Schema)
+	if err != nil {
+		return ec, "", &ConfigError{Field: "Schema", Reason: err.Error()}
+	}
+
+	ec.Lease = c.Lease
+	if ec.Lease == 0 {
+		ec.Lease = DefaultLease
+	}
+	if ec.Lease < 100*time.Millisecond {
+		return ec, "", cfgErr("Lease", "%v: must be at least 100ms", c.Lease)
+	}
+	ec.Heartbeat = c.Heartbeat
+	if ec.Heartbeat == 0 {
+		ec.Heartbeat = ec.Lease / 6
+	}
+	if ec.Heartbeat < 0 || ec.Heartbeat > ec.Lease/3 {
+		return ec, "", cfgErr("Heartbeat", "%v: must be positive and at most Lease/3 (%v), so a lease survives a missed beat", c.Heartbeat, ec.Lease/3)
+	}
+	poll := c.PollInterval
+	if poll == 0 {
+		poll = DefaultPollInterval
+	}
+	if poll < time.Millisecond {
+		return ec, "", cfgErr("PollInterval", "%v: must be at least 1ms", c.PollInterval)
+	}
+	if c.Reaper == nil || !c.Reaper.Disabled {
+		ec.ReaperInterval = DefaultReaperInterval
+		if c.Reaper != nil && c.Reaper.Interval != 0 {
+			ec.ReaperInterval = c.Reaper.Interval
+		}
+		if ec.ReaperInterval < time.Millisecond {
+			return ec, "", cfgErr("Reaper.Interval", "%v: must be at least 1ms", c.Reaper.Interval)
+		}
+	}
+	ec.MaxPayload = c.MaxPayloadBytes
+	if ec.MaxPayload == 0 {
+		ec.MaxPayload = DefaultMaxPayloadBytes
+	}
+	if ec.MaxPayload < 0 {
+		return ec, "", cfgErr("MaxPayloadBytes", "%d: must be positive", c.MaxPayloadBytes)
+	}
+
+	ec.Queues = make(map[string]engine.QueueConfig, len(c.Queues))
+	for name, q := range c.Queues {
+		field := "Queues[" + name + "]"
+		if err := checkName("queue name", name); err != nil {
+			return ec, "", &ConfigError{Field: field, Reason: err.Error()}
+		}
+		conc := q.Concurrency
+		if conc == 0 {
+			conc = DefaultConcurrency
+		}
+		if conc < 0 || conc > 10000 {
+			return ec, "", cfgErr(field+".Concurrency", "%d: must be between 1 and 10000", q.Concurrency)
+		}
+		qp := q.PollInterval
+		if qp == 0 {
+			qp = poll
+		}
+		if qp < time.Millisecond {
+			return ec, "", cfgErr(field+".PollInterval", "%v: must be at least 1ms", q.PollInterval)
+		}
+		ec.Queues[name] = engine.QueueConfig{Concurrency: conc, PollInterval: qp}
+	}
+
+	ec.Machines = make(map[string]*engine.MachineDef, len(c.Machines))
+	for i, m := range c.Machines {
+		field := fmt.Sprintf("Machines[%d]", i)
+		if m == nil {
+			return ec, "", cfgErr(field, "nil machine")
+		}
+		def, err := m.def()
+		if err != nil {
+			return ec, "", &ConfigError{Field: field, Reason: err.Error()}
+		}
+		if _, dup := ec.Machines[def.Name]; dup {
+			return ec, "", cfgErr(field, "a machine named %q is already registered", def.Name)
+		}
+		ec.Machines[def.Name] = def
+	}
+
+	ec.Logger = c.Logger
+	if ec.Logger == nil {
+		ec.Logger = slog.Default()
+	}
+	for i, h := range c.Hooks {
+		if h == nil {
+			return ec, "", cfgErr(fmt.Sprintf("Hooks[%d]", i), "nil hook")
+		}
+	}
+	ec.Hooks = c.Hooks
+	ec.Committers = defaultCommitters
+	ec.MaxCommitBatch = defaultMaxCommitBatch
+	return ec, schema, nil
+}
+
+// checkName validates a durable name (machine, step, queue): 1 to 128 bytes of printable UTF-8.
+func checkName(what, s string) error {
+	if s == "" {
+		return fmt.Errorf("%s is empty", what)
+	}
+	if len(s) > 128 {
+		return fmt.Errorf("%s %.20q… is %d bytes long; the limit is 128", what, s, len(s))
+	}
+	if !printable(s) {
+		return fmt.Errorf("%s %q: use printable UTF-8 characters only", what, s)
+	}
+	return nil
+}
+
+func printable(s string) bool {
+	if s == "" || !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if !unicode.IsPrint(r) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,87 @@
+-- gendurable schema, version 1.
+--
+-- Pre-1.0 there is exactly one schema version and it is edited in place: when this file changes,
+-- drop and re-create the schema (Migrate refuses a schema built from a different text and says so).
+-- Every object lives in the configured schema, written here as {schema}; the migrator substitutes
+-- the quoted identifier. Nothing here depends on search_path.
+
+CREATE SCHEMA IF NOT EXISTS {schema};
+
+-- The life of an instance.
+--   available  runnable once scheduled_at has passed (fresh, after Next, after Retry, released)
+--   executing  claimed by a worker (locked_by) until its lease (locked_until) runs out
+--   awaiting   parked on a set of signal names (await_names), optionally until await_deadline
+--   joining    parked on its children (pending_children counts the unsettled ones)
+--   done, failed, cancelled  terminal; finalized_at says when, GC removes them after retention
+CREATE TYPE {schema}.status AS ENUM (
+  'available', 'executing', 'awaiting', 'joining', 'done', 'failed', 'cancelled'
+);
+
+CREATE TABLE {schema}.instances (
+  id                bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  machine           text        NOT NULL CHECK (char_length(machine) BETWEEN 1 AND 128),
+  step              text        NOT NULL CHECK (char_length(step) BETWEEN 1 AND 128),
+  queue             text        NOT NULL CHECK (char_length(queue) BETWEEN 1 AND 128),
+  status            {schema}.status NOT NULL DEFAULT 'available',
+  priority          smallint    NOT NULL DEFAULT 5 CHECK (priority BETWEEN 1 AND 9),
+  -- attempt counts the tries of the current step: a claim adds one, Next and Await reset it.
+  attempt           integer     NOT NULL DEFAULT 0 CHECK (attempt >= 0),
+  max_attempts      integer     NOT NULL CHECK (max_attempts >= 1),
+  scheduled_at      timestamptz NOT NULL DEFAULT now(),
+  -- The claim: an opaque token naming the worker and the pick, and the lease it holds until.
+  locked_by         text,
+  locked_until      timestamptz,
+  state             jsonb       NOT NULL,
+  result            jsonb,
+  -- The most recent errors, oldest first, at most 20 entries.
+  errors            jsonb,
+  correlation_key   text        CHECK (char_length(correlation_key) BETWEEN 1 AND 512),
+  -- Admission (concurrency gates, rate limits): NULL costs nothing in the pick.
+  concurrency_key   text,
+  concurrency_shard smallint,
+  rate_limit        text,
+  weight            integer     NOT NULL DEFAULT 1 CHECK (weight >= 1),
+  -- Parking on signals.
+  await_names       text[],
+  await_deadline    timestamptz,
+  -- Fan-out: a child names its parent; a parent counts its unsettled children.
+  parent_id         bigint,
+  pending_children  integer     NOT NULL DEFAULT 0 CHECK (pending_children >= 0),
+  inserted_at       timestamptz NOT NULL DEFAULT now(),
+  updated_at        timestamptz NOT NULL DEFAULT now(),
+  finalized_at      timestamptz
+) WITH (fillfactor = 80);
+-- fillfactor 80 leaves room on each page so that updates which touch no indexed column (the
+-- heartbeat's lease extension) stay HOT.
+
+-- The pick: runnable rows of one queue in urgency order. Only available rows are in it, so it
+-- stays as small as the backlog no matter how many rows are executing, parked or finished.
+CREATE INDEX instances_pick ON {schema}.instances (queue, priority, scheduled_at, id)
+  WHERE status = 'available';
+
+-- Claims: the heartbeat, the reaper and startup reclaim look only at executing rows. locked_by is
+-- set by the claim itself, so lease extensions (locked_until) do not touch this index.
+CREATE INDEX instances_executing ON {schema}.instances (locked_by)
+  WHERE status = 'executing';
+
+-- Correlation keys: one live instance per (machine, key). The unique index is the arbiter of
+-- deduplicating inserts and the address of signals by key. It is partial, so Postgres never
+-- strengthens a row lock for it (claims can take FOR NO KEY UPDATE).
+CREATE UNIQUE INDEX instances_correlation_live ON {schema}.instances (machine, correlation_key)
+  WHERE correlation_key IS NOT NULL
+    AND status IN ('available', 'executing', 'awaiting', 'joining');
+
+-- Correlation keys in every status: deduplication scopes that include finished instances, and
+-- look-ups by key from the operator's tools.
+CREATE INDEX instances_correlation ON {schema}.instances (machine, correlation_key)
+  WHERE correlation_key IS NOT NULL;
+
+-- Finished rows in the order GC removes them.
+CREATE INDEX instances_finalized ON {schema}.instances (finalized_at, id)
+  WHERE status IN ('done', 'failed', 'cancelled');
+
+-- What this schema was built from: Migrate compares the fingerprint of this text.
+CREATE TABLE {schema}.meta (
+  key   text PRIMARY KEY,
+  value text NOT NULL
+);

@@ -1,0 +1,83 @@
+// Package durabletype holds the leaf types of gendurable: the status of an instance, the view of
+// an instance row, events and the sentinel errors. It depends on the standard library only, so
+// any package (a hook, a dashboard, a test kit) can use it without pulling in the engine. The
+// root package re-exports every name here by alias.
+package durabletype
+
+import "time"
+
+// Status is where an instance is in its life. The values are the database enum's labels.
+type Status string
+
+// The statuses of an instance.
+const (
+	// StatusAvailable: runnable once its scheduled time has passed.
+	StatusAvailable Status = "available"
+	// StatusExecuting: claimed by a worker that holds a lease on it.
+	StatusExecuting Status = "executing"
+	// StatusAwaiting: parked until one of a set of signals arrives (or its await deadline).
+	StatusAwaiting Status = "awaiting"
+	// StatusJoining: parked until its children settle.
+	StatusJoining Status = "joining"
+	// StatusDone: finished with a result. Terminal.
+	StatusDone Status = "done"
+	// StatusFailed: finished with an error (Stop, or attempts exhausted). Terminal.
+	StatusFailed Status = "failed"
+	// StatusCancelled: stopped by an operator. Terminal.
+	StatusCancelled Status = "cancelled"
+)
+
+// Terminal reports whether s is a final status: done, failed or cancelled.
+func (s Status) Terminal() bool {
+	return s == StatusDone || s == StatusFailed || s == StatusCancelled
+}
+
+// Valid reports whether s is one of the statuses above.
+func (s Status) Valid() bool {
+	switch s {
+	case StatusAvailable, StatusExecuting, StatusAwaiting, StatusJoining,
+		StatusDone, StatusFailed, StatusCancelled:
+		return true
+	}
+	return false
+}
+
+// ErrorEntry is one error in an instance's history, oldest first on the row.
+type ErrorEntry struct {
+	// At is when the error was recorded (database clock).
+	At time.Time `json:"at"`
+	// Step is the step that failed.
+	Step string `json:"step"`
+	// Attempt is the try of that step that failed.
+	Attempt int `json:"attempt"`
+	// Kind says where the error came from: "error" (a step returned it), "panic", "outcome"
+	// (the step's outcome could not be applied: unknown step, unencodable state, too large),
+	// "lease" (the worker lost its claim; found by the reaper), "stop" (the step returned Stop).
+	Kind string `json:"kind"`
+	// Error is the error's text.
+	Error string `json:"error"`
+}
+
+// Instance is a row of the instances table as the operator's tools and the test kit see it.
+// State and Result are the raw JSON documents.
+type Instance struct {
+	ID             int64
+	Machine        string
+	Step           string
+	Queue          string
+	Status         Status
+	Priority       int
+	Attempt        int
+	MaxAttempts    int
+	ScheduledAt    time.Time
+	LockedBy       string
+	LockedUntil    *time.Time
+	State          []byte
+	Result         []byte
+	Errors         []ErrorEntry
+	CorrelationKey string
+	ParentID       *int64
+	InsertedAt     time.Time
+	UpdatedAt      time.Time
+	FinalizedAt    *time.Time
+}

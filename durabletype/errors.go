@@ -1,0 +1,78 @@
+package durabletype
+
+import (
+	"errors"
+	"strconv"
+)
+
+// Sentinel errors. Callers branch on them with errors.Is; the engine wraps them with context.
+var (
+	// ErrNotFound: no instance has that id (or that correlation key).
+	ErrNotFound = errors.New("gendurable: instance not found")
+	// ErrNoTarget: a signal's target is finished or does not exist; nothing was stored.
+	ErrNoTarget = errors.New("gendurable: signal target is finished or does not exist")
+	// ErrPayloadTooLarge: an encoded state, result or payload is over Config.MaxPayloadBytes.
+	ErrPayloadTooLarge = errors.New("gendurable: payload too large")
+	// ErrInvalidPayload: a value cannot be stored as JSON (it does not encode, or it holds a
+	// NUL character, which Postgres's jsonb rejects).
+	ErrInvalidPayload = errors.New("gendurable: invalid payload")
+	// ErrUnknownMachine: no registered machine has that name.
+	ErrUnknownMachine = errors.New("gendurable: unknown machine")
+	// ErrUnknownStep: the machine has no step of that name.
+	ErrUnknownStep = errors.New("gendurable: unknown step")
+	// ErrInvalidIdentifier: a schema name is not a plain lower-case SQL identifier.
+	ErrInvalidIdentifier = errors.New("gendurable: invalid identifier")
+	// ErrInvalidInput: an argument of an API call is out of its documented range.
+	ErrInvalidInput = errors.New("gendurable: invalid input")
+	// ErrInvalidConfig: a Config field is invalid; the error names the field.
+	ErrInvalidConfig = errors.New("gendurable: invalid config")
+	// ErrSchemaMismatch: the schema exists but was built from another version of the DDL.
+	ErrSchemaMismatch = errors.New("gendurable: schema was built by a different version")
+	// ErrNotMigrated: the schema does not exist or has no gendurable tables.
+	ErrNotMigrated = errors.New("gendurable: schema is not migrated")
+	// ErrClientStopped: the client was stopped, or never started where starting is required.
+	ErrClientStopped = errors.New("gendurable: client is not running")
+	// ErrLeaseLost: the worker no longer owns the instance it was running (its lease ran out
+	// and another worker reclaimed it). A step's context is cancelled with this cause.
+	ErrLeaseLost = errors.New("gendurable: lease lost")
+)
+
+// ConfigError says which Config field is invalid and why. It matches ErrInvalidConfig.
+type ConfigError struct {
+	// Field is the path of the offending field, such as "Queues[mail].Concurrency".
+	Field string
+	// Reason says what is wrong with it.
+	Reason string
+}
+
+func (e *ConfigError) Error() string {
+	return "gendurable: invalid config: " + e.Field + ": " + e.Reason
+}
+
+// Is makes errors.Is(err, ErrInvalidConfig) true.
+func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }
+
+// InputError says which argument of a call is invalid and why. Index is the position in a batch
+// (InsertMany) or -1. It matches ErrInvalidInput and, through Err, the more precise sentinel
+// (ErrPayloadTooLarge, ErrUnknownStep, …).
+type InputError struct {
+	Index  int
+	Field  string
+	Reason string
+	Err    error
+}
+
+func (e *InputError) Error() string {
+	s := "gendurable: "
+	if e.Index >= 0 {
+		s += "row " + strconv.Itoa(e.Index) + ": "
+	}
+	s += e.Field + ": " + e.Reason
+	return s
+}
+
+// Is makes errors.Is(err, ErrInvalidInput) true.
+func (e *InputError) Is(target error) bool { return target == ErrInvalidInput }
+
+// Unwrap returns the precise sentinel, if any.
+func (e *InputError) Unwrap() error { return e.Err }

@@ -1,0 +1,55 @@
+package durabletype
+
+import "time"
+
+// EventName names an event. The names follow the seed's telemetry events.
+type EventName string
+
+// The events the engine emits. docs/operations.md lists when each fires and what it carries.
+const (
+	// EventSchedulerPicked: a pick claimed rows. Count = rows, Duration = the pick's round trip.
+	EventSchedulerPicked EventName = "scheduler.picked"
+	// EventSchedulerReclaimed: startup reclaim released a dead predecessor's claims. Count = rows.
+	EventSchedulerReclaimed EventName = "scheduler.reclaimed"
+	// EventStepStarted: a claimed step began to run.
+	EventStepStarted EventName = "step.started"
+	// EventStepFinished: a step's outcome committed. Outcome = the outcome's kind, Duration = the
+	// time from the step's start to the commit.
+	EventStepFinished EventName = "step.finished"
+	// EventStepError: a step returned an error, panicked or produced an outcome that cannot be
+	// applied; it was routed to the machine's Handle. Err carries the error, Panic says which.
+	EventStepError EventName = "step.error"
+	// EventOutcomeStale: an outcome was dropped because its worker no longer owned the claim
+	// (the lease ran out and the row was reclaimed). The row keeps the new owner's progress.
+	EventOutcomeStale EventName = "outcome.stale"
+	// EventCommitFailed: committing outcomes failed and will be retried. Count = outcomes.
+	EventCommitFailed EventName = "commit.failed"
+	// EventFSMUnknown: this node claimed a row whose machine (or step) it does not know. The claim
+	// was released untouched for a node that knows it; the row stays available.
+	EventFSMUnknown EventName = "fsm.unknown"
+	// EventHeartbeatLost: the heartbeat found claims this worker no longer owns; their steps'
+	// contexts are cancelled with ErrLeaseLost. Count = claims.
+	EventHeartbeatLost EventName = "heartbeat.lost"
+	// EventReaperReclaimed: the reaper released rows whose lease had expired. Count = rows
+	// released, Failed = rows failed because they had no attempts left.
+	EventReaperReclaimed EventName = "reaper.reclaimed"
+)
+
+// Event is what hooks receive. Fields that do not apply to an event are zero.
+type Event struct {
+	Name       EventName
+	At         time.Time
+	Client     string
+	Queue      string
+	Machine    string
+	Step       string
+	InstanceID int64
+	Attempt    int
+	// Outcome is the kind of a committed outcome: "next", "retry", "done", "failed", "released".
+	Outcome  string
+	Count    int
+	Failed   int
+	Duration time.Duration
+	Err      error
+	Panic    bool
+}

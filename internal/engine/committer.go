@@ -1,0 +1,140 @@
+package engine
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/gendurable/gendurable/durabletype"
+	"github.com/gendurable/gendurable/internal/store"
+)
+
+// committer applies outcomes in groups: each worker takes whatever has queued up while the
+// previous statement was in flight (up to MaxCommitBatch) and applies it in one fenced statement
+// (group commit). Nothing is reported (events, wakes, the await bridge) before its commit. A
+// bounded queue is the executors' backpressure.
+type committer struct {
+	e    *Engine
+	ch   chan *commitReq
+	quit chan struct{}
+	wg   sync.WaitGroup
+}
+
+type commitReq struct {
+	flight  *flight
+	row     store.OutcomeRow
+	outcome Outcome
+	release func() // frees the executor slot once the request is queued
+}
+
+func newCommitter(e *Engine) *committer {
+	capacity := 64
+	for _, q := range e.cfg.Queues {
+		capacity += q.Concurrency
+	}
+	return &committer{e: e, ch: make(chan *commitReq, capacity), quit: make(chan struct{})}
+}
+
+func (c *committer) start() {
+	for range c.e.cfg.Committers {
+		c.wg.Add(1)
+		go c.work()
+	}
+}
+
+// stop lets the workers apply everything queued, then returns.
+func (c *committer) stop() {
+	close(c.quit)
+	c.wg.Wait()
+}
+
+// submit queues an outcome; it blocks while the queue is full.
+func (c *committer) submit(req *commitReq) {
+	c.ch <- req
+	req.release()
+	c.e.sends.Done()
+}
+
+func (c *committer) work() {
+	defer c.wg.Done()
+	maxBatch := c.e.cfg.MaxCommitBatch
+	batch := make([]*commitReq, 0, maxBatch)
+	for {
+		batch = batch[:0]
+		select {
+		case r := <-c.ch:
+			batch = append(batch, r)
+		case <-c.quit:
+			for {
+				batch = batch[:0]
+			drain:
+				for len(batch) < maxBatch {
+					select {
+					case r := <-c.ch:
+						batch = append(batch, r)
+					default:
+						break drain
+					}
+				}
+				if len(batch) == 0 {
+					return
+				}
+				c.commit(batch, true)
+			}
+		}
+	fill:
+		for len(batch) < maxBatch {
+			select {
+			case r := <-c.ch:
+				batch = append(batch, r)
+			default:
+				break fill
+			}
+		}
+		c.commit(batch, false)
+	}
+}
+
+// commit applies a batch, retrying failures (a lost connection, a restarting server) with
+// backoff: the outcomes are still owned until their leases run out, and the fence makes a
+// retry of a statement that did commit harmless (its rows then report as stale). While
+// stopping, it gives up after a few tries; the reaper then re-runs those steps.
+func (c *committer) commit(batch []*commitReq, stopping bool) {
+	e := c.e
+	rows := make([]store.OutcomeRow, len(batch))
+	for i, r := range batch {
+		rows[i] = r.row
+	}
+	backoff := 50 * time.Millisecond
+	for try := 1; ; try++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		applied, err := e.store.ApplyOutcomes(ctx, e.pool, rows)
+		cancel()
+		if err == nil {
+			for _, r := range batch {
+				_, ok := applied[store.Claim{ID: r.row.ID, Owner: r.row.Owner}]
+				e.finish(r.flight, &r.outcome, ok, nil)
+			}
+			return
+		}
+		e.Emit(durabletype.Event{Name: durabletype.EventCommitFailed, Count: len(batch), Err: err})
+		if (stopping && try >= 3) || try >= 1000 {
+			for _, r := range batch {
+				e.finish(r.flight, &r.outcome, false, err)
+			}
+			return
+		}
+		e.log.Warn("gendurable: outcome commit failed; retrying", "client", e.cfg.Name, "outcomes", len(batch),
+			"try", try, "error", err)
+		if stopping {
+			time.Sleep(backoff)
+		} else {
+			select {
+			case <-time.After(backoff):
+			case <-c.quit:
+				stopping = true
+			}
+		}
+		backoff = min(backoff*2, 2*time.Second)
+	}
+}

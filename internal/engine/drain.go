@@ -1,0 +1,120 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/gendurable/gendurable/durabletype"
+	"github.com/gendurable/gendurable/internal/store"
+)
+
+// DrainOpts configures an inline drain.
+type DrainOpts struct {
+	// Queues limits the drain to these queues; empty means every queue with runnable rows.
+	Queues []string
+	// MaxSteps fails the drain once it has run this many steps (a runaway machine).
+	MaxSteps int
+	// KeepDelays runs only rows already due; by default scheduled and backoff delays collapse.
+	KeepDelays bool
+}
+
+// DrainResult says what a drain did.
+type DrainResult struct {
+	// Steps is how many steps ran.
+	Steps int
+	// Outcomes counts the committed outcomes by kind ("next", "done", …).
+	Outcomes map[string]int
+}
+
+// ErrMaxSteps is returned by a drain that ran more than its MaxSteps.
+var ErrMaxSteps = errors.New("gendurable: drain ran more than MaxSteps steps (a machine that never settles?)")
+
+// horizon is how far ahead a collapsing drain looks: far enough to cover any delay.
+const horizon = 100 * 365 * 24 * time.Hour
+
+// Drain runs every runnable row in the caller's goroutine through the production pick, executor
+// and outcome statements, on db (the client's pool, or a caller's transaction), until nothing is
+// runnable. Steps that begin a transaction get a savepoint of db when db is a transaction.
+func (e *Engine) Drain(ctx context.Context, db store.DB, opts DrainOpts) (DrainResult, error) {
+	res := DrainResult{Outcomes: map[string]int{}}
+	h := horizon
+	if opts.KeepDelays {
+		h = 0
+	}
+	owner := e.cfg.Name + ":drain@" + e.host + "-" + e.uniq
+	seq := 0
+	for {
+		queues := opts.Queues
+		if len(queues) == 0 {
+			var err error
+			if queues, err = e.store.RunnableQueues(ctx, db, h); err != nil {
+				return res, fmt.Errorf("gendurable: drain: list queues: %w", err)
+			}
+		}
+		progressed := false
+		for _, q := range queues {
+			seq++
+			token := owner + "#" + strconv.Itoa(seq)
+			rows, err := e.store.Pick(ctx, db, q, 1, token, e.cfg.Lease, h)
+			if err != nil {
+				return res, fmt.Errorf("gendurable: drain: pick %q: %w", q, err)
+			}
+			for i := range rows {
+				rows[i].Owner = token
+				if opts.MaxSteps > 0 && res.Steps >= opts.MaxSteps {
+					_, _ = e.store.ApplyOutcomes(ctx, db, []store.OutcomeRow{{ID: rows[i].ID, Owner: token, Kind: store.KindReleased}})
+					return res, fmt.Errorf("%w (MaxSteps %d; last: instance %d, machine %q, step %q)",
+						ErrMaxSteps, opts.MaxSteps, rows[i].ID, rows[i].Machine, rows[i].Step)
+				}
+				if err := e.drainOne(ctx, db, q, &rows[i], &res); err != nil {
+					return res, err
+				}
+				progressed = true
+			}
+		}
+		if !progressed {
+			return res, nil
+		}
+	}
+}
+
+func (e *Engine) drainOne(ctx context.Context, db store.DB, queue string, c *store.Claimed, res *DrainResult) error {
+	def := e.cfg.Machines[c.Machine]
+	if def == nil || !def.Steps[c.Step] {
+		_, _ = e.store.ApplyOutcomes(ctx, db, []store.OutcomeRow{{ID: c.ID, Owner: c.Owner, Kind: store.KindReleased}})
+		if def == nil {
+			return fmt.Errorf("gendurable: drain: instance %d: %w %q (register it in Config.Machines)", c.ID, durabletype.ErrUnknownMachine, c.Machine)
+		}
+		return fmt.Errorf("gendurable: drain: instance %d: %w %q in machine %q", c.ID, durabletype.ErrUnknownStep, c.Step, c.Machine)
+	}
+	res.Steps++
+	started := time.Now()
+	out, call := e.execute(ctx, db, queue, c)
+	row := outcomeRow(c.ID, c.Owner, &out)
+	var applied bool
+	if call != nil && call.tx != nil {
+		ok, err := e.commitInTx(call, row)
+		if err != nil {
+			return fmt.Errorf("gendurable: drain: commit instance %d: %w", c.ID, err)
+		}
+		applied = ok
+	} else {
+		ok, err := e.store.ApplyOutcomes(ctx, db, []store.OutcomeRow{row})
+		if err != nil {
+			return fmt.Errorf("gendurable: drain: commit instance %d: %w", c.ID, err)
+		}
+		_, applied = ok[store.Claim{ID: c.ID, Owner: c.Owner}]
+	}
+	f := &flight{id: c.ID, owner: c.Owner, queue: queue, machine: c.Machine, step: c.Step, attempt: c.Attempt, started: started}
+	if !applied {
+		e.stale(f, &out)
+		return nil
+	}
+	res.Outcomes[out.Kind.String()]++
+	e.Emit(durabletype.Event{Name: durabletype.EventStepFinished, Queue: queue, Machine: c.Machine, Step: c.Step,
+		InstanceID: c.ID, Attempt: c.Attempt, Outcome: out.Kind.String(), Duration: time.Since(started)})
+	return nil
+}

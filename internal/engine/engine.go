@@ -1,0 +1,403 @@
+// Package engine is gendurable's runtime: per-queue schedulers that claim batches, the executor
+// that runs one claimed step, the committer that applies outcomes in groups, the heartbeat that
+// keeps leases alive, and the inline drain the test kit uses. It works on type-erased machines
+// (MachineDef); the root package gives it typed ones.
+package engine
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/gendurable/gendurable/durabletype"
+	"github.com/gendurable/gendurable/internal/maintenance"
+	"github.com/gendurable/gendurable/internal/store"
+	"github.com/jackc/pgx/v5"
+)
+
+// Pool is the database the engine runs on (a *pgxpool.Pool).
+type Pool interface {
+	store.DB
+}
+
+// QueueConfig configures one queue's workers on this client.
+type QueueConfig struct {
+	Concurrency  int
+	PollInterval time.Duration
+}
+
+// Config is the engine's validated configuration; the root package fills every field.
+type Config struct {
+	Name           string
+	Machines       map[string]*MachineDef
+	Queues         map[string]QueueConfig
+	Lease          time.Duration
+	Heartbeat      time.Duration
+	ReaperInterval time.Duration // 0: this node runs no reaper
+	MaxPayload     int
+	Logger         *slog.Logger
+	Hooks          []func(durabletype.Event)
+	// Committers is how many outcome statements may be in flight at once.
+	Committers int
+	// MaxCommitBatch caps the outcomes one statement applies.
+	MaxCommitBatch int
+}
+
+// unknownDelay is how long a row whose machine or step this node does not know is put back
+// before any node may claim it again: long enough that a node lacking the code does not spin
+// on it, short enough that a node that has it (after a deploy) is not kept waiting.
+const unknownDelay = 5 * time.Second
+
+// Engine is one client's runtime.
+type Engine struct {
+	cfg    Config
+	pool   Pool
+	store  *store.Store
+	log    *slog.Logger
+	events *dispatcher
+	host   string
+	uniq   string
+
+	mu      sync.Mutex
+	flights map[int64]*flight
+	running bool
+	stopped bool
+
+	runners   map[string]*runner
+	committer *committer
+	lastBeat  time.Time
+
+	baseCtx    context.Context
+	baseCancel context.CancelCauseFunc
+	steps      sync.WaitGroup // step goroutines
+	sends      sync.WaitGroup // outcomes being handed to the committer
+	loops      sync.WaitGroup // schedulers
+	bg         sync.WaitGroup // heartbeat, reaper
+	bgStop     chan struct{}
+}
+
+// flight is a claim this client holds: from the pick until its outcome commits (or is dropped).
+type flight struct {
+	id      int64
+	owner   string
+	queue   string
+	machine string
+	step    string
+	attempt int
+	started time.Time
+	cancel  context.CancelCauseFunc
+	state   flightState
+}
+
+type flightState int
+
+const (
+	flightRunning   flightState = iota // the step is running
+	flightHanded                       // the outcome is with the committer
+	flightAbandoned                    // released at shutdown; a late outcome is dropped
+)
+
+// New builds an engine. It does nothing until Start.
+func New(pool Pool, st *store.Store, cfg Config) *Engine {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "localhost"
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	e := &Engine{
+		cfg:     cfg,
+		pool:    pool,
+		store:   st,
+		log:     cfg.Logger,
+		host:    host,
+		uniq:    hex.EncodeToString(b[:]),
+		flights: map[int64]*flight{},
+		runners: map[string]*runner{},
+	}
+	e.events = newDispatcher(cfg.Name, cfg.Hooks, cfg.Logger)
+	return e
+}
+
+// Store returns the engine's statements.
+func (e *Engine) Store() *store.Store { return e.store }
+
+// Machine returns the registered machine of that name, or nil.
+func (e *Engine) Machine(name string) *MachineDef { return e.cfg.Machines[name] }
+
+// Config returns the engine's configuration.
+func (e *Engine) Config() *Config { return &e.cfg }
+
+// Emit sends an event to the hooks.
+func (e *Engine) Emit(ev durabletype.Event) { e.events.emit(ev) }
+
+// workerPrefix is the part of a worker id shared by every incarnation of this client's
+// scheduler of queue on this host: <client>:<queue>@<host>-.
+func (e *Engine) workerPrefix(queue string) string {
+	return e.cfg.Name + ":" + queue + "@" + e.host + "-"
+}
+
+// Start reclaims what dead predecessors left, then starts the schedulers, the committer, the
+// heartbeat and (unless disabled) the reaper.
+func (e *Engine) Start(ctx context.Context) error {
+	e.mu.Lock()
+	if e.running || e.stopped {
+		e.mu.Unlock()
+		return errors.New("gendurable: client already started (a client starts once)")
+	}
+	e.running = true
+	e.mu.Unlock()
+
+	e.events.start()
+	e.baseCtx, e.baseCancel = context.WithCancelCause(context.WithoutCancel(ctx))
+	e.bgStop = make(chan struct{})
+	e.lastBeat = time.Now()
+	e.committer = newCommitter(e)
+	e.committer.start()
+
+	for name, qc := range e.cfg.Queues {
+		if err := e.reclaim(ctx, name); err != nil {
+			e.abortStart()
+			return err
+		}
+		r := newRunner(e, name, qc)
+		e.runners[name] = r
+	}
+	for _, r := range e.runners {
+		e.loops.Add(1)
+		go r.loop()
+	}
+	if len(e.cfg.Queues) == 0 {
+		e.log.Info("gendurable: no queues configured: this node runs no workers", "client", e.cfg.Name)
+	}
+	e.bg.Add(1)
+	go e.heartbeatLoop()
+	if e.cfg.ReaperInterval > 0 {
+		reaper := &maintenance.Reaper{
+			Store: e.store, DB: e.pool, Interval: e.cfg.ReaperInterval, Logger: e.log,
+			Emit: e.Emit, Wake: e.Wake,
+		}
+		e.bg.Add(1)
+		go func() { defer e.bg.Done(); reaper.Run(e.bgStop) }()
+	} else {
+		e.log.Info("gendurable: reaper disabled on this node", "client", e.cfg.Name)
+	}
+	return nil
+}
+
+func (e *Engine) abortStart() {
+	e.committer.stop()
+	e.baseCancel(durabletype.ErrClientStopped)
+	e.events.stop()
+	e.mu.Lock()
+	e.running, e.stopped = false, true
+	e.mu.Unlock()
+}
+
+// reclaim releases the claims a dead predecessor of this scheduler left behind: same client,
+// queue and host, and a lease that has not been extended for two heartbeat intervals. A live
+// process with the same prefix (identical host names) keeps its leases fresher than that, so
+// its claims are never touched.
+func (e *Engine) reclaim(ctx context.Context, queue string) error {
+	slack := e.cfg.Lease - 2*e.cfg.Heartbeat
+	total := 0
+	for {
+		rows, err := e.store.ReleaseExpired(ctx, e.pool, 1000, e.workerPrefix(queue), slack)
+		if err != nil {
+			return fmt.Errorf("gendurable: startup reclaim of queue %q: %w", queue, err)
+		}
+		total += len(rows)
+		if len(rows) < 1000 {
+			break
+		}
+	}
+	if total > 0 {
+		e.log.Info("gendurable: reclaimed claims of a dead predecessor", "client", e.cfg.Name, "queue", queue, "rows", total)
+		e.Emit(durabletype.Event{Name: durabletype.EventSchedulerReclaimed, Queue: queue, Count: total})
+	}
+	return nil
+}
+
+// Wake nudges the local scheduler of queue, if this client runs it.
+func (e *Engine) Wake(queue string) {
+	if r, ok := e.runners[queue]; ok {
+		r.poke()
+	}
+}
+
+// Running reports whether Start succeeded and Stop has not begun.
+func (e *Engine) Running() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.running && !e.stopped
+}
+
+// Stop drains: the schedulers stop claiming, running steps get until ctx is done to finish
+// (their outcomes commit), then the rest have their contexts cancelled and their claims handed
+// back. Outcomes that arrive after that are dropped as stale.
+func (e *Engine) Stop(ctx context.Context) error {
+	e.mu.Lock()
+	if !e.running || e.stopped {
+		e.mu.Unlock()
+		return nil
+	}
+	e.stopped = true
+	e.mu.Unlock()
+
+	for _, r := range e.runners {
+		close(r.stop)
+	}
+	e.loops.Wait()
+
+	done := make(chan struct{})
+	go func() { e.steps.Wait(); close(done) }()
+	var err error
+	select {
+	case <-done:
+	case <-ctx.Done():
+		err = e.abandon()
+	}
+	e.sends.Wait()
+	e.committer.stop()
+	close(e.bgStop)
+	e.bg.Wait()
+	e.baseCancel(durabletype.ErrClientStopped)
+	e.events.stop()
+	return err
+}
+
+// abandon cancels the steps still running at the end of the drain and hands their claims back.
+func (e *Engine) abandon() error {
+	e.mu.Lock()
+	var rows []store.OutcomeRow
+	for _, f := range e.flights {
+		if f.state != flightRunning {
+			continue
+		}
+		f.state = flightAbandoned
+		f.cancel(durabletype.ErrClientStopped)
+		rows = append(rows, store.OutcomeRow{ID: f.id, Owner: f.owner, Kind: store.KindReleased})
+		delete(e.flights, f.id)
+	}
+	e.mu.Unlock()
+	if len(rows) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := e.store.ApplyOutcomes(ctx, e.pool, rows); err != nil {
+		e.log.Error("gendurable: could not hand back claims at shutdown; they will be reclaimed when their lease expires",
+			"client", e.cfg.Name, "claims", len(rows), "error", err)
+		return fmt.Errorf("gendurable: stop: release %d claims: %w", len(rows), err)
+	}
+	e.log.Info("gendurable: stop deadline reached; running steps cancelled and their claims released",
+		"client", e.cfg.Name, "claims", len(rows))
+	return nil
+}
+
+// track registers a claim as in flight, with the context its step runs under.
+func (e *Engine) track(queue, owner string, c *store.Claimed) (*flight, context.Context) {
+	ctx, cancel := context.WithCancelCause(e.baseCtx)
+	f := &flight{id: c.ID, owner: owner, queue: queue, machine: c.Machine, step: c.Step,
+		attempt: c.Attempt, started: time.Now(), cancel: cancel}
+	e.mu.Lock()
+	e.flights[c.ID] = f
+	e.mu.Unlock()
+	return f, ctx
+}
+
+// handOff moves a flight from running to handed, unless it was abandoned.
+func (e *Engine) handOff(f *flight) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if f.state == flightAbandoned {
+		return false
+	}
+	f.state = flightHanded
+	e.sends.Add(1)
+	return true
+}
+
+// settle forgets a flight whose outcome committed or was dropped.
+func (e *Engine) settle(f *flight) {
+	e.mu.Lock()
+	if cur, ok := e.flights[f.id]; ok && cur == f {
+		delete(e.flights, f.id)
+	}
+	e.mu.Unlock()
+	f.cancel(nil)
+}
+
+// heartbeatLoop extends the leases of every claim in flight, once per interval, in one
+// statement; it cancels the steps whose claims are gone. If it cannot reach the database for a
+// whole lease, every running step is cancelled: its claim is presumed lost.
+func (e *Engine) heartbeatLoop() {
+	defer e.bg.Done()
+	t := time.NewTicker(e.cfg.Heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.bgStop:
+			return
+		case <-t.C:
+			e.beat()
+		}
+	}
+}
+
+func (e *Engine) beat() {
+	e.mu.Lock()
+	ids := make([]int64, 0, len(e.flights))
+	owners := make([]string, 0, len(e.flights))
+	for _, f := range e.flights {
+		ids = append(ids, f.id)
+		owners = append(owners, f.owner)
+	}
+	e.mu.Unlock()
+	if len(ids) == 0 {
+		e.lastBeat = time.Now()
+		return
+	}
+	ctx, cancel := context.WithTimeout(e.baseCtx, e.cfg.Heartbeat)
+	lost, err := e.store.Heartbeat(ctx, e.pool, ids, owners, e.cfg.Lease)
+	cancel()
+	if err != nil {
+		e.log.Warn("gendurable: heartbeat failed", "client", e.cfg.Name, "claims", len(ids), "error", err)
+		if time.Since(e.lastBeat) > e.cfg.Lease {
+			e.cancelAll(ids)
+		}
+		return
+	}
+	e.lastBeat = time.Now()
+	if len(lost) > 0 {
+		e.cancelAll(lost)
+	}
+}
+
+func (e *Engine) cancelAll(ids []int64) {
+	e.mu.Lock()
+	n := 0
+	for _, id := range ids {
+		if f, ok := e.flights[id]; ok && f.state == flightRunning {
+			f.cancel(durabletype.ErrLeaseLost)
+			n++
+		}
+	}
+	e.mu.Unlock()
+	if n > 0 {
+		e.log.Warn("gendurable: lost claims; their steps are cancelled and their outcomes will be dropped",
+			"client", e.cfg.Name, "claims", n)
+		e.Emit(durabletype.Event{Name: durabletype.EventHeartbeatLost, Count: n})
+	}
+}
+
+// beginner returns a function that begins a transaction on db.
+func beginner(db store.DB) func(ctx context.Context) (pgx.Tx, error) {
+	return func(ctx context.Context) (pgx.Tx, error) { return db.Begin(ctx) }
+}

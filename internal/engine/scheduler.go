@@ -1,0 +1,234 @@
+package engine
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gendurable/gendurable/durabletype"
+	"github.com/gendurable/gendurable/internal/store"
+)
+
+// maxPickBatch caps the rows one pick claims.
+const maxPickBatch = 1000
+
+// runner is one queue's scheduler: a demand-driven pick loop feeding executor goroutines, at most
+// Concurrency at a time.
+//
+// When to pick: when there is demand (a free slot) and a reason to expect work: a poke (an
+// insert or an outcome of this client made rows due), the poll timer, or a backlog (the last pick
+// came back full). While there is a backlog the runner waits for minDemand free slots, so picks
+// stay batches rather than one row each. After a short pick the queue is idle: the runner waits
+// for a poke or the poll timer, whose interval grows from a short cooldown to PollInterval over
+// consecutive empty picks (the idle backoff); a poke-driven empty pick does not stretch it.
+type runner struct {
+	e          *Engine
+	queue      string
+	conc       int
+	poll       time.Duration
+	minDemand  int
+	workerID   string
+	seq        atomic.Uint64
+	stop       chan struct{}
+	wake       chan struct{}
+	slotFreed  chan struct{}
+	mu         sync.Mutex
+	busy       int
+	pickTimout time.Duration
+}
+
+func newRunner(e *Engine, queue string, qc QueueConfig) *runner {
+	md := qc.Concurrency / 10
+	if md < 1 {
+		md = 1
+	}
+	return &runner{
+		e: e, queue: queue, conc: qc.Concurrency, poll: qc.PollInterval, minDemand: md,
+		workerID:   e.workerPrefix(queue) + e.uniq,
+		stop:       make(chan struct{}),
+		wake:       make(chan struct{}, 1),
+		slotFreed:  make(chan struct{}, 1),
+		pickTimout: 30 * time.Second,
+	}
+}
+
+func (r *runner) poke() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (r *runner) free() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.conc - r.busy
+}
+
+func (r *runner) take(n int) {
+	r.mu.Lock()
+	r.busy += n
+	r.mu.Unlock()
+}
+
+func (r *runner) release() {
+	r.mu.Lock()
+	r.busy--
+	r.mu.Unlock()
+	select {
+	case r.slotFreed <- struct{}{}:
+	default:
+	}
+}
+
+func (r *runner) loop() {
+	defer r.e.loops.Done()
+	cooldown := min(r.poll, 10*time.Millisecond)
+	idle := cooldown
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	want := true     // there may be due work
+	backlog := false // the last pick came back full
+	urgent := true   // a poke or the timer asked for this pick: take any free slot
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-r.wake:
+			want, urgent = true, true
+		case <-timer.C:
+			want, urgent = true, true
+			if !backlog {
+				idle = min(idle*2, r.poll)
+			}
+		case <-r.slotFreed:
+		}
+		if !want {
+			continue
+		}
+		free := r.free()
+		if free == 0 || (backlog && !urgent && free < r.minDemand) {
+			continue // a freed slot brings us back
+		}
+		n := min(free, maxPickBatch)
+		rows, err := r.pick(n)
+		if err != nil {
+			if r.e.baseCtx.Err() == nil {
+				r.e.log.Warn("gendurable: pick failed", "client", r.e.cfg.Name, "queue", r.queue, "error", err)
+			}
+			want, backlog = false, false
+			resetTimer(timer, r.poll)
+			continue
+		}
+		r.dispatch(rows)
+		urgent = false
+		switch {
+		case len(rows) == n:
+			backlog, idle = true, cooldown
+			if r.free() > 0 { // the batch cap, not the slots, limited this pick
+				r.poke()
+			}
+			resetTimer(timer, r.poll)
+		case len(rows) > 0:
+			want, backlog, idle = false, false, cooldown
+			resetTimer(timer, idle)
+		default:
+			want, backlog = false, false
+			resetTimer(timer, idle)
+		}
+	}
+}
+
+func resetTimer(t *time.Timer, d time.Duration) {
+	t.Stop()
+	t.Reset(d)
+}
+
+// pick claims up to n rows with a fresh claim token.
+func (r *runner) pick(n int) ([]store.Claimed, error) {
+	owner := r.workerID + "#" + strconv.FormatUint(r.seq.Add(1), 10)
+	ctx, cancel := context.WithTimeout(r.e.baseCtx, r.pickTimout)
+	defer cancel()
+	start := time.Now()
+	rows, err := r.e.store.Pick(ctx, r.e.pool, r.queue, n, owner, r.e.cfg.Lease, 0)
+	if err != nil {
+		return nil, err
+	}
+	if len(rows) > 0 {
+		r.e.Emit(durabletype.Event{Name: durabletype.EventSchedulerPicked, Queue: r.queue, Count: len(rows),
+			Duration: time.Since(start)})
+	}
+	for i := range rows {
+		rows[i].Owner = owner
+	}
+	return rows, nil
+}
+
+func (r *runner) dispatch(rows []store.Claimed) {
+	if len(rows) == 0 {
+		return
+	}
+	r.take(len(rows))
+	r.e.steps.Add(len(rows))
+	for i := range rows {
+		c := rows[i]
+		go r.run(&c)
+	}
+}
+
+// run executes one claimed step and hands its outcome to the committer (or, for a step that
+// wrote through its transaction, commits it there). Its slot frees once the outcome is handed
+// off; the committer's bounded queue is the backpressure.
+func (r *runner) run(c *store.Claimed) {
+	e := r.e
+	defer e.steps.Done()
+	f, ctx := e.track(r.queue, c.Owner, c)
+	out, call := e.execute(ctx, e.pool, r.queue, c)
+	row := outcomeRow(c.ID, c.Owner, &out)
+	if call != nil && call.tx != nil {
+		applied, err := e.commitInTx(call, row)
+		r.release()
+		e.finish(f, &out, applied, err)
+		return
+	}
+	if !e.handOff(f) {
+		r.release()
+		e.dropAbandoned(f, &out)
+		return
+	}
+	e.committer.submit(&commitReq{flight: f, row: row, outcome: out, release: r.release})
+}
+
+// finish reports an outcome that committed, or was found stale, or failed to commit.
+func (e *Engine) finish(f *flight, out *Outcome, applied bool, err error) {
+	defer e.settle(f)
+	switch {
+	case err != nil:
+		e.log.Error("gendurable: outcome commit failed; the claim will be reclaimed when its lease expires",
+			"client", e.cfg.Name, "queue", f.queue, "id", f.id, "error", err)
+		e.Emit(durabletype.Event{Name: durabletype.EventCommitFailed, Queue: f.queue, Machine: f.machine, Step: f.step,
+			InstanceID: f.id, Attempt: f.attempt, Count: 1, Err: err})
+	case !applied:
+		e.stale(f, out)
+	default:
+		e.Emit(durabletype.Event{Name: durabletype.EventStepFinished, Queue: f.queue, Machine: f.machine, Step: f.step,
+			InstanceID: f.id, Attempt: f.attempt, Outcome: out.Kind.String(), Duration: time.Since(f.started)})
+		if out.Kind != store.KindDone && out.Kind != store.KindFailed && out.Delay <= 0 {
+			e.Wake(f.queue)
+		}
+	}
+}
+
+func (e *Engine) stale(f *flight, out *Outcome) {
+	e.log.Warn("gendurable: dropped a stale outcome: the claim was lost (lease expired and the row was reclaimed)",
+		"client", e.cfg.Name, "queue", f.queue, "id", f.id, "machine", f.machine, "step", f.step, "outcome", out.Kind.String())
+	e.Emit(durabletype.Event{Name: durabletype.EventOutcomeStale, Queue: f.queue, Machine: f.machine, Step: f.step,
+		InstanceID: f.id, Attempt: f.attempt, Outcome: out.Kind.String()})
+}
+
+func (e *Engine) dropAbandoned(f *flight, out *Outcome) {
+	e.stale(f, out)
+	f.cancel(nil)
+}

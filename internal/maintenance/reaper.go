@@ -1,0 +1,79 @@
+// Package maintenance holds the sweepers every cluster needs at least one node to run: the
+// reaper (expired leases) and, later, GC. Duplicates are safe: every sweep claims its rows with
+// ordered FOR NO KEY UPDATE SKIP LOCKED, so concurrent sweepers never wait on, deadlock with or
+// double-process each other.
+package maintenance
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/gendurable/gendurable/durabletype"
+	"github.com/gendurable/gendurable/internal/store"
+)
+
+// reapBatch is how many expired claims one statement releases.
+const reapBatch = 1000
+
+// Reaper releases claims whose lease has expired: their worker died, hung or lost the database.
+// A released row is available again (the lost try counts as an attempt) or, with no attempts
+// left, failed.
+type Reaper struct {
+	Store    *store.Store
+	DB       store.DB
+	Interval time.Duration
+	Logger   *slog.Logger
+	Emit     func(durabletype.Event)
+	// Wake nudges the local scheduler of a queue that has rows runnable again.
+	Wake func(queue string)
+}
+
+// Run sweeps every Interval until stop is closed.
+func (r *Reaper) Run(stop <-chan struct{}) {
+	t := time.NewTicker(r.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			if _, err := r.Sweep(ctx); err != nil {
+				r.Logger.Warn("gendurable: reaper sweep failed", "error", err)
+			}
+			cancel()
+		}
+	}
+}
+
+// Sweep releases every expired claim, a batch per statement, and returns how many it released.
+func (r *Reaper) Sweep(ctx context.Context) (int, error) {
+	total := 0
+	for {
+		rows, err := r.Store.ReleaseExpired(ctx, r.DB, reapBatch, "", 0)
+		if err != nil {
+			return total, err
+		}
+		total += len(rows)
+		if len(rows) > 0 {
+			failed := 0
+			queues := map[string]bool{}
+			for _, row := range rows {
+				if row.Status == durabletype.StatusFailed {
+					failed++
+				} else {
+					queues[row.Queue] = true
+				}
+			}
+			r.Logger.Info("gendurable: reaper released expired claims", "rows", len(rows), "failed", failed)
+			r.Emit(durabletype.Event{Name: durabletype.EventReaperReclaimed, Count: len(rows), Failed: failed})
+			for q := range queues {
+				r.Wake(q)
+			}
+		}
+		if len(rows) < reapBatch {
+			return total, nil
+		}
+	}
+}

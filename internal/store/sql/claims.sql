@@ -1,0 +1,85 @@
+-- Statement family: claims (heartbeat, reaper, startup reclaim).
+--
+-- Leases are compared with the database clock only (now()), never with a time computed on a
+-- worker, so clock skew between nodes cannot reclaim a live claim early.
+
+-- Heartbeat: extend the leases of every claim a client holds, in one statement per interval,
+-- and report the claims it no longer holds.
+--
+-- Locks: the owned rows are locked FOR NO KEY UPDATE SKIP LOCKED in id order, so the heartbeat
+-- never waits: a row it skips is being committed by its outcome at that moment (or read by a
+-- foreign-key check, which does not conflict). The final SELECT reads the statement's snapshot
+-- without locks: a claim is reported lost only if the row is no longer executing under that
+-- token, never merely because it was skipped.
+--
+-- $1 ids, $2 claim tokens, $3 lease in ms. Returns the ids of lost claims.
+
+-- name: heartbeat
+WITH mine AS (
+  SELECT u.id, u.owner FROM unnest($1::bigint[], $2::text[]) AS u(id, owner)
+), lockable AS (
+  SELECT i.id
+  FROM {schema}.instances AS i
+  JOIN mine ON mine.id = i.id AND mine.owner = i.locked_by
+  WHERE i.status = 'executing'
+  ORDER BY i.id
+  FOR NO KEY UPDATE OF i SKIP LOCKED
+), extended AS (
+  UPDATE {schema}.instances AS i
+  SET locked_until = now() + $3::bigint * interval '1 millisecond'
+  FROM lockable
+  WHERE i.id = lockable.id
+  RETURNING i.id
+)
+SELECT mine.id
+FROM mine
+WHERE NOT EXISTS (
+  SELECT 1 FROM {schema}.instances AS i
+  WHERE i.id = mine.id AND i.status = 'executing' AND i.locked_by = mine.owner
+);
+
+-- Release expired claims: the reaper's sweep ($2 NULL: every claim whose lease has run out)
+-- and a starting scheduler's reclaim of its dead predecessor ($2 the worker-id prefix shared
+-- with the predecessor: also claims whose last heartbeat is older than $3 ms allows, i.e.
+-- locked_until < now() + $3; a live worker with the same prefix keeps its leases fresher than
+-- that, so a name collision can never release a live claim).
+--
+-- A released row becomes available again (the crashed try counts as an attempt) or, with no
+-- attempts left, failed; either way the error history says the lease was lost.
+--
+-- Locks: candidate rows FOR NO KEY UPDATE SKIP LOCKED in id order: concurrent sweepers on many
+-- nodes never wait on each other, never deadlock, and never release the same row twice. The
+-- lock re-checks the WHERE clause on the newest row version, so a claim whose outcome committed
+-- meanwhile is not touched.
+--
+-- $1 limit, $2 worker-id prefix or NULL, $3 staleness slack in ms.
+
+-- name: release_expired
+WITH expired AS (
+  SELECT id, locked_by
+  FROM {schema}.instances
+  WHERE status = 'executing'
+    AND (locked_until < now()
+         OR (starts_with(locked_by, $2::text)
+             AND locked_until < now() + $3::bigint * interval '1 millisecond'))
+  ORDER BY id
+  LIMIT $1
+  FOR NO KEY UPDATE SKIP LOCKED
+)
+UPDATE {schema}.instances AS i
+SET status       = (CASE WHEN i.attempt >= i.max_attempts THEN 'failed' ELSE 'available' END)::{schema}.status,
+    scheduled_at = now(),
+    locked_by    = NULL,
+    locked_until = NULL,
+    errors       = (CASE WHEN jsonb_array_length(coalesce(i.errors, '[]'::jsonb)) >= 20
+                         THEN i.errors - 0
+                         ELSE coalesce(i.errors, '[]'::jsonb) END)
+                   || jsonb_build_array(jsonb_build_object(
+                        'at', now(), 'step', i.step, 'attempt', i.attempt, 'kind', 'lease',
+                        'error', 'lease expired: worker ' || expired.locked_by || ' stopped heartbeating')),
+    finalized_at = CASE WHEN i.attempt >= i.max_attempts THEN now() END,
+    updated_at   = now()
+FROM expired
+WHERE i.id = expired.id
+  AND i.status = 'executing'
+RETURNING i.id, i.queue, i.machine, i.step, i.attempt, i.status::text;

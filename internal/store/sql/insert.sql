@@ -1,0 +1,62 @@
+-- Statement family: inserts.
+--
+-- Every insert, single or batch, is one statement over parallel arrays (unnest), so a batch has
+-- no 65,535-parameter ceiling. Rows are inserted in (machine, correlation_key) order, the order
+-- of the unique index that arbitrates deduplication: two batches racing over the same new keys
+-- wait on each other in the same order and cannot deadlock. Ids are therefore assigned in key
+-- order; unkeyed rows follow in input order.
+--
+-- Deduplication: a keyed row is not inserted if an instance of the same machine and key exists
+-- in its scope: always the live statuses (enforced by the unique partial index through ON
+-- CONFLICT DO NOTHING, which also waits for an uncommitted racing insert and honours its
+-- outcome), plus the finished statuses named by the scope mask (1 done, 2 failed, 4 cancelled),
+-- checked against the statement's snapshot.
+--
+-- Locks: none beyond the inserted rows and the unique index's insertion lock on each new key.
+--
+-- $1 machine, $2 step, $3 state JSON text, $4 queue, $5 priority, $6 scheduled_at (NULL: now
+-- plus $7), $7 delay ms, $8 max attempts, $9 correlation key (NULL: none), $10 scope mask,
+-- $11 input position.
+
+-- name: insert_many
+WITH input AS (
+  SELECT *
+  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::smallint[],
+              $6::timestamptz[], $7::bigint[], $8::integer[], $9::text[], $10::smallint[], $11::integer[])
+       AS u(machine, step, state, queue, priority, scheduled_at, delay_ms, max_attempts,
+            correlation_key, scope_mask, ord)
+)
+INSERT INTO {schema}.instances (machine, step, state, queue, priority, scheduled_at, max_attempts, correlation_key)
+SELECT u.machine, u.step, u.state::jsonb, u.queue, u.priority,
+       coalesce(u.scheduled_at, now() + u.delay_ms * interval '1 millisecond'),
+       u.max_attempts, u.correlation_key
+FROM input AS u
+WHERE u.correlation_key IS NULL
+   OR NOT EXISTS (
+        SELECT 1 FROM {schema}.instances AS e
+        WHERE e.machine = u.machine AND e.correlation_key = u.correlation_key
+          AND (e.status IN ('available', 'executing', 'awaiting', 'joining')
+               OR (e.status = 'done' AND u.scope_mask & 1 <> 0)
+               OR (e.status = 'failed' AND u.scope_mask & 2 <> 0)
+               OR (e.status = 'cancelled' AND u.scope_mask & 4 <> 0)))
+ORDER BY u.machine, u.correlation_key NULLS LAST, u.ord
+ON CONFLICT (machine, correlation_key)
+  WHERE correlation_key IS NOT NULL AND status IN ('available', 'executing', 'awaiting', 'joining')
+  DO NOTHING
+RETURNING id, machine, coalesce(correlation_key, '');
+
+-- The instances that keyed rows deduplicated against: for each input position, the live
+-- instance of that machine and key, else the newest finished one in the row's scope.
+-- Read-only; a fresh statement, so it sees what a racing insert committed.
+--
+-- $1 machine, $2 correlation key, $3 scope mask, $4 input position.
+
+-- name: insert_find_existing
+SELECT DISTINCT ON (u.ord) u.ord, e.id
+FROM unnest($1::text[], $2::text[], $3::smallint[], $4::integer[]) AS u(machine, correlation_key, scope_mask, ord)
+JOIN {schema}.instances AS e ON e.machine = u.machine AND e.correlation_key = u.correlation_key
+WHERE e.status IN ('available', 'executing', 'awaiting', 'joining')
+   OR (e.status = 'done' AND u.scope_mask & 1 <> 0)
+   OR (e.status = 'failed' AND u.scope_mask & 2 <> 0)
+   OR (e.status = 'cancelled' AND u.scope_mask & 4 <> 0)
+ORDER BY u.ord, (e.status IN ('available', 'executing', 'awaiting', 'joining')) DESC, e.id DESC;

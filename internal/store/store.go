@@ -1,0 +1,488 @@
+// Package store is the only home of gendurable's runtime SQL. Statements live in sql/*.sql, one
+// file per statement family, each with a comment saying which locks it takes and why. The schema
+// is written {schema} in the files and substituted once per Store as a quoted identifier; every
+// value is a bound parameter. Methods run on a DB: a pool, a connection or a caller's
+// transaction.
+package store
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/gendurable/gendurable/durabletype"
+	"github.com/gendurable/gendurable/internal/ident"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+//go:embed sql/*.sql
+var files embed.FS
+
+// DB is satisfied by *pgxpool.Pool, *pgx.Conn and pgx.Tx.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Store holds the statements, expanded for one schema.
+type Store struct {
+	Schema string
+	stmts  map[string]string
+}
+
+// New parses the embedded statements for schema ("" is the default schema).
+func New(schema string) (*Store, error) {
+	schema, err := ident.Schema(schema)
+	if err != nil {
+		return nil, err
+	}
+	stmts, err := parse(files)
+	if err != nil {
+		return nil, err
+	}
+	for name, text := range stmts {
+		stmts[name] = ident.Expand(text, schema)
+	}
+	return &Store{Schema: schema, stmts: stmts}, nil
+}
+
+// parse splits every file into statements named by "-- name: X" lines. A statement runs from its
+// name line to the next name line or the end of the file; comment lines are kept, since they
+// cost nothing and make server logs readable.
+func parse(fsys fs.FS) (map[string]string, error) {
+	names, err := fs.Glob(fsys, "sql/*.sql")
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, file := range names {
+		b, err := fs.ReadFile(fsys, file)
+		if err != nil {
+			return nil, err
+		}
+		var cur string
+		var buf strings.Builder
+		flush := func() {
+			if cur != "" {
+				out[cur] = strings.TrimSpace(buf.String())
+			}
+			buf.Reset()
+		}
+		for line := range strings.SplitSeq(string(b), "\n") {
+			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "-- name:"); ok {
+				flush()
+				cur = strings.TrimSpace(rest)
+				if _, dup := out[cur]; dup {
+					return nil, fmt.Errorf("store: statement %q defined twice", cur)
+				}
+				continue
+			}
+			if cur != "" && !strings.HasPrefix(strings.TrimSpace(line), "--") {
+				buf.WriteString(line)
+				buf.WriteByte('\n')
+			}
+		}
+		flush()
+	}
+	return out, nil
+}
+
+func (s *Store) sql(name string) string {
+	q, ok := s.stmts[name]
+	if !ok {
+		panic("store: no statement " + name)
+	}
+	return q
+}
+
+// Claimed is a row the pick claimed.
+type Claimed struct {
+	ID             int64
+	Machine        string
+	Step           string
+	State          []byte
+	Attempt        int
+	MaxAttempts    int
+	Priority       int
+	CorrelationKey string
+	InsertedAt     time.Time
+	// Owner is the claim token the pick set (filled in by the caller).
+	Owner string
+}
+
+// Pick claims up to limit due rows of queue for the claim token owner.
+func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner string, lease, horizon time.Duration) ([]Claimed, error) {
+	rows, err := db.Query(ctx, s.sql("pick"), queue, limit, owner, lease.Milliseconds(), horizon.Milliseconds())
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make([]Claimed, 0, limit)
+	for rows.Next() {
+		var c Claimed
+		var attempt, maxAttempts int32
+		var priority int16
+		if err := rows.Scan(&c.ID, &c.Machine, &c.Step, &c.State, &attempt, &maxAttempts, &priority,
+			&c.CorrelationKey, &c.InsertedAt); err != nil {
+			return nil, err
+		}
+		c.Attempt, c.MaxAttempts, c.Priority = int(attempt), int(maxAttempts), int(priority)
+		out = append(out, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	// The UPDATE returns rows in no particular order; run them in urgency order.
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Priority != out[j].Priority {
+			return out[i].Priority < out[j].Priority
+		}
+		return out[i].ID < out[j].ID
+	})
+	return out, nil
+}
+
+// OutcomeKind is how an outcome changes its row; the values are the statement's kind codes.
+type OutcomeKind int16
+
+// The outcome kinds the statement applies.
+const (
+	KindNext     OutcomeKind = 1
+	KindRetry    OutcomeKind = 2
+	KindDone     OutcomeKind = 3
+	KindFailed   OutcomeKind = 4
+	KindReleased OutcomeKind = 5
+)
+
+// String names the kind as events report it.
+func (k OutcomeKind) String() string {
+	switch k {
+	case KindNext:
+		return "next"
+	case KindRetry:
+		return "retry"
+	case KindDone:
+		return "done"
+	case KindFailed:
+		return "failed"
+	case KindReleased:
+		return "released"
+	}
+	return fmt.Sprintf("kind(%d)", int16(k))
+}
+
+// OutcomeRow is one encoded outcome, fenced by its claim token.
+type OutcomeRow struct {
+	ID      int64
+	Owner   string
+	Kind    OutcomeKind
+	Step    *string // nil keeps the step
+	State   *string // JSON; nil keeps the state
+	Delay   time.Duration
+	Result  *string // JSON (done)
+	ErrKind *string // nil: no error to record
+	ErrMsg  *string
+}
+
+// Claim names one claim: a row and the token it was claimed under.
+type Claim struct {
+	ID    int64
+	Owner string
+}
+
+// ApplyOutcomes commits outcomes in one statement and returns the set of claims that were
+// applied; the others were stale (their claim is gone).
+func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []OutcomeRow) (map[Claim]struct{}, error) {
+	n := len(outs)
+	ids := make([]int64, n)
+	owners := make([]string, n)
+	kinds := make([]int16, n)
+	steps := make([]*string, n)
+	states := make([]*string, n)
+	delays := make([]int64, n)
+	results := make([]*string, n)
+	errKinds := make([]*string, n)
+	errMsgs := make([]*string, n)
+	for i, o := range outs {
+		ids[i], owners[i], kinds[i] = o.ID, o.Owner, int16(o.Kind)
+		steps[i], states[i], delays[i] = o.Step, o.State, o.Delay.Milliseconds()
+		results[i], errKinds[i], errMsgs[i] = o.Result, o.ErrKind, o.ErrMsg
+	}
+	rows, err := db.Query(ctx, s.sql("apply_outcomes"), ids, owners, kinds, steps, states, delays, results, errKinds, errMsgs)
+	if err != nil {
+		return nil, err
+	}
+	applied := make(map[Claim]struct{}, n)
+	var c Claim
+	_, err = pgx.ForEachRow(rows, []any{&c.ID, &c.Owner}, func() error {
+		applied[c] = struct{}{}
+		return nil
+	})
+	return applied, err
+}
+
+// Heartbeat extends the leases of the given claims and returns the ids of those no longer held.
+func (s *Store) Heartbeat(ctx context.Context, db DB, ids []int64, owners []string, lease time.Duration) ([]int64, error) {
+	rows, err := db.Query(ctx, s.sql("heartbeat"), ids, owners, lease.Milliseconds())
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[int64])
+}
+
+// Released is a row the reaper or a startup reclaim released.
+type Released struct {
+	ID      int64
+	Queue   string
+	Machine string
+	Step    string
+	Attempt int
+	Status  durabletype.Status
+}
+
+// ReleaseExpired releases up to limit claims whose lease has run out, and, when prefix is not
+// empty, claims of that worker-id prefix whose lease ends before now() + slack.
+func (s *Store) ReleaseExpired(ctx context.Context, db DB, limit int, prefix string, slack time.Duration) ([]Released, error) {
+	var p *string
+	if prefix != "" {
+		p = &prefix
+	}
+	rows, err := db.Query(ctx, s.sql("release_expired"), limit, p, slack.Milliseconds())
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Released
+	for rows.Next() {
+		var r Released
+		var attempt int32
+		var status string
+		if err := rows.Scan(&r.ID, &r.Queue, &r.Machine, &r.Step, &attempt, &status); err != nil {
+			return nil, err
+		}
+		r.Attempt, r.Status = int(attempt), durabletype.Status(status)
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// InsertRow is one row to insert.
+type InsertRow struct {
+	Machine        string
+	Step           string
+	State          string // JSON
+	Queue          string
+	Priority       int
+	ScheduledAt    *time.Time
+	Delay          time.Duration
+	MaxAttempts    int
+	CorrelationKey string // "" for none
+	ScopeMask      int16
+}
+
+// Inserted is the result of one input row.
+type Inserted struct {
+	ID        int64
+	Duplicate bool
+}
+
+// InsertMany inserts rows in one statement and returns, per input row, the id of the new
+// instance, or of the existing one it deduplicated against.
+func (s *Store) InsertMany(ctx context.Context, db DB, in []InsertRow) ([]Inserted, error) {
+	out := make([]Inserted, len(in))
+	pending := make([]int, len(in))
+	for i := range in {
+		pending[i] = i
+	}
+	// A keyed row can be refused by the unique index and then find no instance to point at, if
+	// the one it collided with finished (and left its scope) in between. Such rows are simply
+	// inserted again; each round is a new statement with a new snapshot.
+	for round := 0; len(pending) > 0; round++ {
+		if round == 5 {
+			return nil, fmt.Errorf("insert: %d keyed rows kept colliding with instances that finished meanwhile", len(pending))
+		}
+		next, err := s.insertRound(ctx, db, in, pending, out)
+		if err != nil {
+			return nil, err
+		}
+		pending = next
+	}
+	return out, nil
+}
+
+func (s *Store) insertRound(ctx context.Context, db DB, in []InsertRow, idx []int, out []Inserted) ([]int, error) {
+	n := len(idx)
+	machines := make([]string, n)
+	steps := make([]string, n)
+	states := make([]string, n)
+	queues := make([]string, n)
+	prios := make([]int16, n)
+	sched := make([]*time.Time, n)
+	delays := make([]int64, n)
+	maxAtt := make([]int32, n)
+	keys := make([]*string, n)
+	masks := make([]int16, n)
+	ords := make([]int32, n)
+	for j, i := range idx {
+		r := &in[i]
+		machines[j], steps[j], states[j], queues[j] = r.Machine, r.Step, r.State, r.Queue
+		prios[j], sched[j], delays[j], maxAtt[j] = int16(r.Priority), r.ScheduledAt, r.Delay.Milliseconds(), int32(r.MaxAttempts)
+		if r.CorrelationKey != "" {
+			keys[j] = &in[i].CorrelationKey
+		}
+		masks[j], ords[j] = r.ScopeMask, int32(i)
+	}
+	rows, err := db.Query(ctx, s.sql("insert_many"), machines, steps, states, queues, prios, sched, delays, maxAtt, keys, masks, ords)
+	if err != nil {
+		return nil, err
+	}
+	type mk struct{ machine, key string }
+	byKey := map[mk]int64{}
+	var unkeyed []int64
+	var id int64
+	var machine, key string
+	if _, err := pgx.ForEachRow(rows, []any{&id, &machine, &key}, func() error {
+		if key == "" {
+			unkeyed = append(unkeyed, id)
+		} else {
+			byKey[mk{machine, key}] = id
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	// Unkeyed rows are never deduplicated; their ids ascend in input order.
+	sort.Slice(unkeyed, func(a, b int) bool { return unkeyed[a] < unkeyed[b] })
+	u := 0
+	var missing []int
+	for _, i := range idx {
+		r := &in[i]
+		if r.CorrelationKey == "" {
+			if u >= len(unkeyed) {
+				return nil, errors.New("insert: fewer ids returned than unkeyed rows")
+			}
+			out[i] = Inserted{ID: unkeyed[u]}
+			u++
+			continue
+		}
+		k := mk{r.Machine, r.CorrelationKey}
+		if id, ok := byKey[k]; ok {
+			out[i] = Inserted{ID: id}
+			delete(byKey, k) // a later row with the same key is a duplicate of this one
+			continue
+		}
+		missing = append(missing, i)
+	}
+	if len(missing) == 0 {
+		return nil, nil
+	}
+	// Rows with the same key inside this batch point at the row that was inserted.
+	inserted := map[mk]int64{}
+	for _, i := range idx {
+		if in[i].CorrelationKey != "" && out[i].ID != 0 {
+			inserted[mk{in[i].Machine, in[i].CorrelationKey}] = out[i].ID
+		}
+	}
+	var lookup []int
+	for _, i := range missing {
+		if id, ok := inserted[mk{in[i].Machine, in[i].CorrelationKey}]; ok {
+			out[i] = Inserted{ID: id, Duplicate: true}
+			continue
+		}
+		lookup = append(lookup, i)
+	}
+	if len(lookup) == 0 {
+		return nil, nil
+	}
+	lm := make([]string, len(lookup))
+	lk := make([]string, len(lookup))
+	ls := make([]int16, len(lookup))
+	lo := make([]int32, len(lookup))
+	for j, i := range lookup {
+		lm[j], lk[j], ls[j], lo[j] = in[i].Machine, in[i].CorrelationKey, in[i].ScopeMask, int32(i)
+	}
+	rows, err = db.Query(ctx, s.sql("insert_find_existing"), lm, lk, ls, lo)
+	if err != nil {
+		return nil, err
+	}
+	found := map[int]int64{}
+	var ord int32
+	if _, err := pgx.ForEachRow(rows, []any{&ord, &id}, func() error {
+		found[int(ord)] = id
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	var again []int
+	for _, i := range lookup {
+		if id, ok := found[i]; ok {
+			out[i] = Inserted{ID: id, Duplicate: true}
+		} else {
+			again = append(again, i)
+		}
+	}
+	return again, nil
+}
+
+// GetInstance reads one instance row.
+func (s *Store) GetInstance(ctx context.Context, db DB, id int64) (*durabletype.Instance, error) {
+	var in durabletype.Instance
+	var status string
+	var priority int16
+	var attempt, maxAttempts int32
+	var errs []byte
+	err := db.QueryRow(ctx, s.sql("get_instance"), id).Scan(&in.ID, &in.Machine, &in.Step, &in.Queue, &status,
+		&priority, &attempt, &maxAttempts, &in.ScheduledAt, &in.LockedBy, &in.LockedUntil, &in.State,
+		&in.Result, &errs, &in.CorrelationKey, &in.ParentID, &in.InsertedAt, &in.UpdatedAt, &in.FinalizedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("%w: id %d", durabletype.ErrNotFound, id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	in.Status, in.Priority, in.Attempt, in.MaxAttempts = durabletype.Status(status), int(priority), int(attempt), int(maxAttempts)
+	if len(errs) > 0 {
+		if err := json.Unmarshal(errs, &in.Errors); err != nil {
+			return nil, fmt.Errorf("decode error history of %d: %w", id, err)
+		}
+	}
+	return &in, nil
+}
+
+// CountByStatus counts instances by status, for one queue or ("") all.
+func (s *Store) CountByStatus(ctx context.Context, db DB, queue string) (map[durabletype.Status]int64, error) {
+	var q *string
+	if queue != "" {
+		q = &queue
+	}
+	rows, err := db.Query(ctx, s.sql("count_by_status"), q)
+	if err != nil {
+		return nil, err
+	}
+	out := map[durabletype.Status]int64{}
+	var status string
+	var n int64
+	_, err = pgx.ForEachRow(rows, []any{&status, &n}, func() error {
+		out[durabletype.Status(status)] = n
+		return nil
+	})
+	return out, err
+}
+
+// RunnableQueues lists the queues with rows due within horizon.
+func (s *Store) RunnableQueues(ctx context.Context, db DB, horizon time.Duration) ([]string, error) {
+	rows, err := db.Query(ctx, s.sql("runnable_queues"), horizon.Milliseconds())
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}

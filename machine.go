@@ -1,0 +1,489 @@
+package gendurable
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"reflect"
+	"runtime/debug"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/gendurable/gendurable/internal/engine"
+	"github.com/gendurable/gendurable/internal/jsonx"
+	"github.com/gendurable/gendurable/internal/store"
+	"github.com/jackc/pgx/v5"
+)
+
+// Defaults for machines.
+const (
+	// DefaultQueue is the queue of a machine that names none.
+	DefaultQueue = "default"
+	// DefaultMaxAttempts is how many times a step is tried when the machine sets no MaxAttempts.
+	DefaultMaxAttempts = 20
+	// maxErrorText caps the error text recorded in an instance's history.
+	maxErrorText = 8000
+)
+
+// Machine is a machine that can be registered in Config.Machines and inserted: an FSM[S] or a
+// Job[A].
+type Machine interface {
+	def() (*engine.MachineDef, error)
+}
+
+// StepFunc is one step of an FSM: it gets the committed state and returns what happens next.
+// Returning an error (or panicking) routes the error to the machine's Handle.
+type StepFunc[S any] func(ctx *Ctx, state S) (Outcome, error)
+
+// HandleFunc decides what happens after a step failed: it gets the state the step started from
+// and the error (a returned error, a recovered panic as a *PanicError, or an outcome that could
+// not be applied).
+type HandleFunc[S any] func(ctx *Ctx, state S, err error) Outcome
+
+// FSM is a durable state machine whose state is S, stored as JSON. The step graph is a value,
+// known at registration: Next targets are checked against Steps.
+type FSM[S any] struct {
+	// Name is the durable name stored in every instance row. Renaming it orphans running
+	// instances, so choose it once. 1 to 128 characters.
+	Name string
+	// Start is the first step of a new instance.
+	Start string
+	// Steps maps step names (durable too) to their functions.
+	Steps map[string]StepFunc[S]
+	// Handle decides what follows a failed step. Nil means DefaultHandle: retry with
+	// exponential backoff and jitter until MaxAttempts, then fail.
+	Handle HandleFunc[S]
+	// Queue is the queue new instances go to unless the insert names one; default "default".
+	Queue string
+	// MaxAttempts is how many times a step may be tried (default DefaultMaxAttempts).
+	MaxAttempts int
+	// Backoff is the delay before try attempt+1 after try attempt failed, for DefaultHandle.
+	// Nil means DefaultBackoff.
+	Backoff func(attempt int) time.Duration
+}
+
+// With returns an Input that starts a new instance of m with the given state.
+func (m FSM[S]) With(state S) Input {
+	in := Input{machine: m.Name, step: m.Start, state: state, queue: m.Queue, maxAttempts: m.MaxAttempts}
+	if m.Steps[m.Start] == nil {
+		in.err = fmt.Errorf("%w: machine %q has no start step %q", ErrUnknownStep, m.Name, m.Start)
+	}
+	return in
+}
+
+func (m FSM[S]) def() (*engine.MachineDef, error) {
+	if err := checkName("machine name", m.Name); err != nil {
+		return nil, err
+	}
+	if len(m.Steps) == 0 {
+		return nil, fmt.Errorf("machine %q has no steps", m.Name)
+	}
+	steps := make(map[string]bool, len(m.Steps))
+	for name, fn := range m.Steps {
+		if err := checkName("step name", name); err != nil {
+			return nil, fmt.Errorf("machine %q: %w", m.Name, err)
+		}
+		if fn == nil {
+			return nil, fmt.Errorf("machine %q: step %q has a nil function", m.Name, name)
+		}
+		steps[name] = true
+	}
+	if !steps[m.Start] {
+		return nil, fmt.Errorf("machine %q: start step %q is not in Steps", m.Name, m.Start)
+	}
+	if m.MaxAttempts < 0 {
+		return nil, fmt.Errorf("machine %q: MaxAttempts %d is negative", m.Name, m.MaxAttempts)
+	}
+	return &engine.MachineDef{
+		Name: m.Name, Start: m.Start, Steps: steps,
+		Queue: orDefault(m.Queue, DefaultQueue), MaxAttempts: orDefaultInt(m.MaxAttempts, DefaultMaxAttempts),
+		Run: m.run,
+	}, nil
+}
+
+func (m FSM[S]) run(call *engine.Call) engine.Outcome {
+	ctx := newCtx(call)
+	var state S
+	if err := jsonx.Decode(call.Row.State, &state); err != nil {
+		// The state cannot become an S (it was written by another version of the type): neither
+		// the step nor Handle can run on it. Retry on the machine's schedule, then fail; the
+		// stored state is kept for an operator.
+		return m.policy(ctx, fmt.Errorf("decode state as %T: %w", state, err), "decode")
+	}
+	out, err, panicked := callStep(m.Steps[call.Row.Step], ctx, state)
+	if err == nil {
+		var enc engine.Outcome
+		if enc, err = m.encode(ctx, out); err == nil {
+			return enc
+		}
+		panicked = false
+	}
+	call.RollbackTx()
+	kind := "error"
+	if panicked {
+		kind = "panic"
+	} else if isOutcomeError(err) {
+		kind = "outcome"
+	}
+	return m.route(ctx, state, err, kind)
+}
+
+// route hands a failed step's error to Handle and applies its decision. If Handle itself fails
+// (an error, a panic, an outcome that cannot be applied), the instance fails: the handler is the
+// last word and must not loop.
+func (m FSM[S]) route(ctx *Ctx, state S, err error, kind string) engine.Outcome {
+	h := m.Handle
+	if h == nil {
+		h = func(ctx *Ctx, _ S, err error) Outcome { return m.defaultHandle(ctx, err) }
+	}
+	out, herr := callHandle(h, ctx, state, err)
+	var enc engine.Outcome
+	if herr == nil {
+		enc, herr = m.encode(ctx, out)
+	}
+	if herr != nil {
+		enc = engine.Outcome{Kind: store.KindFailed}
+		enc.ErrMsg = fmt.Sprintf("%v; then the handler failed: %v", err, herr)
+	} else {
+		msg := err.Error()
+		if out.kind == outcomeStop && out.reason != nil && out.reason.Error() != msg {
+			msg += " (stopped: " + out.reason.Error() + ")"
+		}
+		enc.ErrMsg = msg
+	}
+	enc.ErrKind, enc.ErrMsg = kind, clip(enc.ErrMsg)
+	enc.Routed, enc.Panic = err, kind == "panic"
+	return enc
+}
+
+// policy applies the default retry policy without calling Handle (for a state that cannot be
+// decoded, where Handle could not be given a state).
+func (m FSM[S]) policy(ctx *Ctx, err error, kind string) engine.Outcome {
+	enc, _ := m.encode(ctx, m.defaultHandle(ctx, err))
+	enc.ErrKind, enc.ErrMsg, enc.Routed = kind, clip(err.Error()), err
+	return enc
+}
+
+func (m FSM[S]) defaultHandle(ctx *Ctx, err error) Outcome {
+	if errors.Is(err, errUnrecoverable) || ctx.Attempt >= ctx.MaxAttempts {
+		return Stop(err)
+	}
+	b := m.Backoff
+	if b == nil {
+		b = DefaultBackoff
+	}
+	return Retry(b(ctx.Attempt))
+}
+
+// encode checks an outcome against the machine and encodes it for the engine.
+func (m FSM[S]) encode(ctx *Ctx, o Outcome) (engine.Outcome, error) {
+	for _, opt := range o.opts {
+		if opt.apply == nil {
+			return engine.Outcome{}, outcomeErrorf("the zero OutcomeOption is not an option")
+		}
+		if err := opt.apply(&o); err != nil {
+			return engine.Outcome{}, outcomeErrorf("%s: %v", o.kind, err)
+		}
+	}
+	switch o.kind {
+	case outcomeNext:
+		if m.Steps[o.step] == nil {
+			return engine.Outcome{}, outcomeError{fmt.Errorf("%w: Next(%q): machine %q has no such step", ErrUnknownStep, o.step, m.Name)}
+		}
+		st, err := stateOf[S](o.state)
+		if err != nil {
+			return engine.Outcome{}, outcomeErrorf("Next(%q): %v", o.step, err)
+		}
+		b, err := jsonx.Encode(st, ctx.call.MaxPayload)
+		if err != nil {
+			return engine.Outcome{}, outcomeError{fmt.Errorf("Next(%q) state: %w", o.step, err)}
+		}
+		return engine.Outcome{Kind: store.KindNext, Step: o.step, State: b, Delay: o.delay}, nil
+	case outcomeRetry:
+		return retryOutcome(ctx, o.delay), nil
+	case outcomeDone:
+		return doneOutcome(ctx, o.result)
+	case outcomeStop:
+		return engine.Outcome{Kind: store.KindFailed, ErrKind: "stop", ErrMsg: clip(o.reason.Error())}, nil
+	}
+	return engine.Outcome{}, outcomeErrorf("the step returned no outcome (the zero Outcome)")
+}
+
+func retryOutcome(ctx *Ctx, delay time.Duration) engine.Outcome {
+	if ctx.Attempt >= ctx.MaxAttempts {
+		return engine.Outcome{Kind: store.KindFailed, ErrKind: "retry",
+			ErrMsg: fmt.Sprintf("Retry after attempt %d of %d: no attempts left", ctx.Attempt, ctx.MaxAttempts)}
+	}
+	return engine.Outcome{Kind: store.KindRetry, Delay: max(delay, 0)}
+}
+
+func doneOutcome(ctx *Ctx, result any) (engine.Outcome, error) {
+	if result == nil {
+		return engine.Outcome{Kind: store.KindDone}, nil
+	}
+	b, err := jsonx.Encode(result, ctx.call.MaxPayload)
+	if err != nil {
+		return engine.Outcome{}, outcomeError{fmt.Errorf("Done result: %w", err)}
+	}
+	return engine.Outcome{Kind: store.KindDone, Result: b}, nil
+}
+
+// stateOf accepts an S or a non-nil *S.
+func stateOf[S any](v any) (S, error) {
+	var zero S
+	switch s := v.(type) {
+	case S:
+		return s, nil
+	case *S:
+		if s != nil {
+			return *s, nil
+		}
+		return zero, fmt.Errorf("state is a nil %T", v)
+	}
+	return zero, fmt.Errorf("state has type %s, the machine's state type is %s",
+		typeName(v), reflect.TypeFor[S]())
+}
+
+func typeName(v any) string {
+	if v == nil {
+		return "nil"
+	}
+	return reflect.TypeOf(v).String()
+}
+
+// Job is a one-step machine: Perform runs with the job's arguments A (stored as JSON); a nil
+// error finishes it, an error retries it with backoff until MaxAttempts, then fails it. Wrap an
+// error with Unrecoverable to fail at once.
+type Job[A any] struct {
+	// Name is the durable name stored in every row (1 to 128 characters).
+	Name string
+	// Perform does the work.
+	Perform func(ctx *Ctx, args A) error
+	// Queue is the queue new jobs go to unless the insert names one; default "default".
+	Queue string
+	// MaxAttempts is how many times Perform may be tried (default DefaultMaxAttempts).
+	MaxAttempts int
+	// Backoff is the delay after failed try attempt; nil means DefaultBackoff.
+	Backoff func(attempt int) time.Duration
+}
+
+// JobStep is the name of a Job's only step.
+const JobStep = "perform"
+
+// With returns an Input that inserts a job with these arguments.
+func (j Job[A]) With(args A) Input {
+	return Input{machine: j.Name, step: JobStep, state: args, queue: j.Queue, maxAttempts: j.MaxAttempts}
+}
+
+func (j Job[A]) def() (*engine.MachineDef, error) {
+	if err := checkName("job name", j.Name); err != nil {
+		return nil, err
+	}
+	if j.Perform == nil {
+		return nil, fmt.Errorf("job %q has no Perform function", j.Name)
+	}
+	if j.MaxAttempts < 0 {
+		return nil, fmt.Errorf("job %q: MaxAttempts %d is negative", j.Name, j.MaxAttempts)
+	}
+	return &engine.MachineDef{
+		Name: j.Name, Start: JobStep, Steps: map[string]bool{JobStep: true},
+		Queue: orDefault(j.Queue, DefaultQueue), MaxAttempts: orDefaultInt(j.MaxAttempts, DefaultMaxAttempts),
+		Run: j.run,
+	}, nil
+}
+
+func (j Job[A]) run(call *engine.Call) engine.Outcome {
+	ctx := newCtx(call)
+	var args A
+	kind := "decode"
+	err := jsonx.Decode(call.Row.State, &args)
+	if err != nil {
+		err = fmt.Errorf("decode arguments as %T: %w", args, err)
+	} else {
+		var panicked bool
+		err, panicked = callPerform(j.Perform, ctx, args)
+		if err == nil {
+			return engine.Outcome{Kind: store.KindDone}
+		}
+		call.RollbackTx()
+		kind = "error"
+		if panicked {
+			kind = "panic"
+		}
+	}
+	var out engine.Outcome
+	if errors.Is(err, errUnrecoverable) || ctx.Attempt >= ctx.MaxAttempts {
+		out = engine.Outcome{Kind: store.KindFailed}
+	} else {
+		b := j.Backoff
+		if b == nil {
+			b = DefaultBackoff
+		}
+		out = engine.Outcome{Kind: store.KindRetry, Delay: max(b(ctx.Attempt), 0)}
+	}
+	out.ErrKind, out.ErrMsg, out.Routed, out.Panic = kind, clip(err.Error()), err, kind == "panic"
+	return out
+}
+
+// Input is a new instance to insert: a machine, its start step and its initial state. Build it
+// with FSM.With or Job.With.
+type Input struct {
+	machine     string
+	step        string
+	state       any
+	queue       string
+	maxAttempts int
+	err         error
+}
+
+// Ctx is what a step gets: a context.Context (cancelled when the client stops past its drain
+// deadline, or when the worker loses its claim, with ErrLeaseLost as the cause) and facts about
+// the instance and the try.
+type Ctx struct {
+	context.Context
+	// ID is the instance's id.
+	ID int64
+	// Machine, Step and Queue name what is running.
+	Machine, Step, Queue string
+	// Attempt is the try of this step, from 1; MaxAttempts is the limit.
+	Attempt, MaxAttempts int
+	// Priority is the instance's priority (1 most urgent … 9).
+	Priority int
+	// CorrelationKey is the instance's key, or "".
+	CorrelationKey string
+	// InsertedAt is when the instance was inserted.
+	InsertedAt time.Time
+	// Logger carries the client, queue, machine, step and instance id.
+	Logger *slog.Logger
+
+	call *engine.Call
+}
+
+func newCtx(call *engine.Call) *Ctx {
+	r := call.Row
+	return &Ctx{
+		Context: call.Ctx, ID: r.ID, Machine: r.Machine, Step: r.Step, Queue: call.Queue,
+		Attempt: r.Attempt, MaxAttempts: r.MaxAttempts, Priority: r.Priority, CorrelationKey: r.CorrelationKey,
+		InsertedAt: r.InsertedAt, Logger: call.Logger, call: call,
+	}
+}
+
+// Tx returns a transaction on the engine's database that commits together with this step's
+// outcome: write through it, and the writes and the step's progress commit exactly once, or not
+// at all (if the step fails, or its claim was lost). It begins on first use; steps that never
+// call it pay nothing. Do not commit or roll it back yourself.
+func (c *Ctx) Tx() (pgx.Tx, error) {
+	return c.call.Tx()
+}
+
+// PanicError is how a recovered panic reaches Handle.
+type PanicError struct {
+	Value any
+	Stack string
+}
+
+func (e *PanicError) Error() string {
+	return fmt.Sprintf("panic: %v\n%s", e.Value, e.Stack)
+}
+
+func callStep[S any](fn StepFunc[S], ctx *Ctx, state S) (out Outcome, err error, panicked bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			out, err, panicked = Outcome{}, &PanicError{Value: r, Stack: string(debug.Stack())}, true
+		}
+	}()
+	out, err = fn(ctx, state)
+	return out, err, false
+}
+
+func callHandle[S any](fn HandleFunc[S], ctx *Ctx, state S, cause error) (out Outcome, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			out, err = Outcome{}, &PanicError{Value: r, Stack: string(debug.Stack())}
+		}
+	}()
+	return fn(ctx, state, cause), nil
+}
+
+func callPerform[A any](fn func(*Ctx, A) error, ctx *Ctx, args A) (err error, panicked bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			err, panicked = &PanicError{Value: r, Stack: string(debug.Stack())}, true
+		}
+	}()
+	return fn(ctx, args), false
+}
+
+// outcomeError marks an error in the outcome itself (unknown step, bad state, too large).
+type outcomeError struct{ err error }
+
+func (e outcomeError) Error() string { return "outcome: " + e.err.Error() }
+func (e outcomeError) Unwrap() error { return e.err }
+
+func outcomeErrorf(format string, args ...any) error {
+	return outcomeError{fmt.Errorf(format, args...)}
+}
+
+func isOutcomeError(err error) bool {
+	var oe outcomeError
+	return errors.As(err, &oe)
+}
+
+var errUnrecoverable = errors.New("unrecoverable")
+
+type unrecoverable struct{ err error }
+
+func (u unrecoverable) Error() string        { return u.err.Error() }
+func (u unrecoverable) Unwrap() []error      { return []error{u.err, errUnrecoverable} }
+func (u unrecoverable) Is(target error) bool { return target == errUnrecoverable }
+
+// Unrecoverable wraps err so that the default handler (and a Job) fails the instance at once
+// instead of retrying.
+func Unrecoverable(err error) error {
+	if err == nil {
+		return nil
+	}
+	return unrecoverable{err}
+}
+
+// DefaultBackoff is the delay before the try after failed try attempt: one second doubled per
+// attempt, capped at one hour, with ±25% jitter so that failures do not retry in lockstep.
+func DefaultBackoff(attempt int) time.Duration {
+	d := time.Hour
+	if attempt < 13 {
+		d = min(time.Second<<max(attempt-1, 0), time.Hour)
+	}
+	jitter := 0.75 + rand.Float64()/2
+	return time.Duration(float64(d) * jitter)
+}
+
+// clip makes error text storable: valid UTF-8, no NUL (Postgres text rejects both), at most
+// maxErrorText bytes, cut on a character boundary.
+func clip(s string) string {
+	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\\0")
+	if len(s) <= maxErrorText {
+		return s
+	}
+	cut := maxErrorText
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+func orDefaultInt(n, def int) int {
+	if n == 0 {
+		return def
+	}
+	return n
+}

@@ -1,0 +1,91 @@
+package gendurable
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+type outcomeKind int
+
+const (
+	outcomeNone outcomeKind = iota
+	outcomeNext
+	outcomeRetry
+	outcomeDone
+	outcomeStop
+)
+
+// Outcome is what a step decides: run another step (Next), try this one again (Retry), finish
+// (Done) or fail (Stop). Build one with those functions; the zero Outcome is invalid and is
+// routed to the machine's Handle as an error.
+type Outcome struct {
+	kind   outcomeKind
+	step   string
+	state  any
+	delay  time.Duration
+	result any
+	reason error
+	opts   []OutcomeOption
+}
+
+// OutcomeOption adjusts an outcome (see After). Options are checked when the outcome is applied:
+// one that does not fit its outcome is an error routed to Handle.
+type OutcomeOption struct {
+	name  string
+	apply func(*Outcome) error
+}
+
+// Next commits state and makes step the next one to run. The step's attempt count starts over.
+// state must be the machine's state type S (or *S).
+func Next(step string, state any, opts ...OutcomeOption) Outcome {
+	return Outcome{kind: outcomeNext, step: step, state: state, opts: opts}
+}
+
+// Retry runs the same step again after the delay, with the committed state unchanged and the
+// attempt count one higher. Past the machine's MaxAttempts the instance fails instead.
+func Retry(after time.Duration) Outcome {
+	return Outcome{kind: outcomeRetry, delay: after}
+}
+
+// Done finishes the instance with a result (any JSON-encodable value, or nil).
+func Done(result any) Outcome {
+	return Outcome{kind: outcomeDone, result: result}
+}
+
+// Stop fails the instance for good with reason recorded in its error history.
+func Stop(reason error) Outcome {
+	if reason == nil {
+		reason = errors.New("stopped")
+	}
+	return Outcome{kind: outcomeStop, reason: reason}
+}
+
+// After delays the next step: the instance is runnable again only once d has passed (measured
+// by the database clock). It applies to Next.
+func After(d time.Duration) OutcomeOption {
+	return OutcomeOption{name: "After", apply: func(o *Outcome) error {
+		if o.kind != outcomeNext {
+			return fmt.Errorf("option After applies to Next only")
+		}
+		if d < 0 {
+			return fmt.Errorf("option After: negative delay %v", d)
+		}
+		o.delay = d
+		return nil
+	}}
+}
+
+func (k outcomeKind) String() string {
+	switch k {
+	case outcomeNext:
+		return "Next"
+	case outcomeRetry:
+		return "Retry"
+	case outcomeDone:
+		return "Done"
+	case outcomeStop:
+		return "Stop"
+	}
+	return "no outcome"
+}

@@ -1,0 +1,66 @@
+package gendurable
+
+import "github.com/gendurable/gendurable/durabletype"
+
+// Status is where an instance is in its life.
+type Status = durabletype.Status
+
+// The statuses of an instance.
+const (
+	StatusAvailable = durabletype.StatusAvailable
+	StatusExecuting = durabletype.StatusExecuting
+	StatusAwaiting  = durabletype.StatusAwaiting
+	StatusJoining   = durabletype.StatusJoining
+	StatusDone      = durabletype.StatusDone
+	StatusFailed    = durabletype.StatusFailed
+	StatusCancelled = durabletype.StatusCancelled
+)
+
+// Instance is an instance row as Client.Get returns it.
+type Instance = durabletype.Instance
+
+// ErrorEntry is one error in an instance's history.
+type ErrorEntry = durabletype.ErrorEntry
+
+// Event is what hooks in Config.Hooks receive.
+type Event = durabletype.Event
+
+// EventName names an event.
+type EventName = durabletype.EventName
+
+// The events; docs/operations.md describes each.
+const (
+	EventSchedulerPicked    = durabletype.EventSchedulerPicked
+	EventSchedulerReclaimed = durabletype.EventSchedulerReclaimed
+	EventStepStarted        = durabletype.EventStepStarted
+	EventStepFinished       = durabletype.EventStepFinished
+	EventStepError          = durabletype.EventStepError
+	EventOutcomeStale       = durabletype.EventOutcomeStale
+	EventCommitFailed       = durabletype.EventCommitFailed
+	EventFSMUnknown         = durabletype.EventFSMUnknown
+	EventHeartbeatLost      = durabletype.EventHeartbeatLost
+	EventReaperReclaimed    = durabletype.EventReaperReclaimed
+)
+
+// Sentinel errors; see durabletype for their meaning.
+var (
+	ErrNotFound          = durabletype.ErrNotFound
+	ErrNoTarget          = durabletype.ErrNoTarget
+	ErrPayloadTooLarge   = durabletype.ErrPayloadTooLarge
+	ErrInvalidPayload    = durabletype.ErrInvalidPayload
+	ErrUnknownMachine    = durabletype.ErrUnknownMachine
+	ErrUnknownStep       = durabletype.ErrUnknownStep
+	ErrInvalidIdentifier = durabletype.ErrInvalidIdentifier
+	ErrInvalidInput      = durabletype.ErrInvalidInput
+	ErrInvalidConfig     = durabletype.ErrInvalidConfig
+	ErrSchemaMismatch    = durabletype.ErrSchemaMismatch
+	ErrNotMigrated       = durabletype.ErrNotMigrated
+	ErrClientStopped     = durabletype.ErrClientStopped
+	ErrLeaseLost         = durabletype.ErrLeaseLost
+)
+
+// ConfigError names an invalid Config field.
+type ConfigError = durabletype.ConfigError
+
+// InputError names an invalid argument (and, in a batch, its row).
+type InputError = durabletype.InputError
