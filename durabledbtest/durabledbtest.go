@@ -17,6 +17,7 @@ import (
 	"github.com/gendurable/gendurable/durablemigrate"
 	"github.com/gendurable/gendurable/internal/devdb"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
 )
 
 // url is the database of this test process, set once by Main before any test runs.
@@ -33,9 +34,18 @@ func Main(m *testing.M) {
 		os.Exit(2)
 	}
 	url = db.URL
+	// Examples and programs under test read DATABASE_URL like any user program.
+	_ = os.Setenv("DATABASE_URL", url)
 	code := m.Run()
 	if err := db.Close(); err != nil {
 		fmt.Fprintln(os.Stderr, "durabledbtest: stopping the throwaway cluster:", err)
+	}
+	// Every client, pool and helper a test started must be gone by now.
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "durabledbtest: goroutines leaked by the tests:", err)
+			code = 1
+		}
 	}
 	os.Exit(code)
 }

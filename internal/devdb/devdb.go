@@ -79,7 +79,7 @@ func Resolve(ctx context.Context, opts Options) (*DB, error) {
 	bin, err := findBinaries()
 	if err != nil && !opts.NoInstall {
 		if ierr := install(ctx, logw); ierr != nil {
-			return nil, fmt.Errorf("%w (and installing it failed: %v)", err, ierr)
+			return nil, fmt.Errorf("%w (and installing it failed: %w)", err, ierr)
 		}
 		bin, err = findBinaries()
 	}
@@ -109,7 +109,7 @@ func ping(ctx context.Context, url string) error {
 	if err != nil {
 		return err
 	}
-	defer conn.Close(context.WithoutCancel(ctx))
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
 	return conn.Ping(ctx)
 }
 
@@ -245,6 +245,6 @@ func freePort() (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	defer l.Close()
+	defer func() { _ = l.Close() }()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }

@@ -16,7 +16,7 @@ import (
 func Encode(v any, max int) ([]byte, error) {
 	b, err := json.Marshal(v)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", durabletype.ErrInvalidPayload, err)
+		return nil, fmt.Errorf("%w: %w", durabletype.ErrInvalidPayload, err)
 	}
 	if err := Check(b, max); err != nil {
 		return nil, err

@@ -486,3 +486,24 @@ func (s *Store) RunnableQueues(ctx context.Context, db DB, horizon time.Duration
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
+
+// Reason is a failure reason and how many failed instances it ended.
+type Reason struct {
+	Reason string
+	Count  int64
+}
+
+// FailureReasons counts failed instances by their last error.
+func (s *Store) FailureReasons(ctx context.Context, db DB) ([]Reason, error) {
+	rows, err := db.Query(ctx, s.sql("failure_reasons"))
+	if err != nil {
+		return nil, err
+	}
+	var out []Reason
+	var r Reason
+	_, err = pgx.ForEachRow(rows, []any{&r.Reason, &r.Count}, func() error {
+		out = append(out, r)
+		return nil
+	})
+	return out, err
+}

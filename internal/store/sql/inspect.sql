@@ -21,3 +21,11 @@ SELECT DISTINCT queue
 FROM {schema}.instances
 WHERE status = 'available' AND scheduled_at <= now() + $1::bigint * interval '1 millisecond'
 ORDER BY queue;
+
+-- Why failed instances failed: the last error of each, counted.
+-- name: failure_reasons
+SELECT coalesce(errors -> -1 ->> 'error', '(no error recorded)'), count(*)
+FROM {schema}.instances
+WHERE status = 'failed'
+GROUP BY 1
+ORDER BY 2 DESC, 1;

@@ -1,0 +1,131 @@
+// Command gendurable is gendurable's command-line tool: it migrates a schema, runs the demo and
+// the benchmark suite.
+//
+//	gendurable migrate [--database-url URL] [--schema S] [--print]
+//	gendurable demo    [--database-url URL] [--n N] [--keep]
+//	gendurable bench   [--database-url URL] [--scenario NAME]... [--n N] [--json]
+//
+// The database is --database-url, else $DATABASE_URL, else a server on 127.0.0.1:5432, else (for
+// demo and bench) a throwaway cluster started from the Postgres binaries on this machine.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/gendurable/gendurable/internal/devdb"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+type command struct {
+	name, usage, summary string
+	run                  func(ctx context.Context, args []string, out io.Writer) error
+}
+
+func commands() []command {
+	return []command{
+		{"migrate", "migrate [--database-url URL] [--schema S] [--print]", "create gendurable's schema (or print its SQL)", runMigrate},
+		{"demo", "demo [--database-url URL] [--n N] [--keep]", "run an order-processing workflow over a few thousand instances", runDemo},
+		{"bench", "bench [--database-url URL] [--schema S] [--scenario NAME]... [--n N] [--concurrency C] [--json]", "run the benchmark suite", runBench},
+	}
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(ctx context.Context, args []string, out, errOut io.Writer) int {
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		usage(errOut)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	for _, c := range commands() {
+		if c.name == args[0] {
+			err := c.run(ctx, args[1:], out)
+			if errors.Is(err, flag.ErrHelp) {
+				return 0
+			}
+			if err != nil {
+				fmt.Fprintf(errOut, "gendurable %s: %v\n", c.name, err)
+				return 1
+			}
+			return 0
+		}
+	}
+	fmt.Fprintf(errOut, "gendurable: unknown command %q\n\n", args[0])
+	usage(errOut)
+	return 2
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "gendurable: durable state machines on Postgres\n\nUsage:")
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  gendurable %-95s %s\n", c.usage, c.summary)
+	}
+	fmt.Fprintln(w, "\nThe database is --database-url, else $DATABASE_URL, else 127.0.0.1:5432, else a throwaway cluster (demo, bench).")
+}
+
+// dbFlags are the flags every command that talks to Postgres takes.
+type dbFlags struct {
+	url    string
+	schema string
+}
+
+func (d *dbFlags) register(fs *flag.FlagSet, defSchema string) {
+	fs.StringVar(&d.url, "database-url", "", "Postgres connection string (default $DATABASE_URL, else 127.0.0.1:5432)")
+	fs.StringVar(&d.schema, "schema", defSchema, "schema name")
+}
+
+// open connects to the database the flags name, or resolves one. throwaway allows starting a
+// temporary cluster when nothing else is reachable; close releases both.
+func (d *dbFlags) open(ctx context.Context, throwaway bool, log io.Writer) (*pgxpool.Pool, func(), error) {
+	url := d.url
+	var db *devdb.DB
+	if url == "" {
+		var err error
+		db, err = devdb.Resolve(ctx, devdb.Options{Log: log, NoInstall: !throwaway, SkipLocal: false})
+		if err != nil {
+			return nil, nil, err
+		}
+		if !throwaway && db.Source != "DATABASE_URL" && db.Source != "127.0.0.1:5432" {
+			_ = db.Close()
+			return nil, nil, errors.New("no Postgres reachable: pass --database-url or set DATABASE_URL")
+		}
+		url = db.URL
+		fmt.Fprintf(log, "using Postgres from %s\n", db.Source)
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		_ = db.Close()
+		return nil, nil, fmt.Errorf("database url: %w", err)
+	}
+	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
+		cfg.ConnConfig.RuntimeParams["application_name"] = fmt.Sprintf("gd-cli-%d", os.Getpid())
+	}
+	if cfg.MaxConns < 20 {
+		cfg.MaxConns = 20
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err == nil {
+		err = pool.Ping(ctx)
+	}
+	if err != nil {
+		if pool != nil {
+			pool.Close()
+		}
+		_ = db.Close()
+		return nil, nil, fmt.Errorf("connect: %w", err)
+	}
+	return pool, func() { pool.Close(); _ = db.Close() }, nil
+}

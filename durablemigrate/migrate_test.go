@@ -1,0 +1,94 @@
+package durablemigrate_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/gendurable/gendurable/durabledbtest"
+	"github.com/gendurable/gendurable/durablemigrate"
+	"github.com/gendurable/gendurable/durabletype"
+	"github.com/stretchr/testify/require"
+)
+
+func TestMain(m *testing.M) { durabledbtest.Main(m) }
+
+func TestMigrateIsIdempotentAndSafeConcurrently(t *testing.T) {
+	t.Parallel()
+	pool := durabledbtest.Pool(t, 12)
+	ctx := context.Background()
+	schema := fmt.Sprintf("t_migrate_race_%d", durablemigrate.Version)
+	require.NoError(t, durablemigrate.Drop(ctx, pool, schema))
+	t.Cleanup(func() { _ = durablemigrate.Drop(context.Background(), pool, schema) })
+
+	require.ErrorIs(t, durablemigrate.Check(ctx, pool, schema), durabletype.ErrNotMigrated)
+	var wg sync.WaitGroup
+	errs := make(chan error, 10)
+	for range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- durablemigrate.Migrate(ctx, pool, schema)
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.NoError(t, durablemigrate.Check(ctx, pool, schema))
+	require.NoError(t, durablemigrate.Migrate(ctx, pool, schema))
+	var tables int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = $1`, schema).Scan(&tables))
+	require.Equal(t, 2, tables)
+}
+
+func TestMigrateRefusesASchemaBuiltFromOtherDDL(t *testing.T) {
+	t.Parallel()
+	pool := durabledbtest.Pool(t, 2)
+	schema := durabledbtest.Schema(t, pool)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `UPDATE "`+schema+`".meta SET value = 'something-older' WHERE key = 'fingerprint'`)
+	require.NoError(t, err)
+	err = durablemigrate.Migrate(ctx, pool, schema)
+	require.ErrorIs(t, err, durabletype.ErrSchemaMismatch)
+	require.Contains(t, err.Error(), "DROP SCHEMA")
+	require.ErrorIs(t, durablemigrate.Check(ctx, pool, schema), durabletype.ErrSchemaMismatch)
+}
+
+func TestSchemaNamesAreValidatedAndQuoted(t *testing.T) {
+	t.Parallel()
+	pool := durabledbtest.Pool(t, 2)
+	ctx := context.Background()
+	var before int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_namespace`).Scan(&before))
+	for _, bad := range []string{`a"; DROP SCHEMA public CASCADE; --`, "Upper", "1abc", "pg_mine", "has space", "dot.ted",
+		strings.Repeat("a", 64), "semi;colon", "quote'd", "dollar$"} {
+		err := durablemigrate.Migrate(ctx, pool, bad)
+		require.ErrorIs(t, err, durabletype.ErrInvalidIdentifier, bad)
+		_, err = durablemigrate.SQL(bad)
+		require.ErrorIs(t, err, durabletype.ErrInvalidIdentifier, bad)
+	}
+	var after int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_namespace`).Scan(&after))
+	require.Equal(t, before, after)
+}
+
+func TestPrintedSQLBuildsTheSameSchema(t *testing.T) {
+	t.Parallel()
+	pool := durabledbtest.Pool(t, 2)
+	ctx := context.Background()
+	const schema = "t_migrate_printed"
+	require.NoError(t, durablemigrate.Drop(ctx, pool, schema))
+	t.Cleanup(func() { _ = durablemigrate.Drop(context.Background(), pool, schema) })
+	sql, err := durablemigrate.SQL(schema)
+	require.NoError(t, err)
+	require.Contains(t, sql, `CREATE TABLE "t_migrate_printed".instances`)
+	_, err = pool.Exec(ctx, sql)
+	require.NoError(t, err)
+	// A schema built by hand from the printed SQL is accepted as this version.
+	require.NoError(t, durablemigrate.Check(ctx, pool, schema))
+	require.NoError(t, durablemigrate.Migrate(ctx, pool, schema))
+}
