@@ -356,8 +356,6 @@ type Ctx struct {
 	CorrelationKey string
 	// InsertedAt is when the instance was inserted.
 	InsertedAt time.Time
-	// Logger carries the client, queue, machine, step and instance id.
-	Logger *slog.Logger
 
 	call *engine.Call
 }
@@ -367,8 +365,14 @@ func newCtx(call *engine.Call) *Ctx {
 	return &Ctx{
 		Context: call.Ctx, ID: r.ID, Machine: r.Machine, Step: r.Step, Queue: call.Queue,
 		Attempt: r.Attempt, MaxAttempts: r.MaxAttempts, Priority: r.Priority, CorrelationKey: r.CorrelationKey,
-		InsertedAt: r.InsertedAt, Logger: call.Logger, call: call,
+		InsertedAt: r.InsertedAt, call: call,
 	}
+}
+
+// Logger returns the client's logger with the client, queue, machine, step and instance id
+// attached.
+func (c *Ctx) Logger() *slog.Logger {
+	return c.call.Logger()
 }
 
 // Tx returns a transaction on the engine's database that commits together with this step's

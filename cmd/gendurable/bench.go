@@ -2,10 +2,62 @@ package main
 
 import (
 	"context"
-	"errors"
+	"flag"
+	"fmt"
 	"io"
+	"os"
+	"runtime/pprof"
+
+	"github.com/gendurable/gendurable/internal/bench"
 )
 
+// multiFlag collects a repeatable flag.
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return fmt.Sprint(*m) }
+func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
 func runBench(ctx context.Context, args []string, out io.Writer) error {
-	return errors.New("not yet")
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	var db dbFlags
+	db.register(fs, "gendurable_bench")
+	var scenarios multiFlag
+	fs.Var(&scenarios, "scenario", "scenario to run (repeatable; default all available)")
+	n := fs.Int("n", 0, "size of each scenario (default: the scenario's own)")
+	conc := fs.Int("concurrency", 100, "queue concurrency of the benchmarked client")
+	asJSON := fs.Bool("json", false, "print one JSON object per scenario per line")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	pool, closeDB, err := db.open(ctx, true, os.Stderr)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	var results []bench.Result
+	err = bench.Run(ctx, pool, bench.Options{Schema: db.schema, Scenarios: scenarios, N: *n, Concurrency: *conc, Logger: quietLogger()},
+		func(r bench.Result) {
+			results = append(results, r)
+			if *asJSON {
+				_ = bench.WriteJSON(out, r)
+			} else {
+				fmt.Fprintf(os.Stderr, "  %s done\n", r.Scenario)
+			}
+		})
+	if !*asJSON {
+		bench.WriteTable(out, results)
+	}
+	return err
 }

@@ -82,17 +82,44 @@ func (c *committer) work() {
 				c.commit(batch, true)
 			}
 		}
-	fill:
-		for len(batch) < maxBatch {
-			select {
-			case r := <-c.ch:
-				batch = append(batch, r)
-			default:
-				break fill
-			}
-		}
+		batch = c.fill(batch, maxBatch)
 		c.commit(batch, false)
 	}
+}
+
+// linger is the longest a committer waits for more outcomes of steps that are still running
+// before it commits what it has: steps dispatched by one pick finish close together, and one
+// statement for all of them costs far less than one each.
+const linger = time.Millisecond
+
+// fill adds to batch what is queued, then, while steps are still running (their outcomes are on
+// their way) and the batch is not full, waits up to linger for them. With nothing running (an
+// idle queue, a single insert) it commits at once: latency is never traded away for nothing.
+func (c *committer) fill(batch []*commitReq, maxBatch int) []*commitReq {
+	var deadline <-chan time.Time
+	for len(batch) < maxBatch {
+		select {
+		case r := <-c.ch:
+			batch = append(batch, r)
+			continue
+		default:
+		}
+		if c.e.inFlight.Load() == 0 {
+			return batch
+		}
+		if deadline == nil {
+			t := time.NewTimer(linger)
+			defer t.Stop()
+			deadline = t.C
+		}
+		select {
+		case r := <-c.ch:
+			batch = append(batch, r)
+		case <-deadline:
+			return batch
+		}
+	}
+	return batch
 }
 
 // commit applies a batch, retrying failures (a lost connection, a restarting server) with

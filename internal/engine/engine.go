@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gendurable/gendurable/durabletype"
@@ -69,16 +70,20 @@ type Engine struct {
 	running bool
 	stopped bool
 
+	// inFlight counts steps executing now (dispatched, outcome not yet handed off).
+	inFlight atomic.Int64
+
 	runners   map[string]*runner
 	committer *committer
 	lastBeat  time.Time
 
 	baseCtx    context.Context
 	baseCancel context.CancelCauseFunc
-	steps      sync.WaitGroup // step goroutines
-	sends      sync.WaitGroup // outcomes being handed to the committer
-	loops      sync.WaitGroup // schedulers
-	bg         sync.WaitGroup // heartbeat, reaper
+	stepParent context.Context // the start context's values, never cancelled: steps cancel one by one
+	steps      sync.WaitGroup  // step goroutines
+	sends      sync.WaitGroup  // outcomes being handed to the committer
+	loops      sync.WaitGroup  // schedulers
+	bg         sync.WaitGroup  // heartbeat, reaper
 	bgStop     chan struct{}
 }
 
@@ -155,7 +160,8 @@ func (e *Engine) Start(ctx context.Context) error {
 	e.mu.Unlock()
 
 	e.events.start()
-	e.baseCtx, e.baseCancel = context.WithCancelCause(context.WithoutCancel(ctx))
+	e.stepParent = context.WithoutCancel(ctx)
+	e.baseCtx, e.baseCancel = context.WithCancelCause(e.stepParent)
 	e.bgStop = make(chan struct{})
 	e.lastBeat = time.Now()
 	e.committer = newCommitter(e)
@@ -170,6 +176,7 @@ func (e *Engine) Start(ctx context.Context) error {
 		e.runners[name] = r
 	}
 	for _, r := range e.runners {
+		r.startWorkers()
 		e.loops.Add(1)
 		go r.loop()
 	}
@@ -254,6 +261,9 @@ func (e *Engine) Stop(ctx context.Context) error {
 		close(r.stop)
 	}
 	e.loops.Wait()
+	for _, r := range e.runners {
+		close(r.work) // the executor goroutines finish what they hold, then exit
+	}
 
 	done := make(chan struct{})
 	go func() { e.steps.Wait(); close(done) }()
@@ -303,7 +313,7 @@ func (e *Engine) abandon() error {
 
 // track registers a claim as in flight, with the context its step runs under.
 func (e *Engine) track(queue, owner string, c *store.Claimed) (*flight, context.Context) {
-	ctx, cancel := context.WithCancelCause(e.baseCtx)
+	ctx, cancel := context.WithCancelCause(e.stepParent)
 	f := &flight{id: c.ID, owner: owner, queue: queue, machine: c.Machine, step: c.Step,
 		attempt: c.Attempt, started: time.Now(), cancel: cancel}
 	e.mu.Lock()

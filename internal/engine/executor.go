@@ -28,8 +28,7 @@ func (e *Engine) execute(ctx context.Context, db store.DB, queue string, c *stor
 	}
 	call := &Call{
 		Ctx: ctx, Row: c, Queue: queue, MaxPayload: e.cfg.MaxPayload,
-		Logger: e.log.With("client", e.cfg.Name, "queue", queue, "machine", c.Machine, "step", c.Step, "id", c.ID),
-		begin:  beginner(db),
+		client: e.cfg.Name, log: e.log, begin: beginner(db),
 	}
 	e.Emit(durabletype.Event{Name: durabletype.EventStepStarted, Queue: queue, Machine: c.Machine, Step: c.Step,
 		InstanceID: c.ID, Attempt: c.Attempt})

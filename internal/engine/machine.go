@@ -49,10 +49,18 @@ type Call struct {
 	Queue string
 	// MaxPayload is the largest encoded state or result allowed, in bytes.
 	MaxPayload int
-	Logger     *slog.Logger
+
+	client string
+	log    *slog.Logger
 
 	begin func(ctx context.Context) (pgx.Tx, error)
 	tx    pgx.Tx
+}
+
+// Logger returns the engine's logger with the client, queue, machine, step and instance id
+// attached. It is built on first use: steps that do not log pay nothing.
+func (c *Call) Logger() *slog.Logger {
+	return c.log.With("client", c.client, "queue", c.Queue, "machine", c.Row.Machine, "step", c.Row.Step, "id", c.Row.ID)
 }
 
 // Tx returns the step's transaction, beginning it on first use. The outcome of the step commits

@@ -34,6 +34,7 @@ type runner struct {
 	stop       chan struct{}
 	wake       chan struct{}
 	slotFreed  chan struct{}
+	work       chan store.Claimed // claimed rows for the executor goroutines
 	mu         sync.Mutex
 	busy       int
 	pickTimout time.Duration
@@ -50,7 +51,22 @@ func newRunner(e *Engine, queue string, qc QueueConfig) *runner {
 		stop:       make(chan struct{}),
 		wake:       make(chan struct{}, 1),
 		slotFreed:  make(chan struct{}, 1),
+		work:       make(chan store.Claimed, qc.Concurrency),
 		pickTimout: 30 * time.Second,
+	}
+}
+
+// startWorkers starts the queue's executor goroutines: Concurrency long-lived goroutines (their
+// stacks stay grown, nothing is spawned per step). They exit once work is closed and drained.
+func (r *runner) startWorkers() {
+	r.e.steps.Add(r.conc)
+	for range r.conc {
+		go func() {
+			defer r.e.steps.Done()
+			for c := range r.work {
+				r.run(&c)
+			}
+		}()
 	}
 }
 
@@ -171,10 +187,9 @@ func (r *runner) dispatch(rows []store.Claimed) {
 		return
 	}
 	r.take(len(rows))
-	r.e.steps.Add(len(rows))
-	for i := range rows {
-		c := rows[i]
-		go r.run(&c)
+	r.e.inFlight.Add(int64(len(rows)))
+	for _, c := range rows {
+		r.work <- c // never blocks: a slot was free for each row, and work holds Concurrency
 	}
 }
 
@@ -183,9 +198,9 @@ func (r *runner) dispatch(rows []store.Claimed) {
 // off; the committer's bounded queue is the backpressure.
 func (r *runner) run(c *store.Claimed) {
 	e := r.e
-	defer e.steps.Done()
 	f, ctx := e.track(r.queue, c.Owner, c)
 	out, call := e.execute(ctx, e.pool, r.queue, c)
+	e.inFlight.Add(-1)
 	row := outcomeRow(c.ID, c.Owner, &out)
 	if call != nil && call.tx != nil {
 		applied, err := e.commitInTx(call, row)

@@ -1,0 +1,462 @@
+// Package bench is gendurable's benchmark suite, run by `gendurable bench`. Each scenario runs
+// in a fresh schema on the given Postgres and reports throughput and latency figures together
+// with the server's version and durability settings, so a figure always travels with its
+// conditions. It never changes a server setting.
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"runtime"
+	"runtime/metrics"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/durablemigrate"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Options configures a run.
+type Options struct {
+	// Schema is the schema each scenario recreates and drops. Default "gendurable_bench".
+	Schema string
+	// Scenarios to run, in order; empty means every available scenario.
+	Scenarios []string
+	// N overrides each scenario's size (jobs, steps or inserts).
+	N int
+	// Concurrency overrides the client's queue concurrency (default 100).
+	Concurrency int
+	// Logger receives the engine's logs (default: warnings and errors to stderr).
+	Logger *slog.Logger
+}
+
+// Result is one scenario's figures. Pointers are fields that do not apply to every scenario.
+type Result struct {
+	Scenario   string   `json:"scenario"`
+	N          int      `json:"n"`
+	Seconds    float64  `json:"seconds"`
+	InsertPerS *float64 `json:"insert_per_s,omitempty"`
+	WorkPerS   *float64 `json:"work_per_s,omitempty"`
+	StepsPerS  *float64 `json:"steps_per_s,omitempty"`
+	P50ms      *float64 `json:"p50_ms,omitempty"`
+	P95ms      *float64 `json:"p95_ms,omitempty"`
+	P99ms      *float64 `json:"p99_ms,omitempty"`
+	// PeakHeapMB is the largest live Go heap seen during the scenario; MaxRSSMB the process's
+	// peak resident set so far.
+	PeakHeapMB float64 `json:"peak_heap_mb"`
+	MaxRSSMB   float64 `json:"max_rss_mb"`
+	Conditions
+}
+
+// Conditions are the server facts a figure depends on.
+type Conditions struct {
+	Postgres          string `json:"postgres"`
+	SynchronousCommit string `json:"synchronous_commit"`
+	Fsync             string `json:"fsync"`
+	SharedBuffers     string `json:"shared_buffers"`
+	CPUs              int    `json:"cpus"`
+}
+
+// scenario is one benchmark.
+type scenario struct {
+	name        string
+	defaultN    int
+	summary     string
+	unavailable string // why it cannot run yet, if it cannot
+	run         func(ctx context.Context, r *runner, n int) (Result, error)
+}
+
+func scenarios() []scenario {
+	return []scenario{
+		{name: "jobs", defaultN: 50000, summary: "InsertMany N one-step no-op jobs in batches of 1,000, then one client (concurrency 100) works them", run: runJobs},
+		{name: "chain", defaultN: 50000, summary: "N/5 instances of a 5-step no-op FSM inserted in bulk, worked by one client", run: runChain},
+		{name: "latency", defaultN: 500, summary: "an idle running client; N single Inserts 5 ms apart; time from the Insert call to the step's start", run: runLatency},
+		{name: "await", summary: "sequential Insert + client.Await", unavailable: "needs client.Await (the await-bridge issue)"},
+		{name: "signal", summary: "signal parked instances", unavailable: "needs signals and Await (the signals issue)"},
+		{name: "fanout", summary: "one parent spawning N children", unavailable: "needs Spawn (the fan-out issue)"},
+		{name: "gated", summary: "jobs behind a concurrency gate that never binds", unavailable: "needs concurrency gates (the gates issue)"},
+		{name: "rated", summary: "jobs behind a rate limit that never binds", unavailable: "needs rate limits (the rate-limit issue)"},
+	}
+}
+
+// Available lists the scenarios that can run now.
+func Available() []string {
+	var out []string
+	for _, s := range scenarios() {
+		if s.unavailable == "" {
+			out = append(out, s.name)
+		}
+	}
+	return out
+}
+
+// Run runs the scenarios and sends each result to emit as soon as it is known.
+func Run(ctx context.Context, pool *pgxpool.Pool, opts Options, emit func(Result)) error {
+	if opts.Schema == "" {
+		opts.Schema = "gendurable_bench"
+	}
+	if opts.Concurrency == 0 {
+		opts.Concurrency = 100
+	}
+	if opts.Concurrency < 0 || opts.N < 0 {
+		return fmt.Errorf("--n and --concurrency must be positive")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	byName := map[string]scenario{}
+	for _, s := range scenarios() {
+		byName[s.name] = s
+	}
+	names := opts.Scenarios
+	if len(names) == 0 {
+		names = Available()
+	}
+	var todo []scenario
+	for _, n := range names {
+		s, ok := byName[n]
+		if !ok {
+			return fmt.Errorf("unknown scenario %q (available: %s)", n, strings.Join(Available(), ", "))
+		}
+		if s.unavailable != "" {
+			return fmt.Errorf("scenario %q cannot run yet: it %s (available: %s)", n, s.unavailable, strings.Join(Available(), ", "))
+		}
+		todo = append(todo, s)
+	}
+	cond, err := conditions(ctx, pool)
+	if err != nil {
+		return err
+	}
+	r := &runner{pool: pool, opts: opts}
+	for _, s := range todo {
+		n := opts.N
+		if n == 0 {
+			n = s.defaultN
+		}
+		if err := durablemigrate.Drop(ctx, pool, opts.Schema); err != nil {
+			return err
+		}
+		if err := durablemigrate.Migrate(ctx, pool, opts.Schema); err != nil {
+			return err
+		}
+		r.heap = startHeapSampler()
+		res, err := s.run(ctx, r, n)
+		res.PeakHeapMB = r.heap.stop()
+		dropErr := durablemigrate.Drop(context.WithoutCancel(ctx), pool, opts.Schema)
+		if err != nil {
+			return fmt.Errorf("scenario %s: %w", s.name, err)
+		}
+		if dropErr != nil {
+			return dropErr
+		}
+		res.Scenario, res.N, res.Conditions = s.name, n, cond
+		res.MaxRSSMB = maxRSSMB()
+		emit(res)
+	}
+	return nil
+}
+
+func conditions(ctx context.Context, pool *pgxpool.Pool) (Conditions, error) {
+	var c Conditions
+	err := pool.QueryRow(ctx, `SELECT current_setting('server_version'), current_setting('synchronous_commit'),
+		current_setting('fsync'), current_setting('shared_buffers')`).Scan(&c.Postgres, &c.SynchronousCommit, &c.Fsync, &c.SharedBuffers)
+	c.CPUs = runtime.NumCPU()
+	return c, err
+}
+
+// runner holds what every scenario shares.
+type runner struct {
+	pool *pgxpool.Pool
+	opts Options
+	heap *heapSampler
+}
+
+// client builds a client on the scenario's schema working queue "bench".
+func (r *runner) client(machines []gendurable.Machine, hooks ...func(gendurable.Event)) (*gendurable.Client, error) {
+	return gendurable.NewClient(r.pool, &gendurable.Config{
+		Name:     "bench",
+		Schema:   r.opts.Schema,
+		Machines: machines,
+		Queues:   map[string]gendurable.QueueConfig{"bench": {Concurrency: r.opts.Concurrency}},
+		Logger:   r.opts.Logger,
+		Hooks:    hooks,
+	})
+}
+
+func stop(c *gendurable.Client) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return c.Stop(ctx)
+}
+
+// waitFor polls cond every millisecond until it holds, ctx ends or timeout passes.
+func waitFor(ctx context.Context, timeout time.Duration, what string, cond func() bool) error {
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out after %v waiting for %s", timeout, what)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// finishedCounter counts committed terminal outcomes (step.finished events of done/failed).
+func finishedCounter(n *atomic.Int64) func(gendurable.Event) {
+	return func(ev gendurable.Event) {
+		if ev.Name == gendurable.EventStepFinished && (ev.Outcome == "done" || ev.Outcome == "failed") {
+			n.Add(1)
+		}
+	}
+}
+
+type noArgs struct{}
+
+func runJobs(ctx context.Context, r *runner, n int) (Result, error) {
+	job := gendurable.Job[noArgs]{Name: "noop", Queue: "bench", Perform: func(*gendurable.Ctx, noArgs) error { return nil }}
+	var finished atomic.Int64
+	cl, err := r.client([]gendurable.Machine{job}, finishedCounter(&finished))
+	if err != nil {
+		return Result{}, err
+	}
+	params := make([]gendurable.InsertManyParams, n)
+	for i := range params {
+		params[i] = gendurable.InsertManyParams{Input: job.With(noArgs{})}
+	}
+	t0 := time.Now()
+	for i := 0; i < n; i += 1000 {
+		if _, err := cl.InsertMany(ctx, params[i:min(i+1000, n)]); err != nil {
+			return Result{}, err
+		}
+	}
+	insert := time.Since(t0)
+	// The figure that matters is the heap of a client working a backlog, not of the batch the
+	// benchmark built to insert it.
+	params = nil
+	r.heap.reset()
+	t1 := time.Now()
+	if err := cl.Start(ctx); err != nil {
+		return Result{}, err
+	}
+	err = waitFor(ctx, 10*time.Minute, "all jobs done", func() bool { return finished.Load() >= int64(n) })
+	work := time.Since(t1)
+	if serr := stop(cl); err == nil {
+		err = serr
+	}
+	if err != nil {
+		return Result{}, err
+	}
+	return Result{Seconds: round(insert.Seconds() + work.Seconds()), InsertPerS: rate(n, insert), WorkPerS: rate(n, work)}, nil
+}
+
+type chainState struct {
+	I int `json:"i"`
+}
+
+func runChain(ctx context.Context, r *runner, n int) (Result, error) {
+	const length = 5
+	steps := map[string]gendurable.StepFunc[chainState]{}
+	for i := range length {
+		name := fmt.Sprint("s", i)
+		next := fmt.Sprint("s", i+1)
+		steps[name] = func(_ *gendurable.Ctx, s chainState) (gendurable.Outcome, error) {
+			if i == length-1 {
+				return gendurable.Done(nil), nil
+			}
+			return gendurable.Next(next, chainState{I: s.I + 1}), nil
+		}
+	}
+	fsm := gendurable.FSM[chainState]{Name: "chain", Start: "s0", Queue: "bench", Steps: steps}
+	var finished atomic.Int64
+	cl, err := r.client([]gendurable.Machine{fsm}, finishedCounter(&finished))
+	if err != nil {
+		return Result{}, err
+	}
+	chains := max(n/length, 1)
+	params := make([]gendurable.InsertManyParams, chains)
+	for i := range params {
+		params[i] = gendurable.InsertManyParams{Input: fsm.With(chainState{})}
+	}
+	if _, err := cl.InsertMany(ctx, params); err != nil {
+		return Result{}, err
+	}
+	params = nil
+	r.heap.reset()
+	t0 := time.Now()
+	if err := cl.Start(ctx); err != nil {
+		return Result{}, err
+	}
+	err = waitFor(ctx, 10*time.Minute, "all chains done", func() bool { return finished.Load() >= int64(chains) })
+	d := time.Since(t0)
+	if serr := stop(cl); err == nil {
+		err = serr
+	}
+	if err != nil {
+		return Result{}, err
+	}
+	return Result{Seconds: round(d.Seconds()), StepsPerS: rate(chains*length, d)}, nil
+}
+
+type latArgs struct {
+	T0 int64 `json:"t0"` // unix nanoseconds taken just before the Insert call
+}
+
+func runLatency(ctx context.Context, r *runner, n int) (Result, error) {
+	var mu sync.Mutex
+	lat := make([]time.Duration, 0, n)
+	job := gendurable.Job[latArgs]{Name: "latency", Queue: "bench", Perform: func(_ *gendurable.Ctx, a latArgs) error {
+		d := time.Since(time.Unix(0, a.T0))
+		mu.Lock()
+		lat = append(lat, d)
+		mu.Unlock()
+		return nil
+	}}
+	var finished atomic.Int64
+	cl, err := r.client([]gendurable.Machine{job}, finishedCounter(&finished))
+	if err != nil {
+		return Result{}, err
+	}
+	if err := cl.Start(ctx); err != nil {
+		return Result{}, err
+	}
+	defer func() { _ = stop(cl) }()
+	// Let the client settle into its idle state first.
+	time.Sleep(500 * time.Millisecond)
+	t0 := time.Now()
+	for range n {
+		if _, err := cl.Insert(ctx, job.With(latArgs{T0: time.Now().UnixNano()}), nil); err != nil {
+			return Result{}, err
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := waitFor(ctx, time.Minute, "all latency jobs done", func() bool { return finished.Load() >= int64(n) }); err != nil {
+		return Result{}, err
+	}
+	d := time.Since(t0)
+	mu.Lock()
+	defer mu.Unlock()
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	return Result{Seconds: round(d.Seconds()), P50ms: pct(lat, 0.50), P95ms: pct(lat, 0.95), P99ms: pct(lat, 0.99)}, nil
+}
+
+func pct(sorted []time.Duration, p float64) *float64 {
+	if len(sorted) == 0 {
+		return nil
+	}
+	i := int(p*float64(len(sorted))+0.5) - 1
+	i = min(max(i, 0), len(sorted)-1)
+	v := round(float64(sorted[i].Microseconds()) / 1000)
+	return &v
+}
+
+func rate(n int, d time.Duration) *float64 {
+	v := round(float64(n) / d.Seconds())
+	return &v
+}
+
+func round(v float64) float64 {
+	switch {
+	case v >= 100:
+		return float64(int64(v + 0.5))
+	default:
+		return float64(int64(v*100+0.5)) / 100
+	}
+}
+
+// heapSampler records the largest live heap while a scenario runs.
+type heapSampler struct {
+	done chan struct{}
+	wg   sync.WaitGroup
+	peak atomic.Uint64
+}
+
+func startHeapSampler() *heapSampler {
+	h := &heapSampler{done: make(chan struct{})}
+	sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+	read := func() {
+		metrics.Read(sample)
+		if v := sample[0].Value.Uint64(); v > h.peak.Load() {
+			h.peak.Store(v)
+		}
+	}
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-h.done:
+				read()
+				return
+			case <-t.C:
+				read()
+			}
+		}
+	}()
+	return h
+}
+
+// reset forgets the peak so far (after a collection, so that garbage does not count).
+func (h *heapSampler) reset() {
+	runtime.GC()
+	h.peak.Store(0)
+}
+
+func (h *heapSampler) stop() float64 {
+	close(h.done)
+	h.wg.Wait()
+	return round(float64(h.peak.Load()) / (1 << 20))
+}
+
+func maxRSSMB() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return round(float64(ru.Maxrss) / 1024) // kilobytes on Linux
+}
+
+// WriteTable prints results as a human-readable table.
+func WriteTable(w io.Writer, results []Result) {
+	if len(results) == 0 {
+		return
+	}
+	c := results[0].Conditions
+	fmt.Fprintf(w, "Postgres %s, synchronous_commit=%s, fsync=%s, shared_buffers=%s, %d CPUs\n\n",
+		c.Postgres, c.SynchronousCommit, c.Fsync, c.SharedBuffers, c.CPUs)
+	fmt.Fprintf(w, "%-9s %8s %8s %10s %10s %10s %8s %8s %8s %9s\n",
+		"scenario", "n", "seconds", "insert/s", "work/s", "steps/s", "p50 ms", "p95 ms", "p99 ms", "heap MB")
+	f := func(p *float64) string {
+		if p == nil {
+			return "-"
+		}
+		return fmt.Sprint(*p)
+	}
+	for _, r := range results {
+		fmt.Fprintf(w, "%-9s %8d %8.2f %10s %10s %10s %8s %8s %8s %9.1f\n",
+			r.Scenario, r.N, r.Seconds, f(r.InsertPerS), f(r.WorkPerS), f(r.StepsPerS), f(r.P50ms), f(r.P95ms), f(r.P99ms), r.PeakHeapMB)
+	}
+}
+
+// WriteJSON prints one result as one JSON line.
+func WriteJSON(w io.Writer, r Result) error {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "%s\n", b)
+	return err
+}
