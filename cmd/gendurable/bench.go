@@ -25,6 +25,8 @@ func runBench(ctx context.Context, args []string, out io.Writer) error {
 	fs.Var(&scenarios, "scenario", "scenario to run (repeatable; default all available)")
 	n := fs.Int("n", 0, "size of each scenario (default: the scenario's own)")
 	conc := fs.Int("concurrency", 100, "queue concurrency of the benchmarked client")
+	clients := fs.Int("clients", 1, "clients (nodes) working the queue together in jobs and chain")
+	preload := fs.Int("preload", 0, "finished rows to insert before each scenario (a large table)")
 	asJSON := fs.Bool("json", false, "print one JSON object per scenario per line")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof)")
 	if err := fs.Parse(args); err != nil {
@@ -47,7 +49,8 @@ func runBench(ctx context.Context, args []string, out io.Writer) error {
 	}
 	defer closeDB()
 	var results []bench.Result
-	err = bench.Run(ctx, pool, bench.Options{Schema: db.schema, Scenarios: scenarios, N: *n, Concurrency: *conc, Logger: quietLogger()},
+	err = bench.Run(ctx, pool, bench.Options{Schema: db.schema, Scenarios: scenarios, N: *n, Concurrency: *conc,
+		Clients: *clients, Preload: *preload, Logger: quietLogger()},
 		func(r bench.Result) {
 			results = append(results, r)
 			if *asJSON {

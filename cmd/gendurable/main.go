@@ -32,7 +32,7 @@ func commands() []command {
 	return []command{
 		{"migrate", "migrate [--database-url URL] [--schema S] [--print]", "create gendurable's schema (or print its SQL)", runMigrate},
 		{"demo", "demo [--database-url URL] [--n N] [--keep]", "run an order-processing workflow over a few thousand instances", runDemo},
-		{"bench", "bench [--database-url URL] [--schema S] [--scenario NAME]... [--n N] [--concurrency C] [--json]", "run the benchmark suite", runBench},
+		{"bench", "bench [--database-url URL] [--schema S] [--scenario NAME]... [--n N] [--concurrency C] [--clients K] [--preload N] [--json]", "run the benchmark suite", runBench},
 	}
 }
 

@@ -49,7 +49,10 @@ CREATE TABLE {schema}.instances (
   pending_children  integer     NOT NULL DEFAULT 0 CHECK (pending_children >= 0),
   inserted_at       timestamptz NOT NULL DEFAULT now(),
   updated_at        timestamptz NOT NULL DEFAULT now(),
-  finalized_at      timestamptz
+  finalized_at      timestamptz,
+  -- A claim token is present exactly while the row is executing, so a statement fenced by
+  -- "locked_by = <token>" is fenced by the status too.
+  CONSTRAINT instances_claim CHECK ((status = 'executing') = (locked_by IS NOT NULL AND locked_until IS NOT NULL))
 ) WITH (fillfactor = 80);
 -- fillfactor 80 leaves room on each page so that updates which touch no indexed column (the
 -- heartbeat's lease extension) stay HOT.

@@ -21,6 +21,8 @@ import (
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/durablemigrate"
+	"github.com/gendurable/gendurable/internal/store"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -34,6 +36,11 @@ type Options struct {
 	N int
 	// Concurrency overrides the client's queue concurrency (default 100).
 	Concurrency int
+	// Clients is how many clients (nodes) work the queue together in jobs and chain (default 1).
+	Clients int
+	// Preload inserts this many finished rows before each scenario, to measure the cost of a
+	// large table.
+	Preload int
 	// Logger receives the engine's logs (default: warnings and errors to stderr).
 	Logger *slog.Logger
 }
@@ -53,6 +60,9 @@ type Result struct {
 	// peak resident set so far.
 	PeakHeapMB float64 `json:"peak_heap_mb"`
 	MaxRSSMB   float64 `json:"max_rss_mb"`
+	// Clients and Preload repeat the run's options.
+	Clients int `json:"clients"`
+	Preload int `json:"preload"`
 	Conditions
 }
 
@@ -106,8 +116,11 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options, emit func(Result
 	if opts.Concurrency == 0 {
 		opts.Concurrency = 100
 	}
-	if opts.Concurrency < 0 || opts.N < 0 {
-		return fmt.Errorf("--n and --concurrency must be positive")
+	if opts.Clients == 0 {
+		opts.Clients = 1
+	}
+	if opts.Concurrency < 0 || opts.N < 0 || opts.Clients < 0 || opts.Preload < 0 {
+		return fmt.Errorf("--n, --concurrency, --clients and --preload must be positive")
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -147,6 +160,18 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options, emit func(Result
 		if err := durablemigrate.Migrate(ctx, pool, opts.Schema); err != nil {
 			return err
 		}
+		if opts.Preload > 0 {
+			st, err := store.New(opts.Schema)
+			if err != nil {
+				return err
+			}
+			if err := st.PreloadTerminal(ctx, pool, opts.Preload, "preloaded", "bench"); err != nil {
+				return fmt.Errorf("preload %d rows: %w", opts.Preload, err)
+			}
+			if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+pgx.Identifier{opts.Schema, "instances"}.Sanitize()); err != nil {
+				return fmt.Errorf("vacuum after preload: %w", err)
+			}
+		}
 		r.heap = startHeapSampler()
 		res, err := s.run(ctx, r, n)
 		res.PeakHeapMB = r.heap.stop()
@@ -158,6 +183,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options, emit func(Result
 			return dropErr
 		}
 		res.Scenario, res.N, res.Conditions = s.name, n, cond
+		res.Clients, res.Preload = opts.Clients, opts.Preload
 		res.MaxRSSMB = maxRSSMB()
 		emit(res)
 	}
@@ -181,14 +207,52 @@ type runner struct {
 
 // client builds a client on the scenario's schema working queue "bench".
 func (r *runner) client(machines []gendurable.Machine, hooks ...func(gendurable.Event)) (*gendurable.Client, error) {
+	return r.named("bench", machines, hooks...)
+}
+
+func (r *runner) named(name string, machines []gendurable.Machine, hooks ...func(gendurable.Event)) (*gendurable.Client, error) {
 	return gendurable.NewClient(r.pool, &gendurable.Config{
-		Name:     "bench",
+		Name:     name,
 		Schema:   r.opts.Schema,
 		Machines: machines,
 		Queues:   map[string]gendurable.QueueConfig{"bench": {Concurrency: r.opts.Concurrency}},
 		Logger:   r.opts.Logger,
 		Hooks:    hooks,
 	})
+}
+
+// cluster is Options.Clients clients working one queue, like that many nodes.
+type cluster []*gendurable.Client
+
+func (r *runner) cluster(machines []gendurable.Machine, hooks ...func(gendurable.Event)) (cluster, error) {
+	cs := make(cluster, r.opts.Clients)
+	for i := range cs {
+		c, err := r.named(fmt.Sprint("bench", i), machines, hooks...)
+		if err != nil {
+			return nil, err
+		}
+		cs[i] = c
+	}
+	return cs, nil
+}
+
+func (cs cluster) start(ctx context.Context) error {
+	for _, c := range cs {
+		if err := c.Start(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (cs cluster) stop() error {
+	var first error
+	for _, c := range cs {
+		if err := stop(c); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }
 
 func stop(c *gendurable.Client) error {
@@ -227,10 +291,11 @@ type noArgs struct{}
 func runJobs(ctx context.Context, r *runner, n int) (Result, error) {
 	job := gendurable.Job[noArgs]{Name: "noop", Queue: "bench", Perform: func(*gendurable.Ctx, noArgs) error { return nil }}
 	var finished atomic.Int64
-	cl, err := r.client([]gendurable.Machine{job}, finishedCounter(&finished))
+	cs, err := r.cluster([]gendurable.Machine{job}, finishedCounter(&finished))
 	if err != nil {
 		return Result{}, err
 	}
+	cl := cs[0]
 	params := make([]gendurable.InsertManyParams, n)
 	for i := range params {
 		params[i] = gendurable.InsertManyParams{Input: job.With(noArgs{})}
@@ -247,12 +312,12 @@ func runJobs(ctx context.Context, r *runner, n int) (Result, error) {
 	params = nil
 	r.heap.reset()
 	t1 := time.Now()
-	if err := cl.Start(ctx); err != nil {
+	if err := cs.start(ctx); err != nil {
 		return Result{}, err
 	}
 	err = waitFor(ctx, 10*time.Minute, "all jobs done", func() bool { return finished.Load() >= int64(n) })
 	work := time.Since(t1)
-	if serr := stop(cl); err == nil {
+	if serr := cs.stop(); err == nil {
 		err = serr
 	}
 	if err != nil {
@@ -280,10 +345,11 @@ func runChain(ctx context.Context, r *runner, n int) (Result, error) {
 	}
 	fsm := gendurable.FSM[chainState]{Name: "chain", Start: "s0", Queue: "bench", Steps: steps}
 	var finished atomic.Int64
-	cl, err := r.client([]gendurable.Machine{fsm}, finishedCounter(&finished))
+	cs, err := r.cluster([]gendurable.Machine{fsm}, finishedCounter(&finished))
 	if err != nil {
 		return Result{}, err
 	}
+	cl := cs[0]
 	chains := max(n/length, 1)
 	params := make([]gendurable.InsertManyParams, chains)
 	for i := range params {
@@ -295,12 +361,12 @@ func runChain(ctx context.Context, r *runner, n int) (Result, error) {
 	params = nil
 	r.heap.reset()
 	t0 := time.Now()
-	if err := cl.Start(ctx); err != nil {
+	if err := cs.start(ctx); err != nil {
 		return Result{}, err
 	}
 	err = waitFor(ctx, 10*time.Minute, "all chains done", func() bool { return finished.Load() >= int64(chains) })
 	d := time.Since(t0)
-	if serr := stop(cl); err == nil {
+	if serr := cs.stop(); err == nil {
 		err = serr
 	}
 	if err != nil {

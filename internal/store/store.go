@@ -507,3 +507,9 @@ func (s *Store) FailureReasons(ctx context.Context, db DB) ([]Reason, error) {
 	})
 	return out, err
 }
+
+// PreloadTerminal inserts n finished rows (the benchmark's large-table set-up).
+func (s *Store) PreloadTerminal(ctx context.Context, db DB, n int, machine, queue string) error {
+	_, err := db.Exec(ctx, s.sql("bench_preload_terminal"), n, machine, queue)
+	return err
+}

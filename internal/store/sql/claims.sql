@@ -20,8 +20,7 @@ WITH mine AS (
 ), lockable AS (
   SELECT i.id
   FROM {schema}.instances AS i
-  JOIN mine ON mine.id = i.id AND mine.owner = i.locked_by
-  WHERE i.status = 'executing'
+  JOIN mine ON mine.id = i.id AND mine.owner = i.locked_by -- the token implies executing
   ORDER BY i.id
   FOR NO KEY UPDATE OF i SKIP LOCKED
 ), extended AS (
@@ -35,7 +34,7 @@ SELECT mine.id
 FROM mine
 WHERE NOT EXISTS (
   SELECT 1 FROM {schema}.instances AS i
-  WHERE i.id = mine.id AND i.status = 'executing' AND i.locked_by = mine.owner
+  WHERE i.id = mine.id AND i.locked_by = mine.owner
 );
 
 -- Release expired claims: the reaper's sweep ($2 NULL: every claim whose lease has run out)

@@ -2,8 +2,8 @@
 --
 -- One statement applies the outcomes of many steps at once (group commit): parallel arrays, one
 -- element per outcome, joined to the instance rows by id. Every row is fenced by its claim: it is
--- updated only while it is still executing under the exact claim token the worker got from its
--- pick. A row whose claim ran out and was reclaimed (by the reaper or another node) does not
+-- updated only while it still holds the exact claim token the worker got from its pick (a token
+-- is present exactly while the row is executing: the instances_claim constraint). A row whose claim ran out and was reclaimed (by the reaper or another node) does not
 -- match, is left untouched, and is missing from RETURNING: the caller reports it as stale and
 -- drops it. So a late commit can never rewind a row, overwrite a newer owner's progress, or
 -- repeat a terminal side effect.
@@ -50,6 +50,8 @@ SET status       = (CASE u.kind WHEN 3 THEN 'done' WHEN 4 THEN 'failed' ELSE 'av
     updated_at   = now()
 FROM u
 WHERE i.id = u.id
-  AND i.status = 'executing'
+  -- The token alone is the fence (no "status = 'executing'" here): that predicate would let the
+  -- planner read the whole instances_executing index, dead entries and all, instead of looking
+  -- the rows up by id.
   AND i.locked_by = u.owner
 RETURNING i.id, u.owner;
