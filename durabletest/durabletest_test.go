@@ -21,7 +21,7 @@ type Cart struct {
 	Receipt string `json:"receipt,omitempty"`
 }
 
-var flaky = errors.New("payment provider timed out")
+var errFlaky = errors.New("payment provider timed out")
 
 var checkout = gendurable.FSM[Cart]{
 	Name:  "checkout",
@@ -29,7 +29,7 @@ var checkout = gendurable.FSM[Cart]{
 	Steps: map[string]gendurable.StepFunc[Cart]{
 		"charge": func(ctx *gendurable.Ctx, c Cart) (gendurable.Outcome, error) {
 			if ctx.Attempt == 1 {
-				return gendurable.Outcome{}, flaky // the first try fails; the retry succeeds
+				return gendurable.Outcome{}, errFlaky // the first try fails; the retry succeeds
 			}
 			c.Charged = true
 			return gendurable.Next("receipt", c, gendurable.After(24*time.Hour)), nil
