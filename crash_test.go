@@ -235,7 +235,8 @@ func TestStartupReclaimTakesOnlyStaleClaims(t *testing.T) {
 	createEffects(t, e)
 	const n = 16
 	insertLinear(t, e, n)
-	slow := []string{"GD_STEP_MS=4000", "GD_LEASE_MS=20000", "GD_HEARTBEAT_MS=200", "GD_REAPER=0", "GD_CONC=16"}
+	// Lease 8s, heartbeat 200ms: a claim is stale for startup reclaim after 4s without a beat.
+	slow := []string{"GD_STEP_MS=60000", "GD_LEASE_MS=8000", "GD_HEARTBEAT_MS=200", "GD_REAPER=0", "GD_CONC=16"}
 	p1 := startWorker(t, e, "same", slow...)
 	eventually(t, 20*time.Second, "p1 holds 16 claims", func() bool {
 		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'executing'`) == n
@@ -248,17 +249,18 @@ func TestStartupReclaimTakesOnlyStaleClaims(t *testing.T) {
 	p2 := startWorker(t, e, "same", slow...)
 	require.Equal(t, n, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'executing' AND split_part(locked_by, '#', 1) = split_part($1, '#', 1)`, p1Owner))
 
-	// p1 dies. Its leases are long (20s) and nobody runs a reaper, but a restart under the same
-	// name reclaims them as soon as they are stale (two missed heartbeats).
+	// p1 dies. Nobody runs a reaper, so only a restart under the same name can release its
+	// claims: it does, as soon as they are stale (4s), before their lease (8s) runs out.
 	p1.kill()
+	killed := time.Now()
 	p2.kill()
-	time.Sleep(500 * time.Millisecond)
-	restarted := time.Now()
-	p3 := startWorker(t, e, "same", "GD_STEP_MS=1", "GD_LEASE_MS=20000", "GD_HEARTBEAT_MS=200", "GD_REAPER=0", "GD_CONC=16")
-	eventually(t, 15*time.Second, "all done without waiting for the lease", func() bool {
+	time.Sleep(4500 * time.Millisecond)
+	p3 := startWorker(t, e, "same", "GD_STEP_MS=1", "GD_LEASE_MS=8000", "GD_HEARTBEAT_MS=200", "GD_REAPER=0", "GD_CONC=16")
+	eventually(t, 30*time.Second, "all done", func() bool {
 		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'done'`) == n
 	})
-	require.Less(t, time.Since(restarted), 15*time.Second)
+	require.Equal(t, 0, e.count(t, `SELECT count(*) FROM {schema}.t_effects WHERE pid = $1 AND at > $2`, p3.pid(), killed.Add(8*time.Second)),
+		"p3 ran the steps before p1's leases ran out: startup reclaim, not expiry, released them")
 	requireAllExact(t, e, n)
 	// No step ran in two live processes at once: p1 and p2 never both ran an (id, step, attempt).
 	require.Equal(t, 0, e.count(t, `SELECT count(*) FROM (SELECT id, step, attempt FROM {schema}.t_effects

@@ -188,11 +188,11 @@ func TestHeartbeatKeepsALongStepOwned(t *testing.T) {
 	m := linear("long", 0, func(ctx *gendurable.Ctx) {
 		if ctx.Step == "s0" {
 			runs.Add(1)
-			time.Sleep(1500 * time.Millisecond) // three leases long
+			time.Sleep(3 * time.Second) // three leases long
 		}
 	})
 	cfg := &gendurable.Config{
-		Machines: []gendurable.Machine{m}, Lease: 500 * time.Millisecond, Heartbeat: 100 * time.Millisecond,
+		Machines: []gendurable.Machine{m}, Lease: time.Second, Heartbeat: 100 * time.Millisecond,
 		Queues: map[string]gendurable.QueueConfig{"work": {Concurrency: 2}},
 		Reaper: &gendurable.ReaperConfig{Interval: 50 * time.Millisecond},
 	}

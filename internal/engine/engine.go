@@ -73,7 +73,7 @@ type Engine struct {
 	// inFlight counts steps executing now (dispatched, outcome not yet handed off).
 	inFlight atomic.Int64
 
-	runners   map[string]*runner
+	runners   map[string]*runner // one per configured queue; written only by New
 	committer *committer
 	lastBeat  time.Time
 
@@ -127,6 +127,11 @@ func New(pool Pool, st *store.Store, cfg Config) *Engine {
 		runners: map[string]*runner{},
 	}
 	e.events = newDispatcher(cfg.Name, cfg.Hooks, cfg.Logger)
+	// The runners exist from the start (idle until Start), so that the map is never written
+	// while an insert reads it to wake a queue.
+	for name, qc := range cfg.Queues {
+		e.runners[name] = newRunner(e, name, qc)
+	}
 	return e
 }
 
@@ -167,13 +172,11 @@ func (e *Engine) Start(ctx context.Context) error {
 	e.committer = newCommitter(e)
 	e.committer.start()
 
-	for name, qc := range e.cfg.Queues {
+	for name := range e.runners {
 		if err := e.reclaim(ctx, name); err != nil {
 			e.abortStart()
 			return err
 		}
-		r := newRunner(e, name, qc)
-		e.runners[name] = r
 	}
 	for _, r := range e.runners {
 		r.startWorkers()
@@ -208,11 +211,11 @@ func (e *Engine) abortStart() {
 }
 
 // reclaim releases the claims a dead predecessor of this scheduler left behind: same client,
-// queue and host, and a lease that has not been extended for two heartbeat intervals. A live
-// process with the same prefix (identical host names) keeps its leases fresher than that, so
-// its claims are never touched.
+// queue and host, and a lease that has not been extended for staleAfter. A live process with the
+// same prefix (identical host names) keeps its leases fresher than that, so its claims are never
+// touched.
 func (e *Engine) reclaim(ctx context.Context, queue string) error {
-	slack := e.cfg.Lease - 2*e.cfg.Heartbeat
+	slack := e.cfg.Lease - e.staleAfter()
 	total := 0
 	for {
 		rows, err := e.store.ReleaseExpired(ctx, e.pool, 1000, e.workerPrefix(queue), slack)
@@ -229,6 +232,13 @@ func (e *Engine) reclaim(ctx context.Context, queue string) error {
 		e.Emit(durabletype.Event{Name: durabletype.EventSchedulerReclaimed, Queue: queue, Count: total})
 	}
 	return nil
+}
+
+// staleAfter is how long since its last heartbeat a claim must be before startup reclaim takes
+// it: three heartbeat intervals or half the lease, whichever is longer, so that a live process
+// whose heartbeat runs late under load keeps its claims.
+func (e *Engine) staleAfter() time.Duration {
+	return max(3*e.cfg.Heartbeat, e.cfg.Lease/2)
 }
 
 // Wake nudges the local scheduler of queue, if this client runs it.

@@ -243,7 +243,12 @@ func (e *Engine) stale(f *flight, out *Outcome) {
 		InstanceID: f.id, Attempt: f.attempt, Outcome: out.Kind.String()})
 }
 
+// dropAbandoned drops the outcome of a step that outlived the drain deadline: its claim was
+// already handed back, so the outcome is stale by construction.
 func (e *Engine) dropAbandoned(f *flight, out *Outcome) {
-	e.stale(f, out)
+	e.log.Info("gendurable: dropped the outcome of a step cancelled at shutdown; its claim was already handed back",
+		"client", e.cfg.Name, "queue", f.queue, "id", f.id, "machine", f.machine, "step", f.step, "outcome", out.Kind.String())
+	e.Emit(durabletype.Event{Name: durabletype.EventOutcomeStale, Queue: f.queue, Machine: f.machine, Step: f.step,
+		InstanceID: f.id, Attempt: f.attempt, Outcome: out.Kind.String()})
 	f.cancel(nil)
 }
