@@ -1,0 +1,87 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/gendurable/gendurable/durabledbtest"
+	"github.com/stretchr/testify/require"
+)
+
+func TestMain(m *testing.M) { durabledbtest.Main(m) }
+
+func runCLI(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+func TestMigratePrintAndErrors(t *testing.T) {
+	code, out, _ := runCLI(t, "migrate", "--print", "--schema", "my_app")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, `CREATE TABLE "my_app".instances`)
+	require.Contains(t, out, `INSERT INTO "my_app".meta`)
+
+	code, _, errOut := runCLI(t, "migrate", "--print", "--schema", `x"; DROP TABLE y; --`)
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "invalid identifier")
+
+	code, _, errOut = runCLI(t, "nonsense")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, `unknown command "nonsense"`)
+
+	code, _, errOut = runCLI(t, "bench", "--scenario", "fanout", "--database-url", durabledbtest.URL(t))
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "cannot run yet")
+}
+
+func TestMigrateCreatesTheSchema(t *testing.T) {
+	pool := durabledbtest.Pool(t, 2)
+	const schema = "t_cli_migrate"
+	_, err := pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS t_cli_migrate CASCADE`)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS t_cli_migrate CASCADE`) })
+	for range 2 { // idempotent
+		code, out, errOut := runCLI(t, "migrate", "--database-url", durabledbtest.URL(t), "--schema", schema)
+		require.Equal(t, 0, code, errOut)
+		require.Contains(t, out, "is at version 1")
+	}
+}
+
+// The benchmark in miniature: every available scenario runs and reports the fields it must.
+func TestBenchSmoke(t *testing.T) {
+	code, out, errOut := runCLI(t, "bench", "--database-url", durabledbtest.URL(t), "--schema", "t_cli_bench", "--n", "300", "--json")
+	require.Equal(t, 0, code, errOut)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 3)
+	want := map[string][]string{
+		"jobs":    {"insert_per_s", "work_per_s"},
+		"chain":   {"steps_per_s"},
+		"latency": {"p50_ms", "p95_ms", "p99_ms"},
+	}
+	for _, l := range lines {
+		var r map[string]any
+		require.NoError(t, json.Unmarshal([]byte(l), &r))
+		name := r["scenario"].(string)
+		require.Contains(t, want, name)
+		require.Equal(t, float64(300), r["n"])
+		require.Greater(t, r["seconds"].(float64), 0.0)
+		for _, f := range want[name] {
+			require.Greater(t, r[f].(float64), 0.0, "%s.%s", name, f)
+		}
+		require.NotEmpty(t, r["postgres"])
+		require.NotEmpty(t, r["synchronous_commit"])
+	}
+}
+
+func TestDemoRunsToCompletion(t *testing.T) {
+	code, out, errOut := runCLI(t, "demo", "--database-url", durabledbtest.URL(t), "--schema", "t_cli_demo", "--n", "200")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "200/200 orders finished")
+	require.Contains(t, out, "instances by status:")
+	require.Contains(t, out, "done")
+}
