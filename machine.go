@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -202,6 +203,22 @@ func (m FSM[S]) encode(ctx *Ctx, o Outcome) (engine.Outcome, error) {
 			return engine.Outcome{}, outcomeError{fmt.Errorf("Next(%q) state: %w", o.step, err)}
 		}
 		return engine.Outcome{Kind: store.KindNext, Step: o.step, State: b, Delay: o.delay}, nil
+	case outcomeAwait:
+		if m.Steps[o.step] == nil {
+			return engine.Outcome{}, outcomeError{fmt.Errorf("%w: Await(…, %q): machine %q has no such step", ErrUnknownStep, o.step, m.Name)}
+		}
+		if err := checkAwaitNames(o.names); err != nil {
+			return engine.Outcome{}, outcomeErrorf("Await: %v", err)
+		}
+		st, err := stateOf[S](o.state)
+		if err != nil {
+			return engine.Outcome{}, outcomeErrorf("Await(…, %q): %v", o.step, err)
+		}
+		b, err := jsonx.Encode(st, ctx.call.MaxPayload)
+		if err != nil {
+			return engine.Outcome{}, outcomeError{fmt.Errorf("Await(…, %q) state: %w", o.step, err)}
+		}
+		return engine.Outcome{Kind: store.KindAwait, Step: o.step, State: b, AwaitNames: o.names, AwaitTimeout: o.timeout}, nil
 	case outcomeRetry:
 		return retryOutcome(ctx, o.delay), nil
 	case outcomeDone:
@@ -229,6 +246,25 @@ func doneOutcome(ctx *Ctx, result any) (engine.Outcome, error) {
 		return engine.Outcome{}, outcomeError{fmt.Errorf("Done result: %w", err)}
 	}
 	return engine.Outcome{Kind: store.KindDone, Result: b}, nil
+}
+
+// checkAwaitNames validates an await set: at least one name, each a valid signal name, no
+// duplicates.
+func checkAwaitNames(names []string) error {
+	if len(names) == 0 {
+		return errors.New("the set of signal names is empty")
+	}
+	seen := make(map[string]bool, len(names))
+	for _, n := range names {
+		if err := checkName("signal name", n); err != nil {
+			return err
+		}
+		if seen[n] {
+			return fmt.Errorf("signal name %q is in the set twice", n)
+		}
+		seen[n] = true
+	}
+	return nil
 }
 
 // stateOf accepts an S or a non-nil *S.
@@ -356,17 +392,38 @@ type Ctx struct {
 	CorrelationKey string
 	// InsertedAt is when the instance was inserted.
 	InsertedAt time.Time
+	// Awaited are the signals in the inbox whose names the instance awaited, when this step
+	// runs after an Await: empty after a timeout.
+	Awaited []Signal
+	// Inbox is the whole inbox as of the claim, oldest first. The step's progress (Next, Await)
+	// consumes exactly the signals on Awaited; the others, and later arrivals, stay in the inbox
+	// until an Await of theirs consumes them; a terminal outcome clears the inbox.
+	Inbox []Signal
 
 	call *engine.Call
 }
 
 func newCtx(call *engine.Call) *Ctx {
 	r := call.Row
-	return &Ctx{
+	c := &Ctx{
 		Context: call.Ctx, ID: r.ID, Machine: r.Machine, Step: r.Step, Queue: call.Queue,
 		Attempt: r.Attempt, MaxAttempts: r.MaxAttempts, Priority: r.Priority, CorrelationKey: r.CorrelationKey,
 		InsertedAt: r.InsertedAt, call: call,
 	}
+	if len(r.Inbox) > 0 {
+		c.Inbox = make([]Signal, len(r.Inbox))
+		for i, s := range r.Inbox {
+			sig := Signal{ID: s.ID, Name: s.Name, At: s.At}
+			if len(s.Payload) > 0 && string(s.Payload) != "null" {
+				sig.Payload = s.Payload
+			}
+			c.Inbox[i] = sig
+			if slices.Contains(r.AwaitNames, s.Name) {
+				c.Awaited = append(c.Awaited, sig)
+			}
+		}
+	}
+	return c
 }
 
 // Logger returns the client's logger with the client, queue, machine, step and instance id

@@ -14,19 +14,22 @@ const (
 	outcomeRetry
 	outcomeDone
 	outcomeStop
+	outcomeAwait
 )
 
 // Outcome is what a step decides: run another step (Next), try this one again (Retry), finish
 // (Done) or fail (Stop). Build one with those functions; the zero Outcome is invalid and is
 // routed to the machine's Handle as an error.
 type Outcome struct {
-	kind   outcomeKind
-	step   string
-	state  any
-	delay  time.Duration
-	result any
-	reason error
-	opts   []OutcomeOption
+	kind    outcomeKind
+	step    string
+	state   any
+	delay   time.Duration
+	result  any
+	reason  error
+	names   []string
+	timeout time.Duration
+	opts    []OutcomeOption
 }
 
 // OutcomeOption adjusts an outcome (see After). Options are checked when the outcome is applied:
@@ -61,6 +64,31 @@ func Stop(reason error) Outcome {
 	return Outcome{kind: outcomeStop, reason: reason}
 }
 
+// Await commits state and parks the instance until a signal with any of the names is in its
+// inbox; then step next runs, with the matching signals on Ctx.Awaited and the whole inbox on
+// Ctx.Inbox. A parked instance holds no goroutine, connection or lock. Signals that arrived
+// before (and that the step that awaits has not seen) count: they wake it at once. With
+// Timeout(d), the instance wakes after d even without a signal (Ctx.Awaited is then empty).
+func Await(names []string, next string, state any, opts ...OutcomeOption) Outcome {
+	return Outcome{kind: outcomeAwait, names: names, step: next, state: state, opts: opts}
+}
+
+// Timeout wakes an awaiting instance after d (measured by the database clock, fired by the
+// reaper: resolution is the reaper's interval) even if no awaited signal arrived. A wake, not a
+// failure: the attempt count is untouched. It applies to Await.
+func Timeout(d time.Duration) OutcomeOption {
+	return OutcomeOption{name: "Timeout", apply: func(o *Outcome) error {
+		if o.kind != outcomeAwait {
+			return fmt.Errorf("option Timeout applies to Await only")
+		}
+		if d <= 0 {
+			return fmt.Errorf("option Timeout: %v is not a positive duration", d)
+		}
+		o.timeout = d
+		return nil
+	}}
+}
+
 // After delays the next step: the instance is runnable again only once d has passed (measured
 // by the database clock). It applies to Next.
 func After(d time.Duration) OutcomeOption {
@@ -86,6 +114,8 @@ func (k outcomeKind) String() string {
 		return "Done"
 	case outcomeStop:
 		return "Stop"
+	case outcomeAwait:
+		return "Await"
 	}
 	return "no outcome"
 }

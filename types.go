@@ -19,6 +19,9 @@ const (
 // Instance is an instance row as Client.Get returns it.
 type Instance = durabletype.Instance
 
+// Signal is a message in an instance's inbox; a step sees them on Ctx.Inbox and Ctx.Awaited.
+type Signal = durabletype.Signal
+
 // ErrorEntry is one error in an instance's history.
 type ErrorEntry = durabletype.ErrorEntry
 
@@ -40,6 +43,7 @@ const (
 	EventFSMUnknown         = durabletype.EventFSMUnknown
 	EventHeartbeatLost      = durabletype.EventHeartbeatLost
 	EventReaperReclaimed    = durabletype.EventReaperReclaimed
+	EventAwaitTimeout       = durabletype.EventAwaitTimeout
 )
 
 // Sentinel errors; see durabletype for their meaning.

@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/internal/bridge"
@@ -152,10 +153,31 @@ func (k *Kit) RequireFailed(ctx context.Context, id int64) *gendurable.Instance 
 	return k.RequireStatus(ctx, id, gendurable.StatusFailed)
 }
 
-// RequireAwaiting fails the test unless instance id is parked awaiting signals.
-func (k *Kit) RequireAwaiting(ctx context.Context, id int64) *gendurable.Instance {
+// RequireAwaiting fails the test unless instance id is parked awaiting signals, on exactly the
+// given names when any are given.
+func (k *Kit) RequireAwaiting(ctx context.Context, id int64, names ...string) *gendurable.Instance {
 	k.t.Helper()
-	return k.RequireStatus(ctx, id, gendurable.StatusAwaiting)
+	in := k.RequireStatus(ctx, id, gendurable.StatusAwaiting)
+	if len(names) > 0 && !sameSet(in.AwaitNames, names) {
+		k.t.Fatalf("durabletest: instance %d awaits %q, want %q", id, in.AwaitNames, names)
+	}
+	return in
+}
+
+func sameSet(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	m := map[string]bool{}
+	for _, s := range a {
+		m[s] = true
+	}
+	for _, s := range b {
+		if !m[s] {
+			return false
+		}
+	}
+	return true
 }
 
 // RequireState decodes instance id's committed state into state.
@@ -178,4 +200,15 @@ func errorsText(in *gendurable.Instance) string {
 	}
 	b, _ := json.Marshal(in.Errors)
 	return string(b)
+}
+
+// FireTimeouts wakes every awaiting instance that has an await deadline, however far off, as
+// the reaper would once it passed; it returns how many it woke. Drain them afterwards.
+func (k *Kit) FireTimeouts(ctx context.Context) int {
+	k.t.Helper()
+	n, err := k.eng.FireAwaitDeadlines(ctx, k.db, 100*365*24*time.Hour)
+	if err != nil {
+		k.t.Fatalf("durabletest: fire timeouts: %v", err)
+	}
+	return n
 }

@@ -4,7 +4,10 @@
 // root package re-exports every name here by alias.
 package durabletype
 
-import "time"
+import (
+	"encoding/json"
+	"time"
+)
 
 // Status is where an instance is in its life. The values are the database enum's labels.
 type Status string
@@ -76,8 +79,32 @@ type Instance struct {
 	Result         []byte
 	Errors         []ErrorEntry
 	CorrelationKey string
-	ParentID       *int64
-	InsertedAt     time.Time
-	UpdatedAt      time.Time
-	FinalizedAt    *time.Time
+	// AwaitNames are the signal names the instance is parked on (or, once woken, was parked on
+	// until its next step's outcome); AwaitDeadline is when the reaper wakes it anyway.
+	AwaitNames    []string
+	AwaitDeadline *time.Time
+	ParentID      *int64
+	InsertedAt    time.Time
+	UpdatedAt     time.Time
+	FinalizedAt   *time.Time
+}
+
+// Signal is a message in an instance's inbox.
+type Signal struct {
+	// ID orders signals by arrival.
+	ID int64
+	// Name is what awaits match on.
+	Name string
+	// Payload is the JSON document sent with it, or nil.
+	Payload []byte
+	// At is when it was delivered (database clock).
+	At time.Time
+}
+
+// Decode unmarshals the payload into v.
+func (s Signal) Decode(v any) error {
+	if s.Payload == nil {
+		return json.Unmarshal([]byte("null"), v)
+	}
+	return json.Unmarshal(s.Payload, v)
 }

@@ -33,6 +33,9 @@ const (
 	// EventReaperReclaimed: the reaper released rows whose lease had expired. Count = rows
 	// released, Failed = rows failed because they had no attempts left.
 	EventReaperReclaimed EventName = "reaper.reclaimed"
+	// EventAwaitTimeout: parked instances reached their await deadline and were woken without
+	// the signal. Count = instances.
+	EventAwaitTimeout EventName = "await.timeout"
 )
 
 // Event is what hooks receive. Fields that do not apply to an event are zero.

@@ -41,9 +41,13 @@ CREATE TABLE {schema}.instances (
   concurrency_shard smallint,
   rate_limit        text,
   weight            integer     NOT NULL DEFAULT 1 CHECK (weight >= 1),
-  -- Parking on signals.
+  -- Parking on signals: the names awaited (kept until the woken step's outcome, which reads the
+  -- matching subset), and the deadline after which the reaper wakes the instance anyway.
   await_names       text[],
   await_deadline    timestamptz,
+  -- Set by every signal delivery and never cleared while the instance lives: the pick loads the
+  -- inbox only of rows that ever received a signal, so instances that never do pay nothing.
+  signalled         boolean     NOT NULL DEFAULT false,
   -- Fan-out: a child names its parent; a parent counts its unsettled children.
   parent_id         bigint,
   pending_children  integer     NOT NULL DEFAULT 0 CHECK (pending_children >= 0),
@@ -79,9 +83,28 @@ CREATE UNIQUE INDEX instances_correlation_live ON {schema}.instances (machine, c
 CREATE INDEX instances_correlation ON {schema}.instances (machine, correlation_key)
   WHERE correlation_key IS NOT NULL;
 
+-- Await deadlines the reaper fires, soonest first. Only parked rows with a deadline are in it.
+CREATE INDEX instances_await_deadline ON {schema}.instances (await_deadline)
+  WHERE status = 'awaiting' AND await_deadline IS NOT NULL;
+
 -- Finished rows in the order GC removes them.
 CREATE INDEX instances_finalized ON {schema}.instances (finalized_at, id)
   WHERE status IN ('done', 'failed', 'cancelled');
+
+-- The inbox: signals delivered to an instance and not yet consumed. A step's progress consumes
+-- exactly the signals it saw; a terminal outcome clears the rest; deleting the instance (GC)
+-- deletes its inbox. The foreign key's check takes FOR KEY SHARE on the instance row, which the
+-- claims' FOR NO KEY UPDATE does not conflict with.
+CREATE TABLE {schema}.signals (
+  id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  instance_id bigint      NOT NULL REFERENCES {schema}.instances (id) ON DELETE CASCADE,
+  name        text        NOT NULL CHECK (char_length(name) BETWEEN 1 AND 128),
+  payload     jsonb,
+  inserted_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- An instance's inbox in arrival order (the pick's inbox load, the park's re-check, purges).
+CREATE INDEX signals_instance ON {schema}.signals (instance_id, id);
 
 -- What this schema was built from: Migrate compares the fingerprint of this text.
 CREATE TABLE {schema}.meta (

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"time"
 
@@ -87,6 +88,43 @@ func (c *committer) work() {
 	}
 }
 
+// rejected handles a batch the database refused for its content. Retrying it as is would fail
+// forever, and one bad outcome must not hold back the others: each outcome is applied on its
+// own, and one that is still refused fails its instance with the database's error recorded
+// (the state is left as it was), like an outcome that could not be encoded. Only if even that is
+// refused is the outcome dropped; the claim's lease then runs out and the reaper releases it.
+func (c *committer) rejected(batch []*commitReq, err error) {
+	e := c.e
+	if len(batch) > 1 {
+		for _, r := range batch {
+			c.commit([]*commitReq{r}, true)
+		}
+		return
+	}
+	r := batch[0]
+	if r.row.Kind == store.KindFailed && r.row.ErrKind != nil && *r.row.ErrKind == "rejected" {
+		e.log.Error("gendurable: the database refused an outcome; dropped it", "client", e.cfg.Name,
+			"queue", r.flight.queue, "id", r.row.ID, "error", err)
+		e.finish(r.flight, &r.outcome, false, err)
+		return
+	}
+	kind, msg := "rejected", clipText("the database refused the outcome "+r.outcome.Kind.String()+": "+err.Error())
+	r.row = store.OutcomeRow{ID: r.row.ID, Owner: r.row.Owner, Kind: store.KindFailed, ErrKind: &kind, ErrMsg: &msg,
+		Signalled: r.row.Signalled}
+	r.outcome = Outcome{Kind: store.KindFailed, ErrKind: kind, ErrMsg: msg, Routed: err}
+	e.log.Error("gendurable: the database refused an outcome; failing the instance with the error",
+		"client", e.cfg.Name, "queue", r.flight.queue, "id", r.row.ID, "error", err)
+	c.commit([]*commitReq{r}, true)
+}
+
+// clipText keeps a database error message to a storable length.
+func clipText(s string) string {
+	if len(s) > 4000 {
+		s = s[:4000]
+	}
+	return strings.ToValidUTF8(s, "")
+}
+
 // linger is the longest a committer waits for more outcomes of steps that are still running
 // before it commits what it has: steps dispatched by one pick finish close together, and one
 // statement for all of them costs far less than one each.
@@ -135,16 +173,21 @@ func (c *committer) commit(batch []*commitReq, stopping bool) {
 	backoff := 50 * time.Millisecond
 	for try := 1; ; try++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		applied, err := e.store.ApplyOutcomes(ctx, e.pool, rows)
+		applied, woken, err := e.store.ApplyOutcomes(ctx, e.pool, rows)
 		cancel()
 		if err == nil {
 			for _, r := range batch {
 				_, ok := applied[store.Claim{ID: r.row.ID, Owner: r.row.Owner}]
 				e.finish(r.flight, &r.outcome, ok, nil)
 			}
+			e.wakeAll(woken)
 			return
 		}
 		e.Emit(durabletype.Event{Name: durabletype.EventCommitFailed, Count: len(batch), Err: err})
+		if !store.Retryable(err) {
+			c.rejected(batch, err)
+			return
+		}
 		if (stopping && try >= 3) || try >= 1000 {
 			for _, r := range batch {
 				e.finish(r.flight, &r.outcome, false, err)

@@ -65,7 +65,7 @@ func (e *Engine) Drain(ctx context.Context, db store.DB, opts DrainOpts) (DrainR
 			for i := range rows {
 				rows[i].Owner = token
 				if opts.MaxSteps > 0 && res.Steps >= opts.MaxSteps {
-					_, _ = e.store.ApplyOutcomes(ctx, db, []store.OutcomeRow{{ID: rows[i].ID, Owner: token, Kind: store.KindReleased}})
+					_, _, _ = e.store.ApplyOutcomes(ctx, db, []store.OutcomeRow{{ID: rows[i].ID, Owner: token, Kind: store.KindReleased}})
 					return res, fmt.Errorf("%w (MaxSteps %d; last: instance %d, machine %q, step %q)",
 						ErrMaxSteps, opts.MaxSteps, rows[i].ID, rows[i].Machine, rows[i].Step)
 				}
@@ -84,7 +84,7 @@ func (e *Engine) Drain(ctx context.Context, db store.DB, opts DrainOpts) (DrainR
 func (e *Engine) drainOne(ctx context.Context, db store.DB, queue string, c *store.Claimed, res *DrainResult) error {
 	def := e.cfg.Machines[c.Machine]
 	if def == nil || !def.Steps[c.Step] {
-		_, _ = e.store.ApplyOutcomes(ctx, db, []store.OutcomeRow{{ID: c.ID, Owner: c.Owner, Kind: store.KindReleased}})
+		_, _, _ = e.store.ApplyOutcomes(ctx, db, []store.OutcomeRow{{ID: c.ID, Owner: c.Owner, Kind: store.KindReleased}})
 		if def == nil {
 			return fmt.Errorf("gendurable: drain: instance %d: %w %q (register it in Config.Machines)", c.ID, durabletype.ErrUnknownMachine, c.Machine)
 		}
@@ -93,16 +93,16 @@ func (e *Engine) drainOne(ctx context.Context, db store.DB, queue string, c *sto
 	res.Steps++
 	started := time.Now()
 	out, call := e.execute(ctx, db, queue, c)
-	row := outcomeRow(c.ID, c.Owner, &out)
+	row := outcomeRow(c, &out)
 	var applied bool
 	if call != nil && call.tx != nil {
-		ok, err := e.commitInTx(call, row)
+		ok, _, err := e.commitInTx(call, row)
 		if err != nil {
 			return fmt.Errorf("gendurable: drain: commit instance %d: %w", c.ID, err)
 		}
 		applied = ok
 	} else {
-		ok, err := e.store.ApplyOutcomes(ctx, db, []store.OutcomeRow{row})
+		ok, _, err := e.store.ApplyOutcomes(ctx, db, []store.OutcomeRow{row})
 		if err != nil {
 			return fmt.Errorf("gendurable: drain: commit instance %d: %w", c.ID, err)
 		}

@@ -234,6 +234,12 @@ func (e *Engine) reclaim(ctx context.Context, queue string) error {
 	return nil
 }
 
+// FireAwaitDeadlines wakes the parked instances whose await deadline is within horizon (the test
+// kit fires them all; the reaper fires those due).
+func (e *Engine) FireAwaitDeadlines(ctx context.Context, db store.DB, horizon time.Duration) (int, error) {
+	return maintenance.FireAwaitDeadlines(ctx, e.store, db, horizon, e.Emit, e.Wake)
+}
+
 // staleAfter is how long since its last heartbeat a claim must be before startup reclaim takes
 // it: three heartbeat intervals or half the lease, whichever is longer, so that a live process
 // whose heartbeat runs late under load keeps its claims.
@@ -311,7 +317,7 @@ func (e *Engine) abandon() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := e.store.ApplyOutcomes(ctx, e.pool, rows); err != nil {
+	if _, _, err := e.store.ApplyOutcomes(ctx, e.pool, rows); err != nil {
 		e.log.Error("gendurable: could not hand back claims at shutdown; they will be reclaimed when their lease expires",
 			"client", e.cfg.Name, "claims", len(rows), "error", err)
 		return fmt.Errorf("gendurable: stop: release %d claims: %w", len(rows), err)

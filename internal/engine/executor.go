@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime/debug"
+	"slices"
 	"time"
 
 	"github.com/gendurable/gendurable/durabletype"
@@ -56,11 +57,20 @@ func safeRun(def *MachineDef, call *Call) (out Outcome) {
 }
 
 // outcomeRow turns an outcome into its statement row.
-func outcomeRow(id int64, owner string, o *Outcome) store.OutcomeRow {
-	r := store.OutcomeRow{ID: id, Owner: owner, Kind: o.Kind, Delay: o.Delay}
-	if o.Kind == store.KindNext {
+func outcomeRow(c *store.Claimed, o *Outcome) store.OutcomeRow {
+	r := store.OutcomeRow{ID: c.ID, Owner: c.Owner, Kind: o.Kind, Delay: o.Delay, Signalled: c.Signalled}
+	if o.Kind == store.KindNext || o.Kind == store.KindAwait {
 		step := o.Step
 		r.Step = &step
+		// Progress consumes exactly the awaited signals the step saw (Ctx.Awaited).
+		for _, s := range c.Inbox {
+			if slices.Contains(c.AwaitNames, s.Name) {
+				r.Seen = append(r.Seen, s.ID)
+			}
+		}
+	}
+	if o.Kind == store.KindAwait {
+		r.AwaitNames, r.AwaitTimeout = o.AwaitNames, o.AwaitTimeout
 	}
 	if o.State != nil {
 		s := string(o.State)
@@ -80,23 +90,23 @@ func outcomeRow(id int64, owner string, o *Outcome) store.OutcomeRow {
 // commitInTx applies a step's outcome inside the transaction the step wrote through, then
 // commits it: the step's writes and its progress commit together or not at all. If the claim is
 // gone (stale), the transaction rolls back and the step's writes are discarded.
-func (e *Engine) commitInTx(call *Call, row store.OutcomeRow) (applied bool, err error) {
+func (e *Engine) commitInTx(call *Call, row store.OutcomeRow) (applied bool, woken []store.Woken, err error) {
 	tx := call.tx
 	call.tx = nil
 	ctx := context.WithoutCancel(call.Ctx)
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	ok, err := e.store.ApplyOutcomes(ctx, tx, []store.OutcomeRow{row})
+	ok, woken, err := e.store.ApplyOutcomes(ctx, tx, []store.OutcomeRow{row})
 	if err != nil {
 		_ = tx.Rollback(ctx)
-		return false, err
+		return false, nil, err
 	}
 	if _, applied := ok[store.Claim{ID: row.ID, Owner: row.Owner}]; !applied {
 		_ = tx.Rollback(ctx)
-		return false, nil
+		return false, nil, nil
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return false, err
+		return false, nil, err
 	}
-	return true, nil
+	return true, woken, nil
 }

@@ -34,6 +34,9 @@ type Outcome struct {
 	State  []byte // JSON; nil keeps the stored state
 	Delay  time.Duration
 	Result []byte // done: JSON, nil for no result
+	// AwaitNames and AwaitTimeout (0: none) park the instance (await).
+	AwaitNames   []string
+	AwaitTimeout time.Duration
 	// ErrKind and ErrMsg, when ErrKind is not empty, are recorded in the row's error history.
 	ErrKind string
 	ErrMsg  string

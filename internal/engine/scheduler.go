@@ -201,11 +201,12 @@ func (r *runner) run(c *store.Claimed) {
 	f, ctx := e.track(r.queue, c.Owner, c)
 	out, call := e.execute(ctx, e.pool, r.queue, c)
 	e.inFlight.Add(-1)
-	row := outcomeRow(c.ID, c.Owner, &out)
+	row := outcomeRow(c, &out)
 	if call != nil && call.tx != nil {
-		applied, err := e.commitInTx(call, row)
+		applied, woken, err := e.commitInTx(call, row)
 		r.release()
 		e.finish(f, &out, applied, err)
+		e.wakeAll(woken)
 		return
 	}
 	if !e.handOff(f) {
@@ -230,9 +231,16 @@ func (e *Engine) finish(f *flight, out *Outcome, applied bool, err error) {
 	default:
 		e.Emit(durabletype.Event{Name: durabletype.EventStepFinished, Queue: f.queue, Machine: f.machine, Step: f.step,
 			InstanceID: f.id, Attempt: f.attempt, Outcome: out.Kind.String(), Duration: time.Since(f.started)})
-		if out.Kind != store.KindDone && out.Kind != store.KindFailed && out.Delay <= 0 {
+		if (out.Kind == store.KindNext || out.Kind == store.KindRetry || out.Kind == store.KindReleased) && out.Delay <= 0 {
 			e.Wake(f.queue)
 		}
+	}
+}
+
+// wakeAll nudges the local schedulers of the queues of instances an outcome batch woke.
+func (e *Engine) wakeAll(woken []store.Woken) {
+	for _, w := range woken {
+		e.Wake(w.Queue)
 	}
 }
 

@@ -47,8 +47,45 @@ func (r *Reaper) Run(stop <-chan struct{}) {
 	}
 }
 
-// Sweep releases every expired claim, a batch per statement, and returns how many it released.
+// Sweep releases every expired claim and fires every due await deadline, a batch per
+// statement, and returns how many rows it changed.
 func (r *Reaper) Sweep(ctx context.Context) (int, error) {
+	n, err := r.releaseExpired(ctx)
+	if err != nil {
+		return n, err
+	}
+	fired, err := FireAwaitDeadlines(ctx, r.Store, r.DB, 0, r.Emit, r.Wake)
+	return n + fired, err
+}
+
+// FireAwaitDeadlines wakes every parked instance whose await deadline is within horizon of now
+// (0: due now), emits await.timeout, and wakes the local schedulers of their queues.
+func FireAwaitDeadlines(ctx context.Context, st *store.Store, db store.DB, horizon time.Duration,
+	emit func(durabletype.Event), wake func(string)) (int, error) {
+	total := 0
+	for {
+		rows, err := st.FireAwaitDeadlines(ctx, db, reapBatch, horizon)
+		if err != nil {
+			return total, err
+		}
+		total += len(rows)
+		if len(rows) > 0 {
+			emit(durabletype.Event{Name: durabletype.EventAwaitTimeout, Count: len(rows)})
+			queues := map[string]bool{}
+			for _, row := range rows {
+				queues[row.Queue] = true
+			}
+			for q := range queues {
+				wake(q)
+			}
+		}
+		if len(rows) < reapBatch {
+			return total, nil
+		}
+	}
+}
+
+func (r *Reaper) releaseExpired(ctx context.Context) (int, error) {
 	total := 0
 	for {
 		rows, err := r.Store.ReleaseExpired(ctx, r.DB, reapBatch, "", 0)

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -31,6 +32,7 @@ type DB interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	Begin(ctx context.Context) (pgx.Tx, error)
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
 // Store holds the statements, expanded for one schema.
@@ -78,9 +80,15 @@ func parse(fsys fs.FS) (map[string]string, error) {
 			buf.Reset()
 		}
 		for line := range strings.SplitSeq(string(b), "\n") {
-			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "-- name:"); ok {
+			t := strings.TrimSpace(line)
+			rest, isName := strings.CutPrefix(t, "-- name:")
+			frag, isFragment := strings.CutPrefix(t, "-- fragment:")
+			if isName || isFragment {
 				flush()
 				cur = strings.TrimSpace(rest)
+				if isFragment {
+					cur = "{{" + strings.TrimSpace(frag) + "}}"
+				}
 				if _, dup := out[cur]; dup {
 					return nil, fmt.Errorf("store: statement %q defined twice", cur)
 				}
@@ -92,6 +100,20 @@ func parse(fsys fs.FS) (map[string]string, error) {
 			}
 		}
 		flush()
+	}
+	// Fragments ("-- fragment: x") are spliced into the statements that say {{x}}.
+	for name, text := range out {
+		if strings.HasPrefix(name, "{{") {
+			delete(out, name)
+			for n, stmt := range out {
+				out[n] = strings.ReplaceAll(stmt, name, text)
+			}
+		}
+	}
+	for n, stmt := range out {
+		if strings.Contains(stmt, "{{") {
+			return nil, fmt.Errorf("store: statement %q uses an undefined fragment", n)
+		}
 	}
 	return out, nil
 }
@@ -115,8 +137,22 @@ type Claimed struct {
 	Priority       int
 	CorrelationKey string
 	InsertedAt     time.Time
+	// AwaitNames are the names the instance parked on, if this step runs after an Await.
+	AwaitNames []string
+	// Inbox is the instance's inbox as of the pick, oldest first.
+	Inbox []SignalRow
+	// Signalled says the instance has ever received a signal.
+	Signalled bool
 	// Owner is the claim token the pick set (filled in by the caller).
 	Owner string
+}
+
+// SignalRow is a signal in an inbox.
+type SignalRow struct {
+	ID      int64           `json:"id"`
+	Name    string          `json:"name"`
+	Payload json.RawMessage `json:"payload"`
+	At      time.Time       `json:"at"`
 }
 
 // Pick claims up to limit due rows of queue for the claim token owner.
@@ -131,11 +167,17 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 		var c Claimed
 		var attempt, maxAttempts int32
 		var priority int16
+		var inbox []byte
 		if err := rows.Scan(&c.ID, &c.Machine, &c.Step, &c.State, &attempt, &maxAttempts, &priority,
-			&c.CorrelationKey, &c.InsertedAt); err != nil {
+			&c.CorrelationKey, &c.InsertedAt, &c.AwaitNames, &c.Signalled, &inbox); err != nil {
 			return nil, err
 		}
 		c.Attempt, c.MaxAttempts, c.Priority = int(attempt), int(maxAttempts), int(priority)
+		if len(inbox) > 0 {
+			if err := json.Unmarshal(inbox, &c.Inbox); err != nil {
+				return nil, fmt.Errorf("decode inbox of %d: %w", c.ID, err)
+			}
+		}
 		out = append(out, c)
 	}
 	if err := rows.Err(); err != nil {
@@ -161,6 +203,7 @@ const (
 	KindDone     OutcomeKind = 3
 	KindFailed   OutcomeKind = 4
 	KindReleased OutcomeKind = 5
+	KindAwait    OutcomeKind = 6
 )
 
 // String names the kind as events report it.
@@ -176,6 +219,8 @@ func (k OutcomeKind) String() string {
 		return "failed"
 	case KindReleased:
 		return "released"
+	case KindAwait:
+		return "await"
 	}
 	return fmt.Sprintf("kind(%d)", int16(k))
 }
@@ -191,6 +236,21 @@ type OutcomeRow struct {
 	Result  *string // JSON (done)
 	ErrKind *string // nil: no error to record
 	ErrMsg  *string
+	// AwaitNames and AwaitTimeout (0: none) park the row (KindAwait).
+	AwaitNames   []string
+	AwaitTimeout time.Duration
+	// Seen are the signal ids the step saw; progress (next, await) consumes them.
+	Seen []int64
+	// Signalled says the row had signals in its inbox when it was claimed: a terminal
+	// outcome must clear them.
+	Signalled bool
+}
+
+// Woken is an instance an outcome batch made runnable at once (a park whose awaited signal
+// had already arrived).
+type Woken struct {
+	ID    int64
+	Queue string
 }
 
 // Claim names one claim: a row and the token it was claimed under.
@@ -199,9 +259,12 @@ type Claim struct {
 	Owner string
 }
 
-// ApplyOutcomes commits outcomes in one statement and returns the set of claims that were
-// applied; the others were stale (their claim is gone).
-func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []OutcomeRow) (map[Claim]struct{}, error) {
+// ApplyOutcomes commits outcomes in one round trip and returns the set of claims that were
+// applied (the others were stale: their claim is gone) and the parked instances it woke at once.
+// Besides the outcome statement, the round trip clears the inboxes of rows that finished and
+// re-checks the rows that parked, each only when the batch has such rows; all of it is one
+// implicit transaction.
+func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []OutcomeRow) (map[Claim]struct{}, []Woken, error) {
 	n := len(outs)
 	ids := make([]int64, n)
 	owners := make([]string, n)
@@ -212,22 +275,119 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []OutcomeRow) (ma
 	results := make([]*string, n)
 	errKinds := make([]*string, n)
 	errMsgs := make([]*string, n)
+	awaitNames := make([]*string, n)
+	awaitMs := make([]*int64, n)
+	var seenInst, seenSig, purge, parked []int64
+	isTerminal := make(map[int64]bool)
 	for i, o := range outs {
 		ids[i], owners[i], kinds[i] = o.ID, o.Owner, int16(o.Kind)
 		steps[i], states[i], delays[i] = o.Step, o.State, o.Delay.Milliseconds()
 		results[i], errKinds[i], errMsgs[i] = o.Result, o.ErrKind, o.ErrMsg
+		switch o.Kind {
+		case KindDone, KindFailed:
+			isTerminal[o.ID] = true
+			if o.Signalled {
+				purge = append(purge, o.ID)
+			}
+		case KindAwait:
+			parked = append(parked, o.ID)
+			names := strings.Join(o.AwaitNames, "\x1f")
+			awaitNames[i] = &names
+			if o.AwaitTimeout > 0 {
+				ms := max(o.AwaitTimeout.Milliseconds(), 1)
+				awaitMs[i] = &ms
+			}
+		}
+		for _, sig := range o.Seen {
+			seenInst = append(seenInst, o.ID)
+			seenSig = append(seenSig, sig)
+		}
 	}
-	rows, err := db.Query(ctx, s.sql("apply_outcomes"), ids, owners, kinds, steps, states, delays, results, errKinds, errMsgs)
-	if err != nil {
-		return nil, err
+	args := []any{ids, owners, kinds, steps, states, delays, results, errKinds, errMsgs, awaitNames, awaitMs}
+	stmt := "apply_outcomes"
+	if len(seenSig) > 0 {
+		stmt = "apply_outcomes_consuming"
+		args = append(args, seenInst, seenSig)
 	}
 	applied := make(map[Claim]struct{}, n)
-	var c Claim
-	_, err = pgx.ForEachRow(rows, []any{&c.ID, &c.Owner}, func() error {
-		applied[c] = struct{}{}
-		return nil
-	})
-	return applied, err
+	var woken []Woken
+	var late []int64 // finished rows whose first signal arrived while their step ran
+	scanApplied := func(rows pgx.Rows) error {
+		var c Claim
+		var signalled bool
+		var kind int16
+		_, err := pgx.ForEachRow(rows, []any{&c.ID, &c.Owner, &signalled, &kind}, func() error {
+			applied[c] = struct{}{}
+			if signalled && isTerminal[c.ID] && !slices.Contains(purge, c.ID) {
+				late = append(late, c.ID)
+			}
+			return nil
+		})
+		return err
+	}
+	if len(purge) == 0 && len(parked) == 0 {
+		// The hot path: one statement, no batch.
+		rows, err := db.Query(ctx, s.sql(stmt), args...)
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := scanApplied(rows); err != nil {
+			return nil, nil, err
+		}
+	} else {
+		b := &pgx.Batch{}
+		b.Queue(s.sql(stmt), args...)
+		if len(purge) > 0 {
+			b.Queue(s.sql("purge_terminal_inboxes"), purge)
+		}
+		if len(parked) > 0 {
+			b.Queue(s.sql("recheck_parked"), parked)
+		}
+		br := db.SendBatch(ctx, b)
+		err := func() error {
+			rows, err := br.Query()
+			if err != nil {
+				return err
+			}
+			if err := scanApplied(rows); err != nil {
+				return err
+			}
+			if len(purge) > 0 {
+				if _, err := br.Exec(); err != nil {
+					return err
+				}
+			}
+			if len(parked) > 0 {
+				rows, err := br.Query()
+				if err != nil {
+					return err
+				}
+				var w Woken
+				if _, err := pgx.ForEachRow(rows, []any{&w.ID, &w.Queue}, func() error {
+					woken = append(woken, w)
+					return nil
+				}); err != nil {
+					return err
+				}
+			}
+			return nil
+		}()
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+	}
+	if len(late) > 0 {
+		// A fresh statement sees those signals; a delivery after the outcome found the row
+		// finished and stored nothing. (Should the process die right here, the instance's
+		// deletion by GC removes them.)
+		if _, err := db.Exec(ctx, s.sql("purge_terminal_inboxes"), late); err != nil {
+			return applied, woken, fmt.Errorf("clear the inboxes of finished instances: %w", err)
+		}
+	}
+	return applied, woken, nil
 }
 
 // Heartbeat extends the leases of the given claims and returns the ids of those no longer held.
@@ -442,7 +602,8 @@ func (s *Store) GetInstance(ctx context.Context, db DB, id int64) (*durabletype.
 	var errs []byte
 	err := db.QueryRow(ctx, s.sql("get_instance"), id).Scan(&in.ID, &in.Machine, &in.Step, &in.Queue, &status,
 		&priority, &attempt, &maxAttempts, &in.ScheduledAt, &in.LockedBy, &in.LockedUntil, &in.State,
-		&in.Result, &errs, &in.CorrelationKey, &in.ParentID, &in.InsertedAt, &in.UpdatedAt, &in.FinalizedAt)
+		&in.Result, &errs, &in.CorrelationKey, &in.AwaitNames, &in.AwaitDeadline, &in.ParentID, &in.InsertedAt,
+		&in.UpdatedAt, &in.FinalizedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%w: id %d", durabletype.ErrNotFound, id)
 	}
@@ -512,4 +673,77 @@ func (s *Store) FailureReasons(ctx context.Context, db DB) ([]Reason, error) {
 func (s *Store) PreloadTerminal(ctx context.Context, db DB, n int, machine, queue string) error {
 	_, err := db.Exec(ctx, s.sql("bench_preload_terminal"), n, machine, queue)
 	return err
+}
+
+// Delivered is the result of a delivered signal.
+type Delivered struct {
+	SignalID   int64
+	InstanceID int64
+	Woke       bool
+	Queue      string
+}
+
+// DeliverSignal stores a signal for a live instance (by id, or by machine and correlation key
+// when id is 0) and wakes it if it awaits that name. found is false when the target is finished
+// or does not exist; then nothing was stored.
+func (s *Store) DeliverSignal(ctx context.Context, db DB, id int64, machine, key, name string, payload *string) (Delivered, bool, error) {
+	var idArg *int64
+	if id != 0 {
+		idArg = &id
+	}
+	var d Delivered
+	err := db.QueryRow(ctx, s.sql("deliver_signal"), idArg, machine, key, name, payload).Scan(&d.SignalID, &d.InstanceID, &d.Woke, &d.Queue)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Delivered{}, false, nil
+	}
+	if err != nil {
+		return Delivered{}, false, err
+	}
+	return d, true, nil
+}
+
+// Fired is an instance whose await deadline woke it.
+type Fired struct {
+	ID      int64
+	Queue   string
+	Machine string
+	Step    string
+}
+
+// FireAwaitDeadlines wakes up to limit parked instances whose deadline is within horizon.
+func (s *Store) FireAwaitDeadlines(ctx context.Context, db DB, limit int, horizon time.Duration) ([]Fired, error) {
+	rows, err := db.Query(ctx, s.sql("fire_await_deadlines"), limit, horizon.Milliseconds())
+	if err != nil {
+		return nil, err
+	}
+	var out []Fired
+	var f Fired
+	_, err = pgx.ForEachRow(rows, []any{&f.ID, &f.Queue, &f.Machine, &f.Step}, func() error {
+		out = append(out, f)
+		return nil
+	})
+	return out, err
+}
+
+// Retryable reports whether err is worth retrying as is: the connection failed or was closed,
+// the server is shutting down or out of resources, or the transaction lost a serialization or
+// deadlock conflict. A statement the server rejected for its content (a constraint, a type, a
+// syntax error) fails the same way every time.
+func Retryable(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, context.DeadlineExceeded) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code[:2] {
+		case "08", "40", "53", "57", "58":
+			return true
+		}
+		return false
+	}
+	// Not a server error: a network or protocol failure.
+	return true
 }

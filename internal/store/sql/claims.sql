@@ -82,3 +82,29 @@ FROM expired
 WHERE i.id = expired.id
   AND i.status = 'executing'
 RETURNING i.id, i.queue, i.machine, i.step, i.attempt, i.status::text;
+
+-- Await deadlines: wake parked instances whose deadline has passed (the reaper's sweep; the test
+-- kit's FireTimeouts passes a horizon to fire them all). A wake, not a failure: attempt is
+-- untouched, and the woken step sees no awaited signal (unless one arrived meanwhile).
+--
+-- Locks: due rows FOR NO KEY UPDATE SKIP LOCKED, soonest deadline first: concurrent sweepers
+-- never wait on each other; a row being signalled right now is skipped (the signal wakes it).
+--
+-- $1 limit, $2 horizon in ms. Returns the woken rows.
+
+-- name: fire_await_deadlines
+WITH due AS (
+  SELECT id
+  FROM {schema}.instances
+  WHERE status = 'awaiting'
+    AND await_deadline <= now() + $2::bigint * interval '1 millisecond'
+  ORDER BY await_deadline, id
+  LIMIT $1
+  FOR NO KEY UPDATE SKIP LOCKED
+)
+UPDATE {schema}.instances AS i
+SET status = 'available', scheduled_at = now(), await_deadline = NULL, updated_at = now()
+FROM due
+WHERE i.id = due.id
+  AND i.status = 'awaiting'
+RETURNING i.id, i.queue, i.machine, i.step;

@@ -4,7 +4,7 @@
 -- name: get_instance
 SELECT id, machine, step, queue, status::text, priority, attempt, max_attempts, scheduled_at,
        coalesce(locked_by, ''), locked_until, state, result, errors, coalesce(correlation_key, ''),
-       parent_id, inserted_at, updated_at, finalized_at
+       await_names, await_deadline, parent_id, inserted_at, updated_at, finalized_at
 FROM {schema}.instances
 WHERE id = $1;
 

@@ -12,6 +12,12 @@
 -- The UPDATE then turns the locked rows into claims: status executing, a claim token in
 -- locked_by, a lease in locked_until (database clock), attempt + 1.
 --
+-- The same statement loads the inbox of every claimed row that ever received a signal (a
+-- correlated subquery over signals_instance, skipped for the others), as of the statement's
+-- snapshot: the step sees exactly these signals, and its progress consumes exactly the awaited
+-- ones among them; a signal committed after this point is a latecomer and stays for the next
+-- step.
+--
 -- $1 queue, $2 batch size, $3 claim token, $4 lease in ms,
 -- $5 horizon in ms: rows scheduled up to now() + $5 are due (0 in production; the test kit's
 --    Drain passes a large horizon to collapse delays).
@@ -36,4 +42,9 @@ SET status       = 'executing',
 FROM candidates
 WHERE i.id = candidates.id
 RETURNING i.id, i.machine, i.step, i.state, i.attempt, i.max_attempts, i.priority,
-          coalesce(i.correlation_key, ''), i.inserted_at;
+          coalesce(i.correlation_key, ''), i.inserted_at, i.await_names, i.signalled,
+          CASE WHEN i.signalled THEN
+            (SELECT jsonb_agg(jsonb_build_object('id', s.id, 'name', s.name, 'payload', s.payload,
+                                                 'at', s.inserted_at) ORDER BY s.id)
+             FROM {schema}.signals AS s WHERE s.instance_id = i.id)
+          END;
