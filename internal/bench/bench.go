@@ -90,7 +90,7 @@ func scenarios() []scenario {
 		{name: "chain", defaultN: 50000, summary: "N/5 instances of a 5-step no-op FSM inserted in bulk, worked by one client", run: runChain},
 		{name: "latency", defaultN: 500, summary: "an idle running client; N single Inserts 5 ms apart; time from the Insert call to the step's start", run: runLatency},
 		{name: "await", summary: "sequential Insert + client.Await", unavailable: "needs client.Await (the await-bridge issue)"},
-		{name: "signal", summary: "signal parked instances", unavailable: "needs signals and Await (the signals issue)"},
+		{name: "signal", defaultN: 5000, summary: "N instances parked on Await, each signalled (4 senders at once); time from the Signal call to the woken step's start", run: runSignal},
 		{name: "fanout", summary: "one parent spawning N children", unavailable: "needs Spawn (the fan-out issue)"},
 		{name: "gated", summary: "jobs behind a concurrency gate that never binds", unavailable: "needs concurrency gates (the gates issue)"},
 		{name: "rated", summary: "jobs behind a rate limit that never binds", unavailable: "needs rate limits (the rate-limit issue)"},
@@ -413,6 +413,90 @@ func runLatency(ctx context.Context, r *runner, n int) (Result, error) {
 	defer mu.Unlock()
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	return Result{Seconds: round(d.Seconds()), P50ms: pct(lat, 0.50), P95ms: pct(lat, 0.95), P99ms: pct(lat, 0.99)}, nil
+}
+
+type parked struct{}
+
+type wakeArgs struct {
+	T0 int64 `json:"t0"` // unix nanoseconds taken just before the Signal call
+}
+
+func runSignal(ctx context.Context, r *runner, n int) (Result, error) {
+	var mu sync.Mutex
+	lat := make([]time.Duration, 0, n)
+	fsm := gendurable.FSM[parked]{Name: "parker", Start: "park", Queue: "bench",
+		Steps: map[string]gendurable.StepFunc[parked]{
+			"park": func(*gendurable.Ctx, parked) (gendurable.Outcome, error) {
+				return gendurable.Await([]string{"go"}, "woke", parked{}), nil
+			},
+			"woke": func(ctx *gendurable.Ctx, _ parked) (gendurable.Outcome, error) {
+				var a wakeArgs
+				if len(ctx.Awaited) > 0 {
+					if err := ctx.Awaited[0].Decode(&a); err != nil {
+						return gendurable.Outcome{}, err
+					}
+					d := time.Since(time.Unix(0, a.T0))
+					mu.Lock()
+					lat = append(lat, d)
+					mu.Unlock()
+				}
+				return gendurable.Done(nil), nil
+			},
+		}}
+	var finished atomic.Int64
+	var parkedN atomic.Int64
+	cl, err := r.client([]gendurable.Machine{fsm}, finishedCounter(&finished), func(ev gendurable.Event) {
+		if ev.Name == gendurable.EventStepFinished && ev.Outcome == "await" {
+			parkedN.Add(1)
+		}
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	params := make([]gendurable.InsertManyParams, n)
+	for i := range params {
+		params[i] = gendurable.InsertManyParams{Input: fsm.With(parked{})}
+	}
+	res, err := cl.InsertMany(ctx, params)
+	if err != nil {
+		return Result{}, err
+	}
+	if err := cl.Start(ctx); err != nil {
+		return Result{}, err
+	}
+	defer func() { _ = stop(cl) }()
+	if err := waitFor(ctx, 5*time.Minute, "all instances parked", func() bool { return parkedN.Load() >= int64(n) }); err != nil {
+		return Result{}, err
+	}
+	r.heap.reset()
+	t0 := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += 4 {
+				if _, err := cl.Signal(ctx, gendurable.ByID(res[i].ID), "go", wakeArgs{T0: time.Now().UnixNano()}); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return Result{}, err
+	}
+	if err := waitFor(ctx, 5*time.Minute, "all woken instances done", func() bool { return finished.Load() >= int64(n) }); err != nil {
+		return Result{}, err
+	}
+	d := time.Since(t0)
+	mu.Lock()
+	defer mu.Unlock()
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	return Result{Seconds: round(d.Seconds()), StepsPerS: rate(n, d), P50ms: pct(lat, 0.50), P95ms: pct(lat, 0.95), P99ms: pct(lat, 0.99)}, nil
 }
 
 func pct(sorted []time.Duration, p float64) *float64 {
