@@ -477,3 +477,25 @@ func TestFireTimeoutsInTheKit(t *testing.T) {
 	kit.RequireDone(ctx, r.ID, &got)
 	require.True(t, got.Timeout)
 }
+
+func TestReaperFailingAnInstanceClearsItsInbox(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	m := approvalFSM(0)
+	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{m}, Reaper: &gendurable.ReaperConfig{Interval: 50 * time.Millisecond}})
+	ctx := context.Background()
+	r, err := cl.Insert(ctx, m.With(approval{}), &gendurable.InsertOpts{MaxAttempts: 1})
+	require.NoError(t, err)
+	// A worker claimed it, got a signal while running, and died on its last attempt.
+	e.exec(t, `UPDATE {schema}.instances SET status = 'executing', locked_by = 'ghost#1', locked_until = now() + interval '1 hour', attempt = 1 WHERE id = $1`, r.ID)
+	_, err = cl.Signal(ctx, gendurable.ByID(r.ID), "approved", nil)
+	require.NoError(t, err)
+	e.exec(t, `UPDATE {schema}.instances SET locked_until = now() - interval '1 second' WHERE id = $1`, r.ID)
+	start(t, cl)
+	eventually(t, 10*time.Second, "the reaper fails it", func() bool {
+		in, err := cl.Get(ctx, r.ID)
+		require.NoError(t, err)
+		return in.Status == gendurable.StatusFailed
+	})
+	require.Equal(t, 0, e.count(t, `SELECT count(*) FROM {schema}.signals`), "a terminal instance keeps no inbox")
+}

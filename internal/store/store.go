@@ -422,6 +422,7 @@ func (s *Store) ReleaseExpired(ctx context.Context, db DB, limit int, prefix str
 	}
 	defer rows.Close()
 	var out []Released
+	var failed []int64
 	for rows.Next() {
 		var r Released
 		var attempt int32
@@ -431,8 +432,22 @@ func (s *Store) ReleaseExpired(ctx context.Context, db DB, limit int, prefix str
 		}
 		r.Attempt, r.Status = int(attempt), durabletype.Status(status)
 		out = append(out, r)
+		if r.Status.Terminal() {
+			failed = append(failed, r.ID)
+		}
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if len(failed) > 0 {
+		// Instances that failed here are finished: clear their inboxes, with a fresh snapshot
+		// (see purge_terminal_inboxes). Should the process die in between, GC's deletion of the
+		// instances removes them.
+		if _, err := db.Exec(ctx, s.sql("purge_terminal_inboxes"), failed); err != nil {
+			return out, fmt.Errorf("clear the inboxes of failed instances: %w", err)
+		}
+	}
+	return out, nil
 }
 
 // InsertRow is one row to insert.
