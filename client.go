@@ -179,7 +179,13 @@ func (c *Client) insert(ctx context.Context, db store.DB, params []InsertManyPar
 
 // row validates one insert and builds its statement row.
 func (c *Client) row(p *InsertManyParams, index int, r *store.InsertRow) error {
-	in, opts := &p.Input, p.Opts
+	return buildRow(p.Input, p.Opts, index, c.maxPayload, c.eng.Machine, r)
+}
+
+// buildRow validates one new instance (an insert, or a spawned child) and builds its statement
+// row. machine looks up the registered machines, to check the start step of one this node knows.
+func buildRow(input Input, opts *InsertOpts, index, maxPayload int, machine func(string) *engine.MachineDef, r *store.InsertRow) error {
+	in := &input
 	if opts == nil {
 		opts = &InsertOpts{}
 	}
@@ -195,11 +201,11 @@ func (c *Client) row(p *InsertManyParams, index int, r *store.InsertRow) error {
 	if err := checkName("machine name", in.machine); err != nil {
 		return bad("Input", "%v", err)
 	}
-	if def := c.eng.Machine(in.machine); def != nil && !def.Steps[in.step] {
+	if def := machine(in.machine); def != nil && !def.Steps[in.step] {
 		return &InputError{Index: index, Field: "Input", Err: ErrUnknownStep,
 			Reason: fmt.Sprintf("the registered machine %q has no step %q", in.machine, in.step)}
 	}
-	state, err := jsonx.Encode(in.state, c.maxPayload)
+	state, err := jsonx.Encode(in.state, maxPayload)
 	if err != nil {
 		return &InputError{Index: index, Field: "state", Reason: err.Error(), Err: err}
 	}

@@ -42,6 +42,8 @@ type Config struct {
 	Reaper *ReaperConfig
 	// MaxPayloadBytes caps an encoded state, result or argument document. Default 1 MiB.
 	MaxPayloadBytes int
+	// MaxChildren caps the children one Spawn may start. Default 100,000.
+	MaxChildren int
 	// Logger receives the engine's logs. Default slog.Default().
 	Logger *slog.Logger
 	// Hooks receive every event, on a goroutine of their own: a slow hook never blocks the
@@ -74,6 +76,7 @@ const (
 	DefaultReaperInterval  = 5 * time.Second
 	DefaultConcurrency     = 10
 	DefaultMaxPayloadBytes = 1 << 20
+	DefaultMaxChildren     = 100_000
 	defaultCommitters      = 2
 	defaultMaxCommitBatch  = 1000
 )
@@ -133,6 +136,14 @@ func (c *Config) resolve() (engine.Config, string, error) {
 	}
 	if ec.MaxPayload < 0 {
 		return ec, "", cfgErr("MaxPayloadBytes", "%d: must be positive", c.MaxPayloadBytes)
+	}
+
+	ec.MaxChildren = c.MaxChildren
+	if ec.MaxChildren == 0 {
+		ec.MaxChildren = DefaultMaxChildren
+	}
+	if ec.MaxChildren < 0 {
+		return ec, "", cfgErr("MaxChildren", "%d: must be positive", c.MaxChildren)
 	}
 
 	ec.Queues = make(map[string]engine.QueueConfig, len(c.Queues))

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -266,4 +267,60 @@ func TestStartupReclaimTakesOnlyStaleClaims(t *testing.T) {
 	require.Equal(t, 0, e.count(t, `SELECT count(*) FROM (SELECT id, step, attempt FROM {schema}.t_effects
 		WHERE pid IN ($1, $2) GROUP BY 1, 2, 3 HAVING count(DISTINCT pid) > 1) d`, p1.pid(), p2.pid()))
 	p3.kill()
+}
+
+func TestKilledChildIsRecoveredAndTheParentStillJoins(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	createEffects(t, e)
+	child := linear("linear5", 0, nil)
+	type fan struct {
+		Done int `json:"done"`
+	}
+	var joins atomic.Int64
+	parent := gendurable.FSM[fan]{Name: "fan", Start: "spawn", Queue: "parents", Steps: map[string]gendurable.StepFunc[fan]{
+		"spawn": func(*gendurable.Ctx, fan) (gendurable.Outcome, error) {
+			kids := make([]gendurable.Child, 10)
+			for i := range kids {
+				kids[i] = gendurable.Child{Input: child.With(path{}), Opts: &gendurable.InsertOpts{Queue: "crash"}}
+			}
+			return gendurable.Spawn(kids, "join", fan{}), nil
+		},
+		"join": func(ctx *gendurable.Ctx, f fan) (gendurable.Outcome, error) {
+			joins.Add(1)
+			for _, c := range ctx.Children {
+				if c.Status == gendurable.StatusDone {
+					f.Done++
+				}
+			}
+			return gendurable.Done(f), nil
+		},
+	}}
+	p := e.client(t, &gendurable.Config{Name: "p", Machines: []gendurable.Machine{parent},
+		Queues: map[string]gendurable.QueueConfig{"parents": {}}, Reaper: &gendurable.ReaperConfig{Interval: 100 * time.Millisecond}})
+	start(t, p)
+	ctx := context.Background()
+	r, err := p.Insert(ctx, parent.With(fan{}), nil)
+	require.NoError(t, err)
+	eventually(t, 10*time.Second, "the parent joining", func() bool {
+		in, _ := p.Get(ctx, r.ID)
+		return in.Status == gendurable.StatusJoining
+	})
+	victim := startWorker(t, e, "victim", "GD_STEP_MS=60000", "GD_LEASE_MS=1500", "GD_REAPER=0")
+	eventually(t, 20*time.Second, "the victim runs children", func() bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.t_effects WHERE pid = $1`, victim.pid()) == 8
+	})
+	victim.kill()
+	rescuer := startWorker(t, e, "rescuer", "GD_STEP_MS=1", "GD_LEASE_MS=1500", "GD_REAPER=0")
+	eventually(t, 60*time.Second, "the parent done", func() bool {
+		in, _ := p.Get(ctx, r.ID)
+		return in.Status == gendurable.StatusDone
+	})
+	in, err := p.Get(ctx, r.ID)
+	require.NoError(t, err)
+	require.JSONEq(t, `{"done": 10}`, string(in.Result))
+	require.Equal(t, int64(1), joins.Load())
+	require.Equal(t, 8, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE parent_id = $1 AND errors @> '[{"kind":"lease"}]'`, r.ID),
+		"the killed children were released by the reaper")
+	rescuer.kill()
 }

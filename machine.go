@@ -219,6 +219,31 @@ func (m FSM[S]) encode(ctx *Ctx, o Outcome) (engine.Outcome, error) {
 			return engine.Outcome{}, outcomeError{fmt.Errorf("Await(…, %q) state: %w", o.step, err)}
 		}
 		return engine.Outcome{Kind: store.KindAwait, Step: o.step, State: b, AwaitNames: o.names, AwaitTimeout: o.timeout}, nil
+	case outcomeSpawn:
+		if m.Steps[o.step] == nil {
+			return engine.Outcome{}, outcomeError{fmt.Errorf("%w: Spawn(…, %q): machine %q has no such step", ErrUnknownStep, o.step, m.Name)}
+		}
+		if limit := ctx.call.MaxChildren; len(o.children) > limit {
+			return engine.Outcome{}, outcomeErrorf("Spawn: %d children, more than Config.MaxChildren (%d)", len(o.children), limit)
+		}
+		st, err := stateOf[S](o.state)
+		if err != nil {
+			return engine.Outcome{}, outcomeErrorf("Spawn(…, %q): %v", o.step, err)
+		}
+		b, err := jsonx.Encode(st, ctx.call.MaxPayload)
+		if err != nil {
+			return engine.Outcome{}, outcomeError{fmt.Errorf("Spawn(…, %q) state: %w", o.step, err)}
+		}
+		rows := make([]store.InsertRow, len(o.children))
+		for i, ch := range o.children {
+			if ch.Opts != nil && len(ch.Opts.CorrelationScope) > 0 {
+				return engine.Outcome{}, outcomeErrorf("Spawn: child %d: CorrelationScope does not apply to children (they deduplicate against live instances only)", i)
+			}
+			if err := buildRow(ch.Input, ch.Opts, i, ctx.call.MaxPayload, ctx.call.Machine, &rows[i]); err != nil {
+				return engine.Outcome{}, outcomeError{fmt.Errorf("Spawn: %w", err)}
+			}
+		}
+		return engine.Outcome{Kind: store.KindSpawn, Step: o.step, State: b, Children: rows}, nil
 	case outcomeRetry:
 		return retryOutcome(ctx, o.delay), nil
 	case outcomeDone:
@@ -395,6 +420,9 @@ type Ctx struct {
 	// Awaited are the signals in the inbox whose names the instance awaited, when this step
 	// runs after an Await: empty after a timeout.
 	Awaited []Signal
+	// Children are the instances the last Spawn started, with how they finished, when this
+	// step is that Spawn's join step (and on its retries); nil otherwise.
+	Children []ChildResult
 	// Inbox is the whole inbox as of the claim, oldest first. The step's progress (Next, Await)
 	// consumes exactly the signals on Awaited; the others, and later arrivals, stay in the inbox
 	// until an Await of theirs consumes them; a terminal outcome clears the inbox.
@@ -409,6 +437,15 @@ func newCtx(call *engine.Call) *Ctx {
 		Context: call.Ctx, ID: r.ID, Machine: r.Machine, Step: r.Step, Queue: call.Queue,
 		Attempt: r.Attempt, MaxAttempts: r.MaxAttempts, Priority: r.Priority, CorrelationKey: r.CorrelationKey,
 		InsertedAt: r.InsertedAt, call: call,
+	}
+	if r.Children != nil {
+		c.Children = make([]ChildResult, len(r.Children))
+		for i, ch := range r.Children {
+			c.Children[i] = ChildResult{ID: ch.ID, Machine: ch.Machine, Status: Status(ch.Status), Error: ch.Error}
+			if len(ch.Result) > 0 && string(ch.Result) != "null" {
+				c.Children[i].Result = ch.Result
+			}
+		}
 	}
 	if len(r.Inbox) > 0 {
 		c.Inbox = make([]Signal, len(r.Inbox))
@@ -438,6 +475,23 @@ func (c *Ctx) Logger() *slog.Logger {
 // call it pay nothing. Do not commit or roll it back yourself.
 func (c *Ctx) Tx() (pgx.Tx, error) {
 	return c.call.Tx()
+}
+
+// ChildResult is how a spawned child finished, as its parent's join step sees it.
+type ChildResult struct {
+	ID      int64
+	Machine string
+	// Status is StatusDone or StatusFailed (StatusCancelled if an operator cancelled it).
+	Status Status
+	// Result is the child's Done result (JSON), or nil.
+	Result []byte
+	// Error is the child's last recorded error, or "".
+	Error string
+}
+
+// Decode unmarshals the child's result into v.
+func (c ChildResult) Decode(v any) error {
+	return jsonx.Decode(c.Result, v)
 }
 
 // PanicError is how a recovered panic reaches Handle.

@@ -15,21 +15,23 @@ const (
 	outcomeDone
 	outcomeStop
 	outcomeAwait
+	outcomeSpawn
 )
 
 // Outcome is what a step decides: run another step (Next), try this one again (Retry), finish
 // (Done) or fail (Stop). Build one with those functions; the zero Outcome is invalid and is
 // routed to the machine's Handle as an error.
 type Outcome struct {
-	kind    outcomeKind
-	step    string
-	state   any
-	delay   time.Duration
-	result  any
-	reason  error
-	names   []string
-	timeout time.Duration
-	opts    []OutcomeOption
+	kind     outcomeKind
+	step     string
+	state    any
+	delay    time.Duration
+	result   any
+	reason   error
+	names    []string
+	timeout  time.Duration
+	children []Child
+	opts     []OutcomeOption
 }
 
 // OutcomeOption adjusts an outcome (see After). Options are checked when the outcome is applied:
@@ -71,6 +73,24 @@ func Stop(reason error) Outcome {
 // Timeout(d), the instance wakes after d even without a signal (Ctx.Awaited is then empty).
 func Await(names []string, next string, state any, opts ...OutcomeOption) Outcome {
 	return Outcome{kind: outcomeAwait, names: names, step: next, state: state, opts: opts}
+}
+
+// Child is a new instance a Spawn starts: any machine, any queue, with its own insert options.
+// A child whose correlation key is taken by a live instance of its machine is not started (and
+// not counted: the parent joins on the others).
+type Child struct {
+	Input Input
+	Opts  *InsertOpts
+}
+
+// Spawn commits state, starts the children, and parks the instance until every one of them has
+// finished (done or failed); then step join runs, with the children's ids, machines, statuses,
+// results and errors on Ctx.Children. All of it commits in the statement that applies the
+// outcome. The parent holds nothing while it waits; a failed child does not fail the parent (the
+// join step decides). A Spawn of no children runs join at once, with no children. At most
+// Config.MaxChildren children per Spawn.
+func Spawn(children []Child, join string, state any) Outcome {
+	return Outcome{kind: outcomeSpawn, children: children, step: join, state: state}
 }
 
 // Timeout wakes an awaiting instance after d (measured by the database clock, fired by the
@@ -116,6 +136,8 @@ func (k outcomeKind) String() string {
 		return "Stop"
 	case outcomeAwait:
 		return "Await"
+	case outcomeSpawn:
+		return "Spawn"
 	}
 	return "no outcome"
 }

@@ -47,10 +47,16 @@ CREATE TABLE {schema}.instances (
   await_deadline    timestamptz,
   -- Set by every signal delivery and never cleared while the instance lives: the pick loads the
   -- inbox only of rows that ever received a signal, so instances that never do pay nothing.
-  signalled         boolean     NOT NULL DEFAULT false,
-  -- Fan-out: a child names its parent; a parent counts its unsettled children.
+  -- (NULL is false here and below: a NULL column takes no room in the row.)
+  signalled         boolean,
+  -- Fan-out: a child names its parent and the parent's wave (spawn) it belongs to; a parent counts
+  -- its wave's unsettled children, numbers its waves, and has join_due set until its join step's
+  -- outcome (the pick loads the wave's children for the join step only).
   parent_id         bigint,
+  parent_wave       integer,
   pending_children  integer     NOT NULL DEFAULT 0 CHECK (pending_children >= 0),
+  spawn_wave        integer,
+  join_due          boolean,
   inserted_at       timestamptz NOT NULL DEFAULT now(),
   updated_at        timestamptz NOT NULL DEFAULT now(),
   finalized_at      timestamptz,
@@ -86,6 +92,10 @@ CREATE INDEX instances_correlation ON {schema}.instances (machine, correlation_k
 -- Await deadlines the reaper fires, soonest first. Only parked rows with a deadline are in it.
 CREATE INDEX instances_await_deadline ON {schema}.instances (await_deadline)
   WHERE status = 'awaiting' AND await_deadline IS NOT NULL;
+
+-- A parent's children by wave: the join step's load, the spawn's recount.
+CREATE INDEX instances_parent ON {schema}.instances (parent_id, parent_wave)
+  WHERE parent_id IS NOT NULL;
 
 -- Finished rows in the order GC removes them.
 CREATE INDEX instances_finalized ON {schema}.instances (finalized_at, id)

@@ -42,6 +42,7 @@ type Config struct {
 	Heartbeat      time.Duration
 	ReaperInterval time.Duration // 0: this node runs no reaper
 	MaxPayload     int
+	MaxChildren    int
 	Logger         *slog.Logger
 	Hooks          []func(durabletype.Event)
 	// Committers is how many outcome statements may be in flight at once.
@@ -218,7 +219,7 @@ func (e *Engine) reclaim(ctx context.Context, queue string) error {
 	slack := e.cfg.Lease - e.staleAfter()
 	total := 0
 	for {
-		rows, err := e.store.ReleaseExpired(ctx, e.pool, 1000, e.workerPrefix(queue), slack)
+		rows, _, err := e.store.ReleaseExpired(ctx, e.pool, 1000, e.workerPrefix(queue), slack)
 		if err != nil {
 			return fmt.Errorf("gendurable: startup reclaim of queue %q: %w", queue, err)
 		}

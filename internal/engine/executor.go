@@ -28,7 +28,7 @@ func (e *Engine) execute(ctx context.Context, db store.DB, queue string, c *stor
 		return Outcome{Kind: store.KindReleased, Delay: unknownDelay}, nil
 	}
 	call := &Call{
-		Ctx: ctx, Row: c, Queue: queue, MaxPayload: e.cfg.MaxPayload,
+		Ctx: ctx, Row: c, Queue: queue, MaxPayload: e.cfg.MaxPayload, MaxChildren: e.cfg.MaxChildren, Machine: e.Machine,
 		client: e.cfg.Name, log: e.log, begin: beginner(db),
 	}
 	e.Emit(durabletype.Event{Name: durabletype.EventStepStarted, Queue: queue, Machine: c.Machine, Step: c.Step,
@@ -58,8 +58,8 @@ func safeRun(def *MachineDef, call *Call) (out Outcome) {
 
 // outcomeRow turns an outcome into its statement row.
 func outcomeRow(c *store.Claimed, o *Outcome) store.OutcomeRow {
-	r := store.OutcomeRow{ID: c.ID, Owner: c.Owner, Kind: o.Kind, Delay: o.Delay, Signalled: c.Signalled}
-	if o.Kind == store.KindNext || o.Kind == store.KindAwait {
+	r := store.OutcomeRow{ID: c.ID, Owner: c.Owner, Kind: o.Kind, Delay: o.Delay, Signalled: c.Signalled, Child: c.Child}
+	if o.Kind == store.KindNext || o.Kind == store.KindAwait || o.Kind == store.KindSpawn {
 		step := o.Step
 		r.Step = &step
 		// Progress consumes exactly the awaited signals the step saw (Ctx.Awaited).
@@ -71,6 +71,9 @@ func outcomeRow(c *store.Claimed, o *Outcome) store.OutcomeRow {
 	}
 	if o.Kind == store.KindAwait {
 		r.AwaitNames, r.AwaitTimeout = o.AwaitNames, o.AwaitTimeout
+	}
+	if o.Kind == store.KindSpawn {
+		r.Children = o.Children
 	}
 	if o.State != nil {
 		s := string(o.State)

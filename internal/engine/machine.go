@@ -37,6 +37,8 @@ type Outcome struct {
 	// AwaitNames and AwaitTimeout (0: none) park the instance (await).
 	AwaitNames   []string
 	AwaitTimeout time.Duration
+	// Children are the instances a spawn starts.
+	Children []store.InsertRow
 	// ErrKind and ErrMsg, when ErrKind is not empty, are recorded in the row's error history.
 	ErrKind string
 	ErrMsg  string
@@ -52,6 +54,10 @@ type Call struct {
 	Queue string
 	// MaxPayload is the largest encoded state or result allowed, in bytes.
 	MaxPayload int
+	// MaxChildren is the most children one spawn may start.
+	MaxChildren int
+	// Machine looks up a registered machine by name (nil if this node does not know it).
+	Machine func(name string) *MachineDef
 
 	client string
 	log    *slog.Logger

@@ -234,6 +234,21 @@ func (e *Engine) finish(f *flight, out *Outcome, applied bool, err error) {
 		if (out.Kind == store.KindNext || out.Kind == store.KindRetry || out.Kind == store.KindReleased) && out.Delay <= 0 {
 			e.Wake(f.queue)
 		}
+		if out.Kind == store.KindSpawn {
+			// The children are runnable now (those without a delay), in their own queues; a
+			// spawn of none made the parent runnable.
+			if len(out.Children) == 0 {
+				e.Wake(f.queue)
+			}
+			woken := map[string]bool{}
+			for i := range out.Children {
+				ch := &out.Children[i]
+				if ch.ScheduledAt == nil && ch.Delay == 0 && !woken[ch.Queue] {
+					woken[ch.Queue] = true
+					e.Wake(ch.Queue)
+				}
+			}
+		}
 	}
 }
 

@@ -88,9 +88,12 @@ func FireAwaitDeadlines(ctx context.Context, st *store.Store, db store.DB, horiz
 func (r *Reaper) releaseExpired(ctx context.Context) (int, error) {
 	total := 0
 	for {
-		rows, err := r.Store.ReleaseExpired(ctx, r.DB, reapBatch, "", 0)
+		rows, woken, err := r.Store.ReleaseExpired(ctx, r.DB, reapBatch, "", 0)
 		if err != nil {
 			return total, err
+		}
+		for _, w := range woken {
+			r.Wake(w.Queue)
 		}
 		total += len(rows)
 		if len(rows) > 0 {

@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -101,17 +100,20 @@ func parse(fsys fs.FS) (map[string]string, error) {
 		}
 		flush()
 	}
-	// Fragments ("-- fragment: x") are spliced into the statements that say {{x}}.
+	// Fragments ("-- fragment: x") are spliced into the statements that say {{x}}; they stay
+	// available on their own to the statements assembled in Go.
 	for name, text := range out {
-		if strings.HasPrefix(name, "{{") {
-			delete(out, name)
-			for n, stmt := range out {
+		if !strings.HasPrefix(name, "{{") {
+			continue
+		}
+		for n, stmt := range out {
+			if !strings.HasPrefix(n, "{{") {
 				out[n] = strings.ReplaceAll(stmt, name, text)
 			}
 		}
 	}
 	for n, stmt := range out {
-		if strings.Contains(stmt, "{{") {
+		if !strings.HasPrefix(n, "{{") && strings.Contains(stmt, "{{") {
 			return nil, fmt.Errorf("store: statement %q uses an undefined fragment", n)
 		}
 	}
@@ -124,6 +126,11 @@ func (s *Store) sql(name string) string {
 		panic("store: no statement " + name)
 	}
 	return q
+}
+
+// frag returns a statement fragment ("-- fragment: name" in the files).
+func (s *Store) frag(name string) string {
+	return s.sql("{{" + name + "}}")
 }
 
 // Claimed is a row the pick claimed.
@@ -143,8 +150,21 @@ type Claimed struct {
 	Inbox []SignalRow
 	// Signalled says the instance has ever received a signal.
 	Signalled bool
+	// Child says the instance has a parent.
+	Child bool
+	// Children are the parent's latest wave, loaded when its join step is due.
+	Children []ChildRow
 	// Owner is the claim token the pick set (filled in by the caller).
 	Owner string
+}
+
+// ChildRow is a child of a parent's latest wave.
+type ChildRow struct {
+	ID      int64           `json:"id"`
+	Machine string          `json:"machine"`
+	Status  string          `json:"status"`
+	Result  json.RawMessage `json:"result"`
+	Error   string          `json:"error"`
 }
 
 // SignalRow is a signal in an inbox.
@@ -167,10 +187,15 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 		var c Claimed
 		var attempt, maxAttempts int32
 		var priority int16
-		var inbox []byte
+		var inbox, children []byte
 		if err := rows.Scan(&c.ID, &c.Machine, &c.Step, &c.State, &attempt, &maxAttempts, &priority,
-			&c.CorrelationKey, &c.InsertedAt, &c.AwaitNames, &c.Signalled, &inbox); err != nil {
+			&c.CorrelationKey, &c.InsertedAt, &c.AwaitNames, &c.Signalled, &inbox, &c.Child, &children); err != nil {
 			return nil, err
+		}
+		if len(children) > 0 {
+			if err := json.Unmarshal(children, &c.Children); err != nil {
+				return nil, fmt.Errorf("decode children of %d: %w", c.ID, err)
+			}
 		}
 		c.Attempt, c.MaxAttempts, c.Priority = int(attempt), int(maxAttempts), int(priority)
 		if len(inbox) > 0 {
@@ -191,203 +216,6 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 		return out[i].ID < out[j].ID
 	})
 	return out, nil
-}
-
-// OutcomeKind is how an outcome changes its row; the values are the statement's kind codes.
-type OutcomeKind int16
-
-// The outcome kinds the statement applies.
-const (
-	KindNext     OutcomeKind = 1
-	KindRetry    OutcomeKind = 2
-	KindDone     OutcomeKind = 3
-	KindFailed   OutcomeKind = 4
-	KindReleased OutcomeKind = 5
-	KindAwait    OutcomeKind = 6
-)
-
-// String names the kind as events report it.
-func (k OutcomeKind) String() string {
-	switch k {
-	case KindNext:
-		return "next"
-	case KindRetry:
-		return "retry"
-	case KindDone:
-		return "done"
-	case KindFailed:
-		return "failed"
-	case KindReleased:
-		return "released"
-	case KindAwait:
-		return "await"
-	}
-	return fmt.Sprintf("kind(%d)", int16(k))
-}
-
-// OutcomeRow is one encoded outcome, fenced by its claim token.
-type OutcomeRow struct {
-	ID      int64
-	Owner   string
-	Kind    OutcomeKind
-	Step    *string // nil keeps the step
-	State   *string // JSON; nil keeps the state
-	Delay   time.Duration
-	Result  *string // JSON (done)
-	ErrKind *string // nil: no error to record
-	ErrMsg  *string
-	// AwaitNames and AwaitTimeout (0: none) park the row (KindAwait).
-	AwaitNames   []string
-	AwaitTimeout time.Duration
-	// Seen are the signal ids the step saw; progress (next, await) consumes them.
-	Seen []int64
-	// Signalled says the row had signals in its inbox when it was claimed: a terminal
-	// outcome must clear them.
-	Signalled bool
-}
-
-// Woken is an instance an outcome batch made runnable at once (a park whose awaited signal
-// had already arrived).
-type Woken struct {
-	ID    int64
-	Queue string
-}
-
-// Claim names one claim: a row and the token it was claimed under.
-type Claim struct {
-	ID    int64
-	Owner string
-}
-
-// ApplyOutcomes commits outcomes in one round trip and returns the set of claims that were
-// applied (the others were stale: their claim is gone) and the parked instances it woke at once.
-// Besides the outcome statement, the round trip clears the inboxes of rows that finished and
-// re-checks the rows that parked, each only when the batch has such rows; all of it is one
-// implicit transaction.
-func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []OutcomeRow) (map[Claim]struct{}, []Woken, error) {
-	n := len(outs)
-	ids := make([]int64, n)
-	owners := make([]string, n)
-	kinds := make([]int16, n)
-	steps := make([]*string, n)
-	states := make([]*string, n)
-	delays := make([]int64, n)
-	results := make([]*string, n)
-	errKinds := make([]*string, n)
-	errMsgs := make([]*string, n)
-	awaitNames := make([]*string, n)
-	awaitMs := make([]*int64, n)
-	var seenInst, seenSig, purge, parked []int64
-	isTerminal := make(map[int64]bool)
-	for i, o := range outs {
-		ids[i], owners[i], kinds[i] = o.ID, o.Owner, int16(o.Kind)
-		steps[i], states[i], delays[i] = o.Step, o.State, o.Delay.Milliseconds()
-		results[i], errKinds[i], errMsgs[i] = o.Result, o.ErrKind, o.ErrMsg
-		switch o.Kind {
-		case KindDone, KindFailed:
-			isTerminal[o.ID] = true
-			if o.Signalled {
-				purge = append(purge, o.ID)
-			}
-		case KindAwait:
-			parked = append(parked, o.ID)
-			names := strings.Join(o.AwaitNames, "\x1f")
-			awaitNames[i] = &names
-			if o.AwaitTimeout > 0 {
-				ms := max(o.AwaitTimeout.Milliseconds(), 1)
-				awaitMs[i] = &ms
-			}
-		}
-		for _, sig := range o.Seen {
-			seenInst = append(seenInst, o.ID)
-			seenSig = append(seenSig, sig)
-		}
-	}
-	args := []any{ids, owners, kinds, steps, states, delays, results, errKinds, errMsgs, awaitNames, awaitMs}
-	stmt := "apply_outcomes"
-	if len(seenSig) > 0 {
-		stmt = "apply_outcomes_consuming"
-		args = append(args, seenInst, seenSig)
-	}
-	applied := make(map[Claim]struct{}, n)
-	var woken []Woken
-	var late []int64 // finished rows whose first signal arrived while their step ran
-	scanApplied := func(rows pgx.Rows) error {
-		var c Claim
-		var signalled bool
-		var kind int16
-		_, err := pgx.ForEachRow(rows, []any{&c.ID, &c.Owner, &signalled, &kind}, func() error {
-			applied[c] = struct{}{}
-			if signalled && isTerminal[c.ID] && !slices.Contains(purge, c.ID) {
-				late = append(late, c.ID)
-			}
-			return nil
-		})
-		return err
-	}
-	if len(purge) == 0 && len(parked) == 0 {
-		// The hot path: one statement, no batch.
-		rows, err := db.Query(ctx, s.sql(stmt), args...)
-		if err != nil {
-			return nil, nil, err
-		}
-		if err := scanApplied(rows); err != nil {
-			return nil, nil, err
-		}
-	} else {
-		b := &pgx.Batch{}
-		b.Queue(s.sql(stmt), args...)
-		if len(purge) > 0 {
-			b.Queue(s.sql("purge_terminal_inboxes"), purge)
-		}
-		if len(parked) > 0 {
-			b.Queue(s.sql("recheck_parked"), parked)
-		}
-		br := db.SendBatch(ctx, b)
-		err := func() error {
-			rows, err := br.Query()
-			if err != nil {
-				return err
-			}
-			if err := scanApplied(rows); err != nil {
-				return err
-			}
-			if len(purge) > 0 {
-				if _, err := br.Exec(); err != nil {
-					return err
-				}
-			}
-			if len(parked) > 0 {
-				rows, err := br.Query()
-				if err != nil {
-					return err
-				}
-				var w Woken
-				if _, err := pgx.ForEachRow(rows, []any{&w.ID, &w.Queue}, func() error {
-					woken = append(woken, w)
-					return nil
-				}); err != nil {
-					return err
-				}
-			}
-			return nil
-		}()
-		if cerr := br.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return nil, nil, err
-		}
-	}
-	if len(late) > 0 {
-		// A fresh statement sees those signals; a delivery after the outcome found the row
-		// finished and stored nothing. (Should the process die right here, the instance's
-		// deletion by GC removes them.)
-		if _, err := db.Exec(ctx, s.sql("purge_terminal_inboxes"), late); err != nil {
-			return applied, woken, fmt.Errorf("clear the inboxes of finished instances: %w", err)
-		}
-	}
-	return applied, woken, nil
 }
 
 // Heartbeat extends the leases of the given claims and returns the ids of those no longer held.
@@ -411,43 +239,45 @@ type Released struct {
 
 // ReleaseExpired releases up to limit claims whose lease has run out, and, when prefix is not
 // empty, claims of that worker-id prefix whose lease ends before now() + slack.
-func (s *Store) ReleaseExpired(ctx context.Context, db DB, limit int, prefix string, slack time.Duration) ([]Released, error) {
+func (s *Store) ReleaseExpired(ctx context.Context, db DB, limit int, prefix string, slack time.Duration) ([]Released, []Woken, error) {
 	var p *string
 	if prefix != "" {
 		p = &prefix
 	}
 	rows, err := db.Query(ctx, s.sql("release_expired"), limit, p, slack.Milliseconds())
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	defer rows.Close()
 	var out []Released
+	var woken []Woken
 	var failed []int64
-	for rows.Next() {
-		var r Released
-		var attempt int32
-		var status string
-		if err := rows.Scan(&r.ID, &r.Queue, &r.Machine, &r.Step, &attempt, &status); err != nil {
-			return nil, err
+	var woke bool
+	var r Released
+	var attempt int32
+	var status string
+	if _, err := pgx.ForEachRow(rows, []any{&woke, &r.ID, &r.Queue, &r.Machine, &r.Step, &attempt, &status}, func() error {
+		if woke { // a parent whose last child failed here
+			woken = append(woken, Woken{ID: r.ID, Queue: r.Queue})
+			return nil
 		}
 		r.Attempt, r.Status = int(attempt), durabletype.Status(status)
 		out = append(out, r)
 		if r.Status.Terminal() {
 			failed = append(failed, r.ID)
 		}
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
+		return nil
+	}); err != nil {
+		return nil, nil, err
 	}
 	if len(failed) > 0 {
 		// Instances that failed here are finished: clear their inboxes, with a fresh snapshot
 		// (see purge_terminal_inboxes). Should the process die in between, GC's deletion of the
 		// instances removes them.
 		if _, err := db.Exec(ctx, s.sql("purge_terminal_inboxes"), failed); err != nil {
-			return out, fmt.Errorf("clear the inboxes of failed instances: %w", err)
+			return out, woken, fmt.Errorf("clear the inboxes of failed instances: %w", err)
 		}
 	}
-	return out, nil
+	return out, woken, nil
 }
 
 // InsertRow is one row to insert.

@@ -44,7 +44,8 @@ WHERE NOT EXISTS (
 -- that, so a name collision can never release a live claim).
 --
 -- A released row becomes available again (the crashed try counts as an attempt) or, with no
--- attempts left, failed; either way the error history says the lease was lost.
+-- attempts left, failed; either way the error history says the lease was lost. A child that
+-- fails here settles its parent's join like any finished child (outcome_settle).
 --
 -- Locks: candidate rows FOR NO KEY UPDATE SKIP LOCKED in id order: concurrent sweepers on many
 -- nodes never wait on each other, never deadlock, and never release the same row twice. The
@@ -64,7 +65,7 @@ WITH expired AS (
   ORDER BY id
   LIMIT $1
   FOR NO KEY UPDATE SKIP LOCKED
-)
+), rel AS (
 UPDATE {schema}.instances AS i
 SET status       = (CASE WHEN i.attempt >= i.max_attempts THEN 'failed' ELSE 'available' END)::{schema}.status,
     scheduled_at = now(),
@@ -81,7 +82,15 @@ SET status       = (CASE WHEN i.attempt >= i.max_attempts THEN 'failed' ELSE 'av
 FROM expired
 WHERE i.id = expired.id
   AND i.status = 'executing'
-RETURNING i.id, i.queue, i.machine, i.step, i.attempt, i.status::text;
+RETURNING i.id, i.queue, i.machine, i.step, i.attempt, i.status::text AS status, i.parent_id
+), finished AS (
+  SELECT parent_id FROM rel WHERE status = 'failed' AND parent_id IS NOT NULL
+), settled AS (
+{{outcome_settle}}
+)
+SELECT false, id, queue, machine, step, attempt, status FROM rel
+UNION ALL
+SELECT true, id, queue, '', '', 0, 'available' FROM settled WHERE woke;
 
 -- Await deadlines: wake parked instances whose deadline has passed (the reaper's sweep; the test
 -- kit's FireTimeouts passes a horizon to fire them all). A wake, not a failure: attempt is

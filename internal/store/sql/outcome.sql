@@ -7,58 +7,53 @@
 -- claim ran out and was reclaimed (by the reaper or another node) does not match, is left
 -- untouched, and is missing from the result: the caller reports it as stale and drops it. So a
 -- late commit can never rewind a row, overwrite a newer owner's progress, or repeat a side
--- effect (consuming signals, clearing an inbox).
+-- effect (consuming signals, clearing an inbox, spawning children, settling a parent's join).
+--
+-- The statement is assembled from the fragments below (Store.ApplyOutcomes): outcome_update
+-- always; outcome_consume, outcome_spawn and outcome_settle only for batches that need them, so
+-- the common batch is one plain UPDATE. Parameters are named (@name).
 --
 -- Locks: the UPDATE takes the row lock (FOR NO KEY UPDATE strength: no key column changes) on
--- each matched row. Claim tokens are unique per pick, so two committers never contend for a
--- row; the heartbeat skips rows it finds locked (SKIP LOCKED), so it never waits on this
+-- each matched row. Claim tokens are unique per pick, so two committers never contend for an
+-- outcome row; the heartbeat skips rows it finds locked (SKIP LOCKED), so it never waits on this
 -- statement and the two cannot deadlock. A signal delivery holds the row lock from its first
 -- statement to its commit, so it and an outcome of the same row are strictly ordered.
+-- outcome_settle also locks each parent it decrements, in parent id order; committers racing to
+-- settle children of the same parents serialize on the parent row and re-read its newest count.
 --
--- The caller sends apply_outcomes, then (in the same implicit transaction, one round trip)
--- purge_terminal_inboxes for the rows that finished with signals in their inbox (as of the pick)
--- and recheck_parked for the rows that parked; each of those runs with a snapshot taken after
--- apply_outcomes holds its row locks. apply_outcomes returns each applied row's signalled flag
--- as of its commit: a row that finished and received its first signal while its step ran is
--- purged by a follow-up statement.
+-- The caller sends the outcome statement, then (in the same implicit transaction, one round
+-- trip) purge_terminal_inboxes for rows that finished with signals in their inbox (as of the
+-- pick), recheck_parked for rows that parked, and recount_spawned for parents that spawned; each
+-- of those runs with a snapshot taken after the outcome statement holds its row locks. The
+-- statement returns each applied row's signalled flag as of its commit: a row that finished and
+-- received its first signal while its step ran is purged by a follow-up statement.
 --
 -- Kinds: 1 next, 2 retry, 3 done, 4 failed, 5 released (claim handed back untouched: attempt
 -- restored, no error recorded, due after the delay), 6 await (park on signal names, step = the
--- step to run on wake).
+-- step to run on wake), 7 spawn (park on children, step = the join step; with no children it is
+-- runnable at once).
 --
--- Progress (next, await) consumes exactly the awaited signals the step saw (its Ctx.Awaited):
--- ($12, $13) pairs of (instance id, signal id) from the pick's inbox load. Signals it saw but did
--- not await stay in the inbox (an instance can await them later); latecomers stay too. Retry and
--- released consume nothing.
---
--- $1 id, $2 claim token, $3 kind, $4 step (NULL keeps), $5 state JSON text (NULL keeps),
--- $6 delay ms (next, retry, released), $7 result JSON text (done), $8 error kind (NULL: none),
--- $9 error text, $10 await names joined by the unit separator U+001F (names are printable), $11 await timeout ms (NULL: none),
--- $12/$13 seen (instance id, signal id) pairs (apply_outcomes_consuming only).
-
--- fragment: outcome_input
-u AS (
-  SELECT *
-  FROM unnest($1::bigint[], $2::text[], $3::smallint[], $4::text[], $5::text[],
-              $6::bigint[], $7::text[], $8::text[], $9::text[], $10::text[], $11::bigint[])
-       AS u(id, owner, kind, step, state, delay_ms, result, err_kind, err_msg, await_names, await_ms)
-)
+-- @ids, @owners claim; @kinds; @steps (NULL keeps); @states JSON text (NULL keeps); @delays ms
+-- (next, retry, released); @results JSON text (done); @err_kinds (NULL: none), @err_msgs;
+-- @await_names joined by the unit separator U+001F (names are printable); @await_ms timeout
+-- (NULL: none); @spawned children count (spawn).
 
 -- fragment: outcome_update
 UPDATE {schema}.instances AS i
-  SET status         = (CASE u.kind WHEN 3 THEN 'done' WHEN 4 THEN 'failed' WHEN 6 THEN 'awaiting'
+SET status           = (CASE u.kind WHEN 3 THEN 'done' WHEN 4 THEN 'failed' WHEN 6 THEN 'awaiting'
+                                    WHEN 7 THEN (CASE WHEN u.spawned > 0 THEN 'joining' ELSE 'available' END)
                                     ELSE 'available' END)::{schema}.status,
-      step           = coalesce(u.step, i.step),
-      state          = coalesce(u.state::jsonb, i.state),
-      attempt        = CASE u.kind WHEN 1 THEN 0 WHEN 6 THEN 0 WHEN 5 THEN greatest(i.attempt - 1, 0)
-                                   ELSE i.attempt END,
-      scheduled_at   = CASE WHEN u.kind IN (1, 2, 5)
-                            THEN now() + u.delay_ms * interval '1 millisecond'
+    step             = coalesce(u.step, i.step),
+    state            = coalesce(u.state::jsonb, i.state),
+    attempt          = CASE WHEN u.kind IN (1, 6, 7) THEN 0 WHEN u.kind = 5 THEN greatest(i.attempt - 1, 0)
+                            ELSE i.attempt END,
+    scheduled_at     = CASE WHEN u.kind IN (1, 2, 5) THEN now() + u.delay_ms * interval '1 millisecond'
+                            WHEN u.kind = 7 THEN now()
                             ELSE i.scheduled_at END,
-      locked_by      = NULL,
-      locked_until   = NULL,
-      result         = CASE u.kind WHEN 3 THEN u.result::jsonb ELSE i.result END,
-      errors         = CASE WHEN u.err_kind IS NULL THEN i.errors
+    locked_by        = NULL,
+    locked_until     = NULL,
+    result           = CASE u.kind WHEN 3 THEN u.result::jsonb ELSE i.result END,
+    errors           = CASE WHEN u.err_kind IS NULL THEN i.errors
                             ELSE (CASE WHEN jsonb_array_length(coalesce(i.errors, '[]'::jsonb)) >= 20
                                        THEN i.errors - 0
                                        ELSE coalesce(i.errors, '[]'::jsonb) END)
@@ -66,47 +61,93 @@ UPDATE {schema}.instances AS i
                                       'at', now(), 'step', i.step, 'attempt', i.attempt,
                                       'kind', u.err_kind, 'error', u.err_msg))
                        END,
-      -- Await names live until the woken step's outcome: a retry of that step still needs them.
-      await_names    = CASE WHEN u.kind = 6 THEN string_to_array(u.await_names, E'\x1f')
+    -- Await names live until the woken step's outcome: a retry of that step still needs them.
+    await_names      = CASE WHEN u.kind = 6 THEN string_to_array(u.await_names, E'\x1f')
                             WHEN u.kind IN (2, 5) THEN i.await_names
                             ELSE NULL END,
-      await_deadline = CASE WHEN u.kind = 6 AND u.await_ms IS NOT NULL
+    await_deadline   = CASE WHEN u.kind = 6 AND u.await_ms IS NOT NULL
                             THEN now() + u.await_ms * interval '1 millisecond' END,
-      finalized_at   = CASE WHEN u.kind IN (3, 4) THEN now() END,
-      updated_at     = now()
-  FROM u
-  WHERE i.id = u.id
-    -- The token alone is the fence (no "status = 'executing'" here): that predicate would let
-    -- the planner read the whole instances_executing index, dead entries and all, instead of
-    -- looking the rows up by id.
-    AND i.locked_by = u.owner
-  RETURNING i.id, u.owner, i.signalled, u.kind
+    -- A spawn opens a new wave of children; the join step (and its retries) sees that wave.
+    pending_children = CASE WHEN u.kind = 7 THEN u.spawned ELSE i.pending_children END,
+    spawn_wave       = CASE WHEN u.kind = 7 THEN coalesce(i.spawn_wave, 0) + 1 ELSE i.spawn_wave END,
+    join_due         = CASE WHEN u.kind = 7 THEN true WHEN u.kind IN (2, 5) THEN i.join_due END,
+    finalized_at     = CASE WHEN u.kind IN (3, 4) THEN now() END,
+    updated_at       = now()
+FROM unnest(@ids::bigint[], @owners::text[], @kinds::smallint[], @steps::text[], @states::text[],
+            @delays::bigint[], @results::text[], @err_kinds::text[], @err_msgs::text[],
+            @await_names::text[], @await_ms::bigint[], @spawned::integer[])
+     AS u(id, owner, kind, step, state, delay_ms, result, err_kind, err_msg, await_names, await_ms, spawned)
+WHERE i.id = u.id
+  -- The token alone is the fence (no "status = 'executing'" here): that predicate would let the
+  -- planner read the whole instances_executing index, dead entries and all, instead of looking
+  -- the rows up by id.
+  AND i.locked_by = u.owner
+RETURNING i.id, u.owner, i.signalled IS TRUE AS signalled, u.kind, i.parent_id, i.spawn_wave
 
--- The outcome statement. The variant that also consumes the signals steps saw is used only for
--- batches where a step saw any; the plain one is the hot path.
+-- Progress (next, await, spawn) consumes exactly the awaited signals the step saw (its
+-- Ctx.Awaited): (@seen_inst, @seen_sig) pairs of (instance id, signal id) from the pick's inbox
+-- load. Signals it saw but did not await stay in the inbox (an instance can await them later);
+-- latecomers stay too. Retry and released consume nothing.
+-- Locks: the deleted signal rows.
 
--- name: apply_outcomes
-WITH {{outcome_input}}
-{{outcome_update}};
+-- fragment: outcome_consume
+DELETE FROM {schema}.signals AS s
+USING unnest(@seen_inst::bigint[], @seen_sig::bigint[]) AS c(instance_id, signal_id), upd
+WHERE s.id = c.signal_id
+  AND c.instance_id = upd.id
+  AND upd.kind IN (1, 6, 7)
 
--- name: apply_outcomes_consuming
-WITH {{outcome_input}}, upd AS (
-  {{outcome_update}}
-), consumed AS (
-  DELETE FROM {schema}.signals AS s
-  USING unnest($12::bigint[], $13::bigint[]) AS c(instance_id, signal_id), upd
-  WHERE s.id = c.signal_id
-    AND c.instance_id = upd.id
-    AND upd.kind IN (1, 6)
-)
-SELECT id, owner, signalled, kind FROM upd;
+-- A spawn's children, inserted only for parents whose outcome applied, in (machine,
+-- correlation_key) order like every insert. A child whose key is taken by a live instance of its
+-- machine is not inserted (recount_spawned then counts only the children that were).
+-- Locks: the new rows and the unique index's insertion lock on each new key.
+-- @c_parent, @c_machine, @c_step, @c_state, @c_queue, @c_priority, @c_scheduled_at, @c_delay,
+-- @c_max_attempts, @c_key, @c_ord: one element per child.
 
+-- fragment: outcome_spawn
+INSERT INTO {schema}.instances (machine, step, state, queue, priority, scheduled_at, max_attempts,
+                                correlation_key, parent_id, parent_wave)
+SELECT c.machine, c.step, c.state::jsonb, c.queue, c.priority,
+       coalesce(c.scheduled_at, now() + c.delay_ms * interval '1 millisecond'),
+       c.max_attempts, c.correlation_key, upd.id, upd.spawn_wave
+FROM unnest(@c_parent::bigint[], @c_machine::text[], @c_step::text[], @c_state::text[], @c_queue::text[],
+            @c_priority::smallint[], @c_scheduled_at::timestamptz[], @c_delay::bigint[],
+            @c_max_attempts::integer[], @c_key::text[], @c_ord::integer[])
+     AS c(parent, machine, step, state, queue, priority, scheduled_at, delay_ms, max_attempts, correlation_key, ord)
+JOIN upd ON upd.id = c.parent
+ORDER BY c.machine, c.correlation_key NULLS LAST, c.ord
+ON CONFLICT (machine, correlation_key)
+  WHERE correlation_key IS NOT NULL AND status IN ('available', 'executing', 'awaiting', 'joining')
+  DO NOTHING
+
+-- The join barrier: every child that finished here (the statement's "finished" relation: one
+-- row per finished child, with its parent_id) decrements its parent's count of unsettled
+-- children, and the decrement that reaches zero makes the parent runnable, in this statement.
+-- Only a joining parent counts: a parent that was cancelled or failed meanwhile is left alone,
+-- and its children's completion wakes nobody. A CHECK keeps the count from going below zero.
+-- Used by the outcome statement and by the reaper (release_expired in claims.sql).
+-- Locks: each parent row, in parent id order.
+
+-- fragment: outcome_settle
+UPDATE {schema}.instances AS p
+SET pending_children = p.pending_children - d.n,
+    status           = CASE WHEN p.pending_children - d.n = 0 THEN 'available'::{schema}.status
+                            ELSE p.status END,
+    scheduled_at     = CASE WHEN p.pending_children - d.n = 0 THEN now() ELSE p.scheduled_at END,
+    updated_at       = now()
+FROM (SELECT parent_id, count(*)::integer AS n
+      FROM finished
+      GROUP BY parent_id
+      ORDER BY parent_id) AS d
+WHERE p.id = d.parent_id
+  AND p.status = 'joining'
+RETURNING p.id, p.queue, p.status = 'available' AS woke
 
 -- The inboxes of instances that just finished: a terminal outcome clears the whole inbox,
--- latecomers included. A fresh snapshot (after apply_outcomes took the row locks) sees every
--- signal whose delivery committed before; a delivery after it finds the instance finished and
--- stores nothing. Only rows that really are finished are touched (an id whose outcome was stale
--- belongs to another owner).
+-- latecomers included. A fresh snapshot (after the outcome statement took the row locks) sees
+-- every signal whose delivery committed before; a delivery after it finds the instance finished
+-- and stores nothing. Only rows that really are finished are touched (an id whose outcome was
+-- stale belongs to another owner).
 -- Locks: the deleted signal rows.
 -- $1 ids.
 
@@ -132,3 +173,24 @@ WHERE i.id = ANY($1::bigint[])
   AND EXISTS (SELECT 1 FROM {schema}.signals AS s
               WHERE s.instance_id = i.id AND s.name = ANY(i.await_names))
 RETURNING i.id, i.queue;
+
+-- A spawn's count, made true: the parents this transaction just parked on children (their
+-- updated_at is this transaction's now()) count exactly the children of their new wave that were
+-- inserted (a child whose correlation key was taken was not); a parent left with none is
+-- runnable at once. The children are still invisible to every other transaction, so none of
+-- them can have settled yet.
+-- Locks: the row lock of each parent whose count it corrects.
+-- $1 parent ids. Returns the parents it made runnable.
+
+-- name: recount_spawned
+UPDATE {schema}.instances AS p
+SET pending_children = k.n,
+    status           = CASE WHEN k.n = 0 THEN 'available'::{schema}.status ELSE p.status END,
+    scheduled_at     = CASE WHEN k.n = 0 THEN now() ELSE p.scheduled_at END
+FROM (SELECT q.id, (SELECT count(*)::integer FROM {schema}.instances AS c
+                    WHERE c.parent_id = q.id AND c.parent_wave = q.spawn_wave) AS n
+      FROM {schema}.instances AS q
+      WHERE q.id = ANY($1::bigint[]) AND q.status = 'joining' AND q.updated_at = now()) AS k
+WHERE p.id = k.id
+  AND p.pending_children <> k.n
+RETURNING p.id, p.queue;

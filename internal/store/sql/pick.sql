@@ -18,6 +18,9 @@
 -- ones among them; a signal committed after this point is a latecomer and stays for the next
 -- step.
 --
+-- For a parent whose join step is due (join_due), the same statement loads the children of its
+-- latest wave: id, machine, status, result and last error, in id order.
+--
 -- $1 queue, $2 batch size, $3 claim token, $4 lease in ms,
 -- $5 horizon in ms: rows scheduled up to now() + $5 are due (0 in production; the test kit's
 --    Drain passes a large horizon to collapse delays).
@@ -42,9 +45,16 @@ SET status       = 'executing',
 FROM candidates
 WHERE i.id = candidates.id
 RETURNING i.id, i.machine, i.step, i.state, i.attempt, i.max_attempts, i.priority,
-          coalesce(i.correlation_key, ''), i.inserted_at, i.await_names, i.signalled,
+          coalesce(i.correlation_key, ''), i.inserted_at, i.await_names, i.signalled IS TRUE,
           CASE WHEN i.signalled THEN
             (SELECT jsonb_agg(jsonb_build_object('id', s.id, 'name', s.name, 'payload', s.payload,
                                                  'at', s.inserted_at) ORDER BY s.id)
              FROM {schema}.signals AS s WHERE s.instance_id = i.id)
+          END,
+          i.parent_id IS NOT NULL,
+          CASE WHEN i.join_due THEN
+            (SELECT jsonb_agg(jsonb_build_object('id', c.id, 'machine', c.machine, 'status', c.status,
+                                                 'result', c.result, 'error', c.errors -> -1 ->> 'error')
+                              ORDER BY c.id)
+             FROM {schema}.instances AS c WHERE c.parent_id = i.id AND c.parent_wave = i.spawn_wave)
           END;

@@ -1,0 +1,317 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// OutcomeKind is how an outcome changes its row; the values are the statement's kind codes.
+type OutcomeKind int16
+
+// The outcome kinds the statement applies.
+const (
+	KindNext     OutcomeKind = 1
+	KindRetry    OutcomeKind = 2
+	KindDone     OutcomeKind = 3
+	KindFailed   OutcomeKind = 4
+	KindReleased OutcomeKind = 5
+	KindAwait    OutcomeKind = 6
+	KindSpawn    OutcomeKind = 7
+)
+
+// String names the kind as events report it.
+func (k OutcomeKind) String() string {
+	switch k {
+	case KindNext:
+		return "next"
+	case KindRetry:
+		return "retry"
+	case KindDone:
+		return "done"
+	case KindFailed:
+		return "failed"
+	case KindReleased:
+		return "released"
+	case KindAwait:
+		return "await"
+	case KindSpawn:
+		return "spawn"
+	}
+	return fmt.Sprintf("kind(%d)", int16(k))
+}
+
+// Terminal reports whether the kind finishes the instance.
+func (k OutcomeKind) Terminal() bool { return k == KindDone || k == KindFailed }
+
+// OutcomeRow is one encoded outcome, fenced by its claim token.
+type OutcomeRow struct {
+	ID      int64
+	Owner   string
+	Kind    OutcomeKind
+	Step    *string // nil keeps the step
+	State   *string // JSON; nil keeps the state
+	Delay   time.Duration
+	Result  *string // JSON (done)
+	ErrKind *string // nil: no error to record
+	ErrMsg  *string
+	// AwaitNames and AwaitTimeout (0: none) park the row (KindAwait).
+	AwaitNames   []string
+	AwaitTimeout time.Duration
+	// Children are the rows a spawn inserts (KindSpawn).
+	Children []InsertRow
+	// Seen are the awaited signal ids the step saw; progress (next, await, spawn) consumes them.
+	Seen []int64
+	// Signalled says the row had signals in its inbox when it was claimed: a terminal
+	// outcome must clear them.
+	Signalled bool
+	// Child says the row has a parent: its terminal outcome settles the parent's join.
+	Child bool
+}
+
+// Woken is an instance an outcome batch made runnable (a park whose awaited signal had already
+// arrived, a parent whose last child settled, a spawn with no children).
+type Woken struct {
+	ID    int64
+	Queue string
+}
+
+// Claim names one claim: a row and the token it was claimed under.
+type Claim struct {
+	ID    int64
+	Owner string
+}
+
+// ApplyOutcomes commits outcomes in one round trip and returns the set of claims that were
+// applied (the others were stale: their claim is gone) and the instances it made runnable.
+//
+// The outcome statement is assembled for the batch: the signal-consuming, spawning and
+// join-settling parts are included only when some outcome needs them, so the common batch is one
+// plain UPDATE. After it, in the same implicit transaction, come the statements that need a fresh
+// snapshot: clearing finished rows' inboxes, re-checking parked rows, recounting spawns.
+func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []OutcomeRow) (map[Claim]struct{}, []Woken, error) {
+	n := len(outs)
+	ids := make([]int64, n)
+	owners := make([]string, n)
+	kinds := make([]int16, n)
+	steps := make([]*string, n)
+	states := make([]*string, n)
+	delays := make([]int64, n)
+	results := make([]*string, n)
+	errKinds := make([]*string, n)
+	errMsgs := make([]*string, n)
+	awaitNames := make([]*string, n)
+	awaitMs := make([]*int64, n)
+	spawned := make([]int32, n)
+	var seenInst, seenSig, purge, parked, spawners []int64
+	var children childArrays
+	settles := false
+	isTerminal := make(map[int64]bool)
+	for i, o := range outs {
+		ids[i], owners[i], kinds[i] = o.ID, o.Owner, int16(o.Kind)
+		steps[i], states[i], delays[i] = o.Step, o.State, o.Delay.Milliseconds()
+		results[i], errKinds[i], errMsgs[i] = o.Result, o.ErrKind, o.ErrMsg
+		switch o.Kind {
+		case KindDone, KindFailed:
+			isTerminal[o.ID] = true
+			if o.Signalled {
+				purge = append(purge, o.ID)
+			}
+			settles = settles || o.Child
+		case KindAwait:
+			parked = append(parked, o.ID)
+			names := strings.Join(o.AwaitNames, "\x1f")
+			awaitNames[i] = &names
+			if o.AwaitTimeout > 0 {
+				ms := max(o.AwaitTimeout.Milliseconds(), 1)
+				awaitMs[i] = &ms
+			}
+		case KindSpawn:
+			spawned[i] = int32(len(o.Children))
+			if len(o.Children) > 0 {
+				spawners = append(spawners, o.ID)
+				children.add(o.ID, o.Children)
+			}
+		}
+		for _, sig := range o.Seen {
+			seenInst = append(seenInst, o.ID)
+			seenSig = append(seenSig, sig)
+		}
+	}
+	args := pgx.NamedArgs{
+		"ids": ids, "owners": owners, "kinds": kinds, "steps": steps, "states": states, "delays": delays,
+		"results": results, "err_kinds": errKinds, "err_msgs": errMsgs, "await_names": awaitNames,
+		"await_ms": awaitMs, "spawned": spawned,
+	}
+	var stmt string
+	plain := len(seenSig) == 0 && len(spawners) == 0 && !settles
+	if plain {
+		stmt = s.frag("outcome_update") // the hot path: one plain UPDATE
+	} else {
+		var b strings.Builder
+		b.WriteString("WITH upd AS (\n" + s.frag("outcome_update") + "\n)")
+		if len(seenSig) > 0 {
+			b.WriteString(", consumed AS (\n" + s.frag("outcome_consume") + "\n)")
+			args["seen_inst"], args["seen_sig"] = seenInst, seenSig
+		}
+		if len(spawners) > 0 {
+			b.WriteString(", kids AS (\n" + s.frag("outcome_spawn") + "\n)")
+			children.into(args)
+		}
+		if settles {
+			b.WriteString(", finished AS (SELECT parent_id FROM upd WHERE kind IN (3, 4) AND parent_id IS NOT NULL)")
+			b.WriteString(", settled AS (\n" + s.frag("outcome_settle") + "\n)")
+		}
+		b.WriteString("\nSELECT id, owner, signalled, kind, NULL::text AS queue FROM upd")
+		if settles {
+			b.WriteString("\nUNION ALL SELECT id, NULL, NULL, NULL, queue FROM settled WHERE woke")
+		}
+		stmt = b.String()
+	}
+
+	applied := make(map[Claim]struct{}, n)
+	var woken []Woken
+	var late []int64 // finished rows whose first signal arrived while their step ran
+	scanOutcomes := func(rows pgx.Rows) error {
+		var id int64
+		var owner, queue *string
+		var signalled *bool
+		var kind *int16
+		var parentID *int64
+		var wave *int32
+		dest := []any{&id, &owner, &signalled, &kind, &queue}
+		if plain {
+			dest = []any{&id, &owner, &signalled, &kind, &parentID, &wave}
+		}
+		_, err := pgx.ForEachRow(rows, dest, func() error {
+			if owner == nil { // a parent the batch's children made runnable
+				woken = append(woken, Woken{ID: id, Queue: *queue})
+				return nil
+			}
+			applied[Claim{ID: id, Owner: *owner}] = struct{}{}
+			if *signalled && isTerminal[id] && !slices.Contains(purge, id) {
+				late = append(late, id)
+			}
+			return nil
+		})
+		return err
+	}
+	scanWoken := func(rows pgx.Rows) error {
+		var w Woken
+		_, err := pgx.ForEachRow(rows, []any{&w.ID, &w.Queue}, func() error {
+			woken = append(woken, w)
+			return nil
+		})
+		return err
+	}
+	if len(purge) == 0 && len(parked) == 0 && len(spawners) == 0 {
+		rows, err := db.Query(ctx, stmt, args)
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := scanOutcomes(rows); err != nil {
+			return nil, nil, err
+		}
+	} else {
+		b := &pgx.Batch{}
+		b.Queue(stmt, args)
+		if len(purge) > 0 {
+			b.Queue(s.sql("purge_terminal_inboxes"), purge)
+		}
+		if len(parked) > 0 {
+			b.Queue(s.sql("recheck_parked"), parked)
+		}
+		if len(spawners) > 0 {
+			b.Queue(s.sql("recount_spawned"), spawners)
+		}
+		br := db.SendBatch(ctx, b)
+		err := func() error {
+			rows, err := br.Query()
+			if err != nil {
+				return err
+			}
+			if err := scanOutcomes(rows); err != nil {
+				return err
+			}
+			if len(purge) > 0 {
+				if _, err := br.Exec(); err != nil {
+					return err
+				}
+			}
+			for _, more := range [][]int64{parked, spawners} {
+				if len(more) == 0 {
+					continue
+				}
+				rows, err := br.Query()
+				if err != nil {
+					return err
+				}
+				if err := scanWoken(rows); err != nil {
+					return err
+				}
+			}
+			return nil
+		}()
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+	}
+	if len(late) > 0 {
+		// A fresh statement sees those signals; a delivery after the outcome found the row
+		// finished and stored nothing. (Should the process die right here, the instance's
+		// deletion by GC removes them.)
+		if _, err := db.Exec(ctx, s.sql("purge_terminal_inboxes"), late); err != nil {
+			return applied, woken, fmt.Errorf("clear the inboxes of finished instances: %w", err)
+		}
+	}
+	return applied, woken, nil
+}
+
+// childArrays are a batch's spawned children as parallel arrays.
+type childArrays struct {
+	parent      []int64
+	machine     []string
+	step        []string
+	state       []string
+	queue       []string
+	priority    []int16
+	scheduledAt []*time.Time
+	delay       []int64
+	maxAttempts []int32
+	key         []*string
+	ord         []int32
+}
+
+func (c *childArrays) add(parent int64, rows []InsertRow) {
+	for i := range rows {
+		r := &rows[i]
+		c.parent = append(c.parent, parent)
+		c.machine = append(c.machine, r.Machine)
+		c.step = append(c.step, r.Step)
+		c.state = append(c.state, r.State)
+		c.queue = append(c.queue, r.Queue)
+		c.priority = append(c.priority, int16(r.Priority))
+		c.scheduledAt = append(c.scheduledAt, r.ScheduledAt)
+		c.delay = append(c.delay, r.Delay.Milliseconds())
+		c.maxAttempts = append(c.maxAttempts, int32(r.MaxAttempts))
+		var key *string
+		if r.CorrelationKey != "" {
+			key = &r.CorrelationKey
+		}
+		c.key = append(c.key, key)
+		c.ord = append(c.ord, int32(len(c.ord)))
+	}
+}
+
+func (c *childArrays) into(args pgx.NamedArgs) {
+	args["c_parent"], args["c_machine"], args["c_step"], args["c_state"] = c.parent, c.machine, c.step, c.state
+	args["c_queue"], args["c_priority"], args["c_scheduled_at"], args["c_delay"] = c.queue, c.priority, c.scheduledAt, c.delay
+	args["c_max_attempts"], args["c_key"], args["c_ord"] = c.maxAttempts, c.key, c.ord
+}
