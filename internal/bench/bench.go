@@ -91,7 +91,7 @@ func scenarios() []scenario {
 		{name: "latency", defaultN: 500, summary: "an idle running client; N single Inserts 5 ms apart; time from the Insert call to the step's start", run: runLatency},
 		{name: "await", summary: "sequential Insert + client.Await", unavailable: "needs client.Await (the await-bridge issue)"},
 		{name: "signal", defaultN: 5000, summary: "N instances parked on Await, each signalled (4 senders at once); time from the Signal call to the woken step's start", run: runSignal},
-		{name: "fanout", summary: "one parent spawning N children", unavailable: "needs Spawn (the fan-out issue)"},
+		{name: "fanout", defaultN: 20000, summary: "one parent spawning N one-step children in another queue, then joining", run: runFanout},
 		{name: "gated", summary: "jobs behind a concurrency gate that never binds", unavailable: "needs concurrency gates (the gates issue)"},
 		{name: "rated", summary: "jobs behind a rate limit that never binds", unavailable: "needs rate limits (the rate-limit issue)"},
 	}
@@ -497,6 +497,60 @@ func runSignal(ctx context.Context, r *runner, n int) (Result, error) {
 	defer mu.Unlock()
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	return Result{Seconds: round(d.Seconds()), StepsPerS: rate(n, d), P50ms: pct(lat, 0.50), P95ms: pct(lat, 0.95), P99ms: pct(lat, 0.99)}, nil
+}
+
+type fanState struct {
+	N      int `json:"n"`
+	Joined int `json:"joined"`
+}
+
+func runFanout(ctx context.Context, r *runner, n int) (Result, error) {
+	kid := gendurable.Job[noArgs]{Name: "kid", Queue: "bench", Perform: func(*gendurable.Ctx, noArgs) error { return nil }}
+	var joined atomic.Bool
+	parent := gendurable.FSM[fanState]{Name: "parent", Start: "spawn", Queue: "parents",
+		Steps: map[string]gendurable.StepFunc[fanState]{
+			"spawn": func(_ *gendurable.Ctx, s fanState) (gendurable.Outcome, error) {
+				kids := make([]gendurable.Child, s.N)
+				for i := range kids {
+					kids[i] = gendurable.Child{Input: kid.With(noArgs{})}
+				}
+				return gendurable.Spawn(kids, "join", s), nil
+			},
+			"join": func(ctx *gendurable.Ctx, s fanState) (gendurable.Outcome, error) {
+				s.Joined = len(ctx.Children)
+				return gendurable.Done(s), nil
+			},
+		}}
+	var finished atomic.Int64
+	cl, err := gendurable.NewClient(r.pool, &gendurable.Config{
+		Name: "bench", Schema: r.opts.Schema, Machines: []gendurable.Machine{parent, kid}, Logger: r.opts.Logger,
+		Queues: map[string]gendurable.QueueConfig{"bench": {Concurrency: r.opts.Concurrency}, "parents": {Concurrency: 1}},
+		Hooks: []func(gendurable.Event){finishedCounter(&finished), func(ev gendurable.Event) {
+			if ev.Name == gendurable.EventStepFinished && ev.Machine == "parent" && ev.Outcome == "done" {
+				joined.Store(true)
+			}
+		}},
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	if _, err := cl.Insert(ctx, parent.With(fanState{N: n}), nil); err != nil {
+		return Result{}, err
+	}
+	t0 := time.Now()
+	if err := cl.Start(ctx); err != nil {
+		return Result{}, err
+	}
+	err = waitFor(ctx, 10*time.Minute, "the parent joined", joined.Load)
+	d := time.Since(t0)
+	if serr := stop(cl); err == nil {
+		err = serr
+	}
+	if err != nil {
+		return Result{}, err
+	}
+	// Steps: the spawn, every child, the join.
+	return Result{Seconds: round(d.Seconds()), StepsPerS: rate(n+2, d)}, nil
 }
 
 func pct(sorted []time.Duration, p float64) *float64 {
