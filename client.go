@@ -87,6 +87,10 @@ type InsertOpts struct {
 	// insert returns that instance's id with Duplicate set instead of creating another. Up to
 	// 512 characters.
 	CorrelationKey string
+	// ConcurrencyKey runs the instance's steps under a concurrency key: never while another
+	// execution of the key runs (K = 1), or, when the part before its first ':' names a gate in
+	// Config.ConcurrencyLimits, only while the gate has a free slot. Up to 512 characters.
+	ConcurrencyKey string
 	// CorrelationScope adds finished statuses (StatusDone, StatusFailed, StatusCancelled) to the
 	// deduplication scope, so that an insert also returns a finished instance with that key.
 	// The live statuses are always in scope.
@@ -251,9 +255,14 @@ func buildRow(input Input, opts *InsertOpts, index, maxPayload int, machine func
 	if len(opts.CorrelationScope) > 0 && key == "" {
 		return bad("CorrelationScope", "set without a CorrelationKey")
 	}
+	if opts.ConcurrencyKey != "" {
+		if err := checkConcurrencyKey(opts.ConcurrencyKey); err != nil {
+			return bad("ConcurrencyKey", "%v", err)
+		}
+	}
 	*r = store.InsertRow{
 		Machine: in.machine, Step: in.step, State: string(state), Queue: queue, Priority: prio,
-		Delay: opts.In, MaxAttempts: maxAtt, CorrelationKey: key, ScopeMask: mask,
+		Delay: opts.In, MaxAttempts: maxAtt, CorrelationKey: key, ScopeMask: mask, ConcurrencyKey: opts.ConcurrencyKey,
 	}
 	if !opts.ScheduledAt.IsZero() {
 		t := opts.ScheduledAt

@@ -3,6 +3,7 @@ package gendurable
 import (
 	"fmt"
 	"log/slog"
+	"sort"
 	"strings"
 	"time"
 	"unicode"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/gendurable/gendurable/internal/engine"
 	"github.com/gendurable/gendurable/internal/ident"
+	"github.com/gendurable/gendurable/internal/store"
 )
 
 // Config configures a Client. The zero value of every field means its documented default.
@@ -44,6 +46,11 @@ type Config struct {
 	MaxPayloadBytes int
 	// MaxChildren caps the children one Spawn may start. Default 100,000.
 	MaxChildren int
+	// ConcurrencyLimits are the concurrency gates, by name. A concurrency key whose part before
+	// its first ':' is a gate's name ("stripe", or "stripe:acme" for one semaphore per tenant) is
+	// a semaphore of that gate's Limit executions across every node; any other key is mutual
+	// exclusion (K = 1). Every node must configure the same gates.
+	ConcurrencyLimits map[string]ConcurrencyLimit
 	// Logger receives the engine's logs. Default slog.Default().
 	Logger *slog.Logger
 	// Hooks receive every event, on a goroutine of their own: a slow hook never blocks the
@@ -58,6 +65,14 @@ type QueueConfig struct {
 	Concurrency int
 	// PollInterval overrides Config.PollInterval for this queue.
 	PollInterval time.Duration
+}
+
+// ConcurrencyLimit is one gate: how many executions of one of its keys may run at once, and over
+// how many counter rows (shards) its slots are spread. Completions of one key serialize on their
+// shard's row; size Shards ≥ Limit × commit latency / step duration (default 1; at most Limit).
+type ConcurrencyLimit struct {
+	Limit  int
+	Shards int
 }
 
 // ReaperConfig configures the reaper. At least one node of a cluster must run it (duplicates are
@@ -144,6 +159,36 @@ func (c *Config) resolve() (engine.Config, string, error) {
 	}
 	if ec.MaxChildren < 0 {
 		return ec, "", cfgErr("MaxChildren", "%d: must be positive", c.MaxChildren)
+	}
+
+	if len(c.ConcurrencyLimits) > 0 {
+		names := make([]string, 0, len(c.ConcurrencyLimits))
+		for name := range c.ConcurrencyLimits {
+			names = append(names, name)
+		}
+		sort.Strings(names)
+		g := &store.Gates{}
+		for _, name := range names {
+			l := c.ConcurrencyLimits[name]
+			field := "ConcurrencyLimits[" + name + "]"
+			if err := checkName("gate name", name); err != nil || strings.Contains(name, ":") {
+				return ec, "", cfgErr(field, "%q: a gate name is 1 to 128 printable characters without ':'", name)
+			}
+			if l.Limit < 1 {
+				return ec, "", cfgErr(field+".Limit", "%d: must be at least 1", l.Limit)
+			}
+			shards := l.Shards
+			if shards == 0 {
+				shards = 1
+			}
+			if shards < 1 || shards > l.Limit || shards > 1000 {
+				return ec, "", cfgErr(field+".Shards", "%d: must be between 1 and min(Limit, 1000)", l.Shards)
+			}
+			g.Names = append(g.Names, name)
+			g.Limits = append(g.Limits, int32(l.Limit))
+			g.Shards = append(g.Shards, int32(shards))
+		}
+		ec.Gates = g
 	}
 
 	ec.Queues = make(map[string]engine.QueueConfig, len(c.Queues))

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -51,6 +52,21 @@ func helperMain() int {
 		Heartbeat:    time.Duration(env("GD_HEARTBEAT_MS", int(lease.Milliseconds()/5))) * time.Millisecond,
 		PollInterval: 100 * time.Millisecond,
 		Reaper:       &gendurable.ReaperConfig{Interval: 100 * time.Millisecond, Disabled: env("GD_REAPER", 1) == 0},
+	}
+	// GD_GATES: "name=limit/shards,..."
+	if g := os.Getenv("GD_GATES"); g != "" {
+		cfg.ConcurrencyLimits = map[string]gendurable.ConcurrencyLimit{}
+		for _, part := range strings.Split(g, ",") {
+			var name string
+			var limit, shards int
+			eq := strings.IndexByte(part, '=')
+			name = part[:eq]
+			if _, err := fmt.Sscanf(part[eq+1:], "%d/%d", &limit, &shards); err != nil {
+				fmt.Fprintln(os.Stderr, "GD_GATES:", err)
+				return 2
+			}
+			cfg.ConcurrencyLimits[name] = gendurable.ConcurrencyLimit{Limit: limit, Shards: shards}
+		}
 	}
 	cl, err := gendurable.NewClient(pool, cfg)
 	if err != nil {
@@ -126,11 +142,21 @@ func createEffects(t *testing.T, e *env) {
 
 func insertLinear(t *testing.T, e *env, n int) {
 	t.Helper()
+	insertLinearKeyed(t, e, n, nil)
+}
+
+// insertLinearKeyed inserts n linear5 instances in queue "crash"; key(i), if given, is the i-th
+// instance's concurrency key.
+func insertLinearKeyed(t *testing.T, e *env, n int, key func(i int) string) {
+	t.Helper()
 	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{linear("linear5", 0, nil)}})
 	params := make([]gendurable.InsertManyParams, n)
 	for i := range params {
 		params[i] = gendurable.InsertManyParams{Input: linear("linear5", 0, nil).With(path{}),
 			Opts: &gendurable.InsertOpts{Queue: "crash"}}
+		if key != nil {
+			params[i].Opts.ConcurrencyKey = key(i)
+		}
 	}
 	_, err := cl.InsertMany(context.Background(), params)
 	require.NoError(t, err)
@@ -322,5 +348,56 @@ func TestKilledChildIsRecoveredAndTheParentStillJoins(t *testing.T) {
 	require.Equal(t, int64(1), joins.Load())
 	require.Equal(t, 8, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE parent_id = $1 AND errors @> '[{"kind":"lease"}]'`, r.ID),
 		"the killed children were released by the reaper")
+	rescuer.kill()
+}
+
+func TestConcurrencyKeyAcrossTwoProcesses(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	createEffects(t, e)
+	const n = 200
+	insertLinearKeyed(t, e, n, func(i int) string { return fmt.Sprint("acct-", i%5) })
+	stop := make(chan struct{})
+	maxSeen, wg := sampleMaxPerKey(t, e, stop)
+	a := startWorker(t, e, "a", "GD_STEP_MS=3", "GD_CONC=8")
+	b := startWorker(t, e, "b", "GD_STEP_MS=3", "GD_CONC=8")
+	eventually(t, 2*time.Minute, "all done", func() bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'done'`) == n
+	})
+	close(stop)
+	wg.Wait()
+	m, samples := maxSeen()
+	t.Logf("%d samples", samples)
+	require.Equal(t, 1, m, "never two executing rows of one key")
+	requireAllExact(t, e, n)
+	// Both processes did work.
+	require.Positive(t, e.count(t, `SELECT count(*) FROM {schema}.t_effects WHERE pid = $1`, a.pid()))
+	require.Positive(t, e.count(t, `SELECT count(*) FROM {schema}.t_effects WHERE pid = $1`, b.pid()))
+	a.kill()
+	b.kill()
+}
+
+func TestKilledWorkerGivesBackItsGateSlots(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	createEffects(t, e)
+	const n = 12
+	insertLinearKeyed(t, e, n, func(i int) string { return "gate:one" })
+	gates := "GD_GATES=gate=4/2"
+	victim := startWorker(t, e, "victim", "GD_STEP_MS=60000", "GD_LEASE_MS=1500", "GD_REAPER=0", gates)
+	eventually(t, 20*time.Second, "the victim holds the gate's 4 slots", func() bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.t_effects WHERE pid = $1`, victim.pid()) == 4
+	})
+	require.Equal(t, 4, e.count(t, `SELECT sum(held) FROM {schema}.gates WHERE key = 'gate:one'`))
+	victim.kill()
+	rescuer := startWorker(t, e, "rescuer", "GD_STEP_MS=1", "GD_LEASE_MS=1500", gates)
+	eventually(t, 60*time.Second, "all done", func() bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'done'`) == n
+	})
+	requireAllExact(t, e, n)
+	eventually(t, 5*time.Second, "the slots are back", func() bool {
+		return e.count(t, `SELECT coalesce(sum(held), 0) FROM {schema}.gates`) == 0
+	})
+	require.Equal(t, 4, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE errors @> '[{"kind":"lease"}]'`))
 	rescuer.kill()
 }

@@ -202,7 +202,7 @@ func (m FSM[S]) encode(ctx *Ctx, o Outcome) (engine.Outcome, error) {
 		if err != nil {
 			return engine.Outcome{}, outcomeError{fmt.Errorf("Next(%q) state: %w", o.step, err)}
 		}
-		return engine.Outcome{Kind: store.KindNext, Step: o.step, State: b, Delay: o.delay}, nil
+		return engine.Outcome{Kind: store.KindNext, Step: o.step, State: b, Delay: o.delay, KeyMode: o.keyMode, Key: o.key}, nil
 	case outcomeAwait:
 		if m.Steps[o.step] == nil {
 			return engine.Outcome{}, outcomeError{fmt.Errorf("%w: Await(…, %q): machine %q has no such step", ErrUnknownStep, o.step, m.Name)}

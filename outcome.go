@@ -3,7 +3,9 @@ package gendurable
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 type outcomeKind int
@@ -31,6 +33,8 @@ type Outcome struct {
 	names    []string
 	timeout  time.Duration
 	children []Child
+	keyMode  int16
+	key      string
 	opts     []OutcomeOption
 }
 
@@ -73,6 +77,42 @@ func Stop(reason error) Outcome {
 // Timeout(d), the instance wakes after d even without a signal (Ctx.Awaited is then empty).
 func Await(names []string, next string, state any, opts ...OutcomeOption) Outcome {
 	return Outcome{kind: outcomeAwait, names: names, step: next, state: state, opts: opts}
+}
+
+// ConcurrencyKey makes the next step run under key: never while another execution of the key
+// runs (K = 1), or, when the part of key before its first ':' names a gate in
+// Config.ConcurrencyLimits, only while that gate has a free slot. The key stays with the instance
+// until a later Next switches or releases it. It applies to Next.
+func ConcurrencyKey(key string) OutcomeOption {
+	return OutcomeOption{name: "ConcurrencyKey", apply: func(o *Outcome) error {
+		if o.kind != outcomeNext {
+			return fmt.Errorf("option ConcurrencyKey applies to Next only")
+		}
+		if err := checkConcurrencyKey(key); err != nil {
+			return fmt.Errorf("option ConcurrencyKey: %w", err)
+		}
+		o.keyMode, o.key = 1, key
+		return nil
+	}}
+}
+
+// ReleaseConcurrencyKey runs the next step, and those after it, without a concurrency key. It
+// applies to Next.
+func ReleaseConcurrencyKey() OutcomeOption {
+	return OutcomeOption{name: "ReleaseConcurrencyKey", apply: func(o *Outcome) error {
+		if o.kind != outcomeNext {
+			return fmt.Errorf("option ReleaseConcurrencyKey applies to Next only")
+		}
+		o.keyMode, o.key = 2, ""
+		return nil
+	}}
+}
+
+func checkConcurrencyKey(key string) error {
+	if key == "" || len(key) > 512 || !utf8.ValidString(key) || strings.ContainsRune(key, 0) {
+		return fmt.Errorf("key %.40q: must be 1 to 512 bytes of valid UTF-8 without NUL", key)
+	}
+	return nil
 }
 
 // Child is a new instance a Spawn starts: any machine, any queue, with its own insert options.

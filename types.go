@@ -33,17 +33,20 @@ type EventName = durabletype.EventName
 
 // The events; docs/operations.md describes each.
 const (
-	EventSchedulerPicked    = durabletype.EventSchedulerPicked
-	EventSchedulerReclaimed = durabletype.EventSchedulerReclaimed
-	EventStepStarted        = durabletype.EventStepStarted
-	EventStepFinished       = durabletype.EventStepFinished
-	EventStepError          = durabletype.EventStepError
-	EventOutcomeStale       = durabletype.EventOutcomeStale
-	EventCommitFailed       = durabletype.EventCommitFailed
-	EventFSMUnknown         = durabletype.EventFSMUnknown
-	EventHeartbeatLost      = durabletype.EventHeartbeatLost
-	EventReaperReclaimed    = durabletype.EventReaperReclaimed
-	EventAwaitTimeout       = durabletype.EventAwaitTimeout
+	EventSchedulerPicked      = durabletype.EventSchedulerPicked
+	EventSchedulerReclaimed   = durabletype.EventSchedulerReclaimed
+	EventStepStarted          = durabletype.EventStepStarted
+	EventStepFinished         = durabletype.EventStepFinished
+	EventStepError            = durabletype.EventStepError
+	EventOutcomeStale         = durabletype.EventOutcomeStale
+	EventCommitFailed         = durabletype.EventCommitFailed
+	EventFSMUnknown           = durabletype.EventFSMUnknown
+	EventHeartbeatLost        = durabletype.EventHeartbeatLost
+	EventReaperReclaimed      = durabletype.EventReaperReclaimed
+	EventAwaitTimeout         = durabletype.EventAwaitTimeout
+	EventConcurrencyThrottled = durabletype.EventConcurrencyThrottled
+	EventConcurrencyContended = durabletype.EventConcurrencyContended
+	EventGCSwept              = durabletype.EventGCSwept
 )
 
 // Sentinel errors; see durabletype for their meaning.

@@ -33,6 +33,14 @@ const (
 	// EventReaperReclaimed: the reaper released rows whose lease had expired. Count = rows
 	// released, Failed = rows failed because they had no attempts left.
 	EventReaperReclaimed EventName = "reaper.reclaimed"
+	// EventConcurrencyThrottled: a pick's window held rows that their concurrency key or gate
+	// could not admit in that pick (they stay available). Count = rows denied.
+	EventConcurrencyThrottled EventName = "concurrency.throttled"
+	// EventConcurrencyContended: a pick lost a race with another pick for a concurrency key or a
+	// gate's last slot; it was retried. Err carries the refused statement's error.
+	EventConcurrencyContended EventName = "concurrency.contended"
+	// EventGCSwept: the maintenance sweep repaired or removed gate counters (Gates).
+	EventGCSwept EventName = "gc.swept"
 	// EventAwaitTimeout: parked instances reached their await deadline and were woken without
 	// the signal. Count = instances.
 	EventAwaitTimeout EventName = "await.timeout"
@@ -49,9 +57,11 @@ type Event struct {
 	InstanceID int64
 	Attempt    int
 	// Outcome is the kind of a committed outcome: "next", "retry", "done", "failed", "released".
-	Outcome  string
-	Count    int
-	Failed   int
+	Outcome string
+	Count   int
+	Failed  int
+	// Gates is how many gate counters a maintenance sweep repaired or removed.
+	Gates    int
 	Duration time.Duration
 	Err      error
 	Panic    bool

@@ -36,8 +36,11 @@ CREATE TABLE {schema}.instances (
   -- The most recent errors, oldest first, at most 20 entries.
   errors            jsonb,
   correlation_key   text        CHECK (char_length(correlation_key) BETWEEN 1 AND 512),
-  -- Admission (concurrency gates, rate limits): NULL costs nothing in the pick.
-  concurrency_key   text,
+  -- Admission (concurrency keys and gates, rate limits): NULL costs nothing in the pick. A key
+  -- whose part before the first ':' names a configured gate holds one of that gate's slots
+  -- while executing (concurrency_shard: which shard's counter it debited); any other key is
+  -- mutual exclusion (K = 1), enforced by instances_concurrency_active.
+  concurrency_key   text        CHECK (char_length(concurrency_key) BETWEEN 1 AND 512),
   concurrency_shard smallint,
   rate_limit        text,
   weight            integer     NOT NULL DEFAULT 1 CHECK (weight >= 1),
@@ -77,6 +80,16 @@ CREATE INDEX instances_pick ON {schema}.instances (queue, priority, scheduled_at
 CREATE INDEX instances_executing ON {schema}.instances (locked_by)
   WHERE status = 'executing';
 
+-- Concurrency keys, K = 1: at most one executing row per key that no gate owns. The claim itself
+-- is the lock: a second claim of the key cannot commit (a unique violation the pick retries). It
+-- is partial, so Postgres never strengthens a row lock for it.
+CREATE UNIQUE INDEX instances_concurrency_active ON {schema}.instances (concurrency_key)
+  WHERE status = 'executing' AND concurrency_key IS NOT NULL AND concurrency_shard IS NULL;
+
+-- Gated executions by key and shard: the truth the reconciler repairs gate counters from.
+CREATE INDEX instances_gated ON {schema}.instances (concurrency_key, concurrency_shard)
+  WHERE status = 'executing' AND concurrency_shard IS NOT NULL;
+
 -- Correlation keys: one live instance per (machine, key). The unique index is the arbiter of
 -- deduplicating inserts and the address of signals by key. It is partial, so Postgres never
 -- strengthens a row lock for it (claims can take FOR NO KEY UPDATE).
@@ -115,6 +128,19 @@ CREATE TABLE {schema}.signals (
 
 -- An instance's inbox in arrival order (the pick's inbox load, the park's re-check, purges).
 CREATE INDEX signals_instance ON {schema}.signals (instance_id, id);
+
+-- Concurrency gates: a gate key's slots, split over shards. held counts the executions admitted
+-- against a shard; the CHECK makes over-admission uncommittable (two picks racing for the last
+-- slot: the second fails and retries). A missing shard row is a full shard: the pick mints it
+-- already debited. Completions credit back the shard they debited.
+CREATE TABLE {schema}.gates (
+  key      text     NOT NULL,
+  shard    smallint NOT NULL,
+  held     integer  NOT NULL,
+  capacity integer  NOT NULL,
+  PRIMARY KEY (key, shard),
+  CONSTRAINT gates_held CHECK (held >= 0 AND held <= capacity)
+);
 
 -- What this schema was built from: Migrate compares the fingerprint of this text.
 CREATE TABLE {schema}.meta (

@@ -58,14 +58,14 @@ func (e *Engine) Drain(ctx context.Context, db store.DB, opts DrainOpts) (DrainR
 		for _, q := range queues {
 			seq++
 			token := owner + "#" + strconv.Itoa(seq)
-			rows, err := e.store.Pick(ctx, db, q, 1, token, e.cfg.Lease, h)
+			rows, err := e.pickOnce(ctx, db, q, 1, token, h)
 			if err != nil {
 				return res, fmt.Errorf("gendurable: drain: pick %q: %w", q, err)
 			}
 			for i := range rows {
-				rows[i].Owner = token
 				if opts.MaxSteps > 0 && res.Steps >= opts.MaxSteps {
-					_, _, _ = e.store.ApplyOutcomes(ctx, db, []store.OutcomeRow{{ID: rows[i].ID, Owner: token, Kind: store.KindReleased}})
+					_, _, _ = e.store.ApplyOutcomes(ctx, db, []store.OutcomeRow{{ID: rows[i].ID, Owner: token, Kind: store.KindReleased,
+						CreditKey: rows[i].ConcurrencyKey, CreditShard: rows[i].ConcurrencyShard}})
 					return res, fmt.Errorf("%w (MaxSteps %d; last: instance %d, machine %q, step %q)",
 						ErrMaxSteps, opts.MaxSteps, rows[i].ID, rows[i].Machine, rows[i].Step)
 				}
@@ -84,7 +84,8 @@ func (e *Engine) Drain(ctx context.Context, db store.DB, opts DrainOpts) (DrainR
 func (e *Engine) drainOne(ctx context.Context, db store.DB, queue string, c *store.Claimed, res *DrainResult) error {
 	def := e.cfg.Machines[c.Machine]
 	if def == nil || !def.Steps[c.Step] {
-		_, _, _ = e.store.ApplyOutcomes(ctx, db, []store.OutcomeRow{{ID: c.ID, Owner: c.Owner, Kind: store.KindReleased}})
+		_, _, _ = e.store.ApplyOutcomes(ctx, db, []store.OutcomeRow{{ID: c.ID, Owner: c.Owner, Kind: store.KindReleased,
+			CreditKey: c.ConcurrencyKey, CreditShard: c.ConcurrencyShard}})
 		if def == nil {
 			return fmt.Errorf("gendurable: drain: instance %d: %w %q (register it in Config.Machines)", c.ID, durabletype.ErrUnknownMachine, c.Machine)
 		}

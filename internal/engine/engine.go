@@ -43,8 +43,10 @@ type Config struct {
 	ReaperInterval time.Duration // 0: this node runs no reaper
 	MaxPayload     int
 	MaxChildren    int
-	Logger         *slog.Logger
-	Hooks          []func(durabletype.Event)
+	// Gates is the concurrency-gate configuration (nil or empty: every key is K = 1).
+	Gates  *store.Gates
+	Logger *slog.Logger
+	Hooks  []func(durabletype.Event)
 	// Committers is how many outcome statements may be in flight at once.
 	Committers int
 	// MaxCommitBatch caps the outcomes one statement applies.
@@ -90,8 +92,12 @@ type Engine struct {
 
 // flight is a claim this client holds: from the pick until its outcome commits (or is dropped).
 type flight struct {
-	id      int64
-	owner   string
+	id    int64
+	owner string
+	// ckey and shard are the concurrency key and gate shard the claim held (the outcome
+	// credits the shard; any outcome of a keyed row may let another row of its key run).
+	ckey    *string
+	shard   *int16
 	queue   string
 	machine string
 	step    string
@@ -192,7 +198,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	if e.cfg.ReaperInterval > 0 {
 		reaper := &maintenance.Reaper{
 			Store: e.store, DB: e.pool, Interval: e.cfg.ReaperInterval, Logger: e.log,
-			Emit: e.Emit, Wake: e.Wake,
+			Emit: e.Emit, Wake: e.Wake, Gates: e.cfg.Gates,
 		}
 		e.bg.Add(1)
 		go func() { defer e.bg.Done(); reaper.Run(e.bgStop) }()
@@ -309,7 +315,8 @@ func (e *Engine) abandon() error {
 		}
 		f.state = flightAbandoned
 		f.cancel(durabletype.ErrClientStopped)
-		rows = append(rows, store.OutcomeRow{ID: f.id, Owner: f.owner, Kind: store.KindReleased})
+		rows = append(rows, store.OutcomeRow{ID: f.id, Owner: f.owner, Kind: store.KindReleased,
+			CreditKey: f.ckey, CreditShard: f.shard})
 		delete(e.flights, f.id)
 	}
 	e.mu.Unlock()
@@ -332,7 +339,7 @@ func (e *Engine) abandon() error {
 func (e *Engine) track(queue, owner string, c *store.Claimed) (*flight, context.Context) {
 	ctx, cancel := context.WithCancelCause(e.stepParent)
 	f := &flight{id: c.ID, owner: owner, queue: queue, machine: c.Machine, step: c.Step,
-		attempt: c.Attempt, started: time.Now(), cancel: cancel}
+		attempt: c.Attempt, started: time.Now(), cancel: cancel, ckey: c.ConcurrencyKey, shard: c.ConcurrencyShard}
 	e.mu.Lock()
 	e.flights[c.ID] = f
 	e.mu.Unlock()

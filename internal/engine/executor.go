@@ -58,7 +58,12 @@ func safeRun(def *MachineDef, call *Call) (out Outcome) {
 
 // outcomeRow turns an outcome into its statement row.
 func outcomeRow(c *store.Claimed, o *Outcome) store.OutcomeRow {
-	r := store.OutcomeRow{ID: c.ID, Owner: c.Owner, Kind: o.Kind, Delay: o.Delay, Signalled: c.Signalled, Child: c.Child}
+	r := store.OutcomeRow{ID: c.ID, Owner: c.Owner, Kind: o.Kind, Delay: o.Delay, Signalled: c.Signalled, Child: c.Child,
+		KeyMode: o.KeyMode, CreditKey: c.ConcurrencyKey, CreditShard: c.ConcurrencyShard}
+	if o.KeyMode == 1 {
+		k := o.Key
+		r.Key = &k
+	}
 	if o.Kind == store.KindNext || o.Kind == store.KindAwait || o.Kind == store.KindSpawn {
 		step := o.Step
 		r.Step = &step

@@ -39,6 +39,9 @@ type Outcome struct {
 	AwaitTimeout time.Duration
 	// Children are the instances a spawn starts.
 	Children []store.InsertRow
+	// KeyMode sets (1, to Key) or releases (2) the concurrency key; 0 keeps it.
+	KeyMode int16
+	Key     string
 	// ErrKind and ErrMsg, when ErrKind is not empty, are recorded in the row's error history.
 	ErrKind string
 	ErrMsg  string

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"math/rand/v2"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -168,7 +169,7 @@ func (r *runner) pick(n int) ([]store.Claimed, error) {
 	ctx, cancel := context.WithTimeout(r.e.baseCtx, r.pickTimout)
 	defer cancel()
 	start := time.Now()
-	rows, err := r.e.store.Pick(ctx, r.e.pool, r.queue, n, owner, r.e.cfg.Lease, 0)
+	rows, err := r.e.pickOnce(ctx, r.e.pool, r.queue, n, owner, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -176,10 +177,36 @@ func (r *runner) pick(n int) ([]store.Claimed, error) {
 		r.e.Emit(durabletype.Event{Name: durabletype.EventSchedulerPicked, Queue: r.queue, Count: len(rows),
 			Duration: time.Since(start)})
 	}
-	for i := range rows {
-		rows[i].Owner = owner
-	}
 	return rows, nil
+}
+
+// pickContentionRetries bounds the retries of a pick that lost a race for a concurrency key to
+// another pick.
+const pickContentionRetries = 10
+
+// pickOnce runs the pick, retrying a lost race for a concurrency key or gate slot a few times
+// (concurrency.contended), and reports throttling (concurrency.throttled).
+func (e *Engine) pickOnce(ctx context.Context, db store.DB, queue string, n int, owner string, horizon time.Duration) ([]store.Claimed, error) {
+	for try := 1; ; try++ {
+		res, err := e.store.Pick(ctx, db, queue, n, owner, e.cfg.Lease, horizon, e.cfg.Gates)
+		if err != nil {
+			if store.GateContention(err) && try <= pickContentionRetries {
+				e.Emit(durabletype.Event{Name: durabletype.EventConcurrencyContended, Queue: queue, Err: err})
+				// The winner commits within milliseconds; a short, jittered pause lets it, and
+				// keeps racing pickers from colliding again in lockstep.
+				time.Sleep(time.Duration(1+rand.IntN(2*try)) * time.Millisecond)
+				continue
+			}
+			return nil, err
+		}
+		if denied := res.Considered - len(res.Rows); denied > 0 {
+			e.Emit(durabletype.Event{Name: durabletype.EventConcurrencyThrottled, Queue: queue, Count: denied})
+		}
+		for i := range res.Rows {
+			res.Rows[i].Owner = owner
+		}
+		return res.Rows, nil
+	}
 }
 
 func (r *runner) dispatch(rows []store.Claimed) {
@@ -232,6 +259,11 @@ func (e *Engine) finish(f *flight, out *Outcome, applied bool, err error) {
 		e.Emit(durabletype.Event{Name: durabletype.EventStepFinished, Queue: f.queue, Machine: f.machine, Step: f.step,
 			InstanceID: f.id, Attempt: f.attempt, Outcome: out.Kind.String(), Duration: time.Since(f.started)})
 		if (out.Kind == store.KindNext || out.Kind == store.KindRetry || out.Kind == store.KindReleased) && out.Delay <= 0 {
+			e.Wake(f.queue)
+		}
+		if f.ckey != nil {
+			// The execution held its key (or a slot of its gate): another row of that key may
+			// run now.
 			e.Wake(f.queue)
 		}
 		if out.Kind == store.KindSpawn {

@@ -27,6 +27,9 @@ type Reaper struct {
 	Emit     func(durabletype.Event)
 	// Wake nudges the local scheduler of a queue that has rows runnable again.
 	Wake func(queue string)
+	// Gates is the concurrency-gate configuration the reconciler checks counters against (nil:
+	// none configured; counters of gates no longer configured are still cleaned up).
+	Gates *store.Gates
 }
 
 // Run sweeps every Interval until stop is closed.
@@ -55,7 +58,22 @@ func (r *Reaper) Sweep(ctx context.Context) (int, error) {
 		return n, err
 	}
 	fired, err := FireAwaitDeadlines(ctx, r.Store, r.DB, 0, r.Emit, r.Wake)
-	return n + fired, err
+	if err != nil {
+		return n + fired, err
+	}
+	gates := r.Gates
+	if gates == nil {
+		gates = &store.Gates{}
+	}
+	repaired, removed, err := r.Store.ReconcileGates(ctx, r.DB, gates)
+	if err != nil {
+		return n + fired, err
+	}
+	if repaired+removed > 0 {
+		r.Logger.Info("gendurable: maintenance repaired gate counters", "repaired", repaired, "removed", removed)
+		r.Emit(durabletype.Event{Name: durabletype.EventGCSwept, Gates: repaired + removed})
+	}
+	return n + fired + repaired + removed, nil
 }
 
 // FireAwaitDeadlines wakes every parked instance whose await deadline is within horizon of now

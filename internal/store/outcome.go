@@ -71,6 +71,13 @@ type OutcomeRow struct {
 	Signalled bool
 	// Child says the row has a parent: its terminal outcome settles the parent's join.
 	Child bool
+	// KeyMode sets (1) or releases (2) the row's concurrency key; 0 keeps it. Key is the new one.
+	KeyMode int16
+	Key     *string
+	// CreditKey and CreditShard name the gate slot the execution held (nil: none): the
+	// outcome gives it back.
+	CreditKey   *string
+	CreditShard *int16
 }
 
 // Woken is an instance an outcome batch made runnable (a park whose awaited signal had already
@@ -107,6 +114,11 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []OutcomeRow) (ma
 	awaitNames := make([]*string, n)
 	awaitMs := make([]*int64, n)
 	spawned := make([]int32, n)
+	keyModes := make([]int16, n)
+	keys := make([]*string, n)
+	var crIDs []int64
+	var crOwners, crKeys []string
+	var crShards []int16
 	var seenInst, seenSig, purge, parked, spawners []int64
 	var children childArrays
 	settles := false
@@ -115,6 +127,11 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []OutcomeRow) (ma
 		ids[i], owners[i], kinds[i] = o.ID, o.Owner, int16(o.Kind)
 		steps[i], states[i], delays[i] = o.Step, o.State, o.Delay.Milliseconds()
 		results[i], errKinds[i], errMsgs[i] = o.Result, o.ErrKind, o.ErrMsg
+		keyModes[i], keys[i] = o.KeyMode, o.Key
+		if o.CreditShard != nil && o.CreditKey != nil {
+			crIDs, crOwners = append(crIDs, o.ID), append(crOwners, o.Owner)
+			crKeys, crShards = append(crKeys, *o.CreditKey), append(crShards, *o.CreditShard)
+		}
 		switch o.Kind {
 		case KindDone, KindFailed:
 			isTerminal[o.ID] = true
@@ -145,10 +162,10 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []OutcomeRow) (ma
 	args := pgx.NamedArgs{
 		"ids": ids, "owners": owners, "kinds": kinds, "steps": steps, "states": states, "delays": delays,
 		"results": results, "err_kinds": errKinds, "err_msgs": errMsgs, "await_names": awaitNames,
-		"await_ms": awaitMs, "spawned": spawned,
+		"await_ms": awaitMs, "spawned": spawned, "ckey_modes": keyModes, "ckeys": keys,
 	}
 	var stmt string
-	plain := len(seenSig) == 0 && len(spawners) == 0 && !settles
+	plain := len(seenSig) == 0 && len(spawners) == 0 && !settles && len(crIDs) == 0
 	if plain {
 		stmt = s.frag("outcome_update") // the hot path: one plain UPDATE
 	} else {
@@ -161,6 +178,10 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []OutcomeRow) (ma
 		if len(spawners) > 0 {
 			b.WriteString(", kids AS (\n" + s.frag("outcome_spawn") + "\n)")
 			children.into(args)
+		}
+		if len(crIDs) > 0 {
+			b.WriteString(", credited AS (\n" + s.frag("outcome_credit") + "\n)")
+			args["cr_ids"], args["cr_owners"], args["cr_keys"], args["cr_shards"] = crIDs, crOwners, crKeys, crShards
 		}
 		if settles {
 			b.WriteString(", finished AS (SELECT parent_id FROM upd WHERE kind IN (3, 4) AND parent_id IS NOT NULL)")
@@ -287,6 +308,7 @@ type childArrays struct {
 	maxAttempts []int32
 	key         []*string
 	ord         []int32
+	ckey        []*string
 }
 
 func (c *childArrays) add(parent int64, rows []InsertRow) {
@@ -307,11 +329,16 @@ func (c *childArrays) add(parent int64, rows []InsertRow) {
 		}
 		c.key = append(c.key, key)
 		c.ord = append(c.ord, int32(len(c.ord)))
+		var ckey *string
+		if r.ConcurrencyKey != "" {
+			ckey = &r.ConcurrencyKey
+		}
+		c.ckey = append(c.ckey, ckey)
 	}
 }
 
 func (c *childArrays) into(args pgx.NamedArgs) {
 	args["c_parent"], args["c_machine"], args["c_step"], args["c_state"] = c.parent, c.machine, c.step, c.state
 	args["c_queue"], args["c_priority"], args["c_scheduled_at"], args["c_delay"] = c.queue, c.priority, c.scheduledAt, c.delay
-	args["c_max_attempts"], args["c_key"], args["c_ord"] = c.maxAttempts, c.key, c.ord
+	args["c_max_attempts"], args["c_key"], args["c_ord"], args["c_ckey"] = c.maxAttempts, c.key, c.ord, c.ckey
 }

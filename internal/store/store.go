@@ -154,6 +154,10 @@ type Claimed struct {
 	Child bool
 	// Children are the parent's latest wave, loaded when its join step is due.
 	Children []ChildRow
+	// ConcurrencyKey is the row's key (nil: none); ConcurrencyShard the gate shard its claim
+	// debited (nil: not gated). The outcome credits that shard back.
+	ConcurrencyKey   *string
+	ConcurrencyShard *int16
 	// Owner is the claim token the pick set (filled in by the caller).
 	Owner string
 }
@@ -175,38 +179,62 @@ type SignalRow struct {
 	At      time.Time       `json:"at"`
 }
 
+// Gates is the concurrency-gate configuration a pick admits against (parallel slices).
+type Gates struct {
+	Names  []string
+	Limits []int32
+	Shards []int32
+}
+
+// PickResult is what a pick claimed, and how many candidates its window considered (the
+// difference was denied by a concurrency key or gate in this pick).
+type PickResult struct {
+	Rows       []Claimed
+	Considered int
+}
+
 // Pick claims up to limit due rows of queue for the claim token owner.
-func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner string, lease, horizon time.Duration) ([]Claimed, error) {
-	rows, err := db.Query(ctx, s.sql("pick"), queue, limit, owner, lease.Milliseconds(), horizon.Milliseconds())
+func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner string, lease, horizon time.Duration, gates *Gates) (PickResult, error) {
+	args := pgx.NamedArgs{"queue": queue, "limit": limit, "owner": owner, "lease": lease.Milliseconds(), "horizon": horizon.Milliseconds()}
+	stmt := "pick"
+	if gates != nil && len(gates.Names) > 0 {
+		stmt = "pick_gated"
+		args["g_names"], args["g_limits"], args["g_shards"] = gates.Names, gates.Limits, gates.Shards
+	}
+	rows, err := db.Query(ctx, s.sql(stmt), args)
 	if err != nil {
-		return nil, err
+		return PickResult{}, err
 	}
 	defer rows.Close()
+	res := PickResult{}
 	out := make([]Claimed, 0, limit)
 	for rows.Next() {
 		var c Claimed
 		var attempt, maxAttempts int32
 		var priority int16
 		var inbox, children []byte
+		var considered int64
 		if err := rows.Scan(&c.ID, &c.Machine, &c.Step, &c.State, &attempt, &maxAttempts, &priority,
-			&c.CorrelationKey, &c.InsertedAt, &c.AwaitNames, &c.Signalled, &inbox, &c.Child, &children); err != nil {
-			return nil, err
+			&c.CorrelationKey, &c.InsertedAt, &c.AwaitNames, &c.Signalled, &inbox, &c.Child, &children,
+			&c.ConcurrencyKey, &c.ConcurrencyShard, &considered); err != nil {
+			return PickResult{}, err
 		}
+		res.Considered = int(considered)
 		if len(children) > 0 {
 			if err := json.Unmarshal(children, &c.Children); err != nil {
-				return nil, fmt.Errorf("decode children of %d: %w", c.ID, err)
+				return PickResult{}, fmt.Errorf("decode children of %d: %w", c.ID, err)
 			}
 		}
 		c.Attempt, c.MaxAttempts, c.Priority = int(attempt), int(maxAttempts), int(priority)
 		if len(inbox) > 0 {
 			if err := json.Unmarshal(inbox, &c.Inbox); err != nil {
-				return nil, fmt.Errorf("decode inbox of %d: %w", c.ID, err)
+				return PickResult{}, fmt.Errorf("decode inbox of %d: %w", c.ID, err)
 			}
 		}
 		out = append(out, c)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, err
+		return PickResult{}, err
 	}
 	// The UPDATE returns rows in no particular order; run them in urgency order.
 	sort.Slice(out, func(i, j int) bool {
@@ -215,7 +243,8 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 		}
 		return out[i].ID < out[j].ID
 	})
-	return out, nil
+	res.Rows = out
+	return res, nil
 }
 
 // Heartbeat extends the leases of the given claims and returns the ids of those no longer held.
@@ -292,6 +321,7 @@ type InsertRow struct {
 	MaxAttempts    int
 	CorrelationKey string // "" for none
 	ScopeMask      int16
+	ConcurrencyKey string // "" for none
 }
 
 // Inserted is the result of one input row.
@@ -337,6 +367,7 @@ func (s *Store) insertRound(ctx context.Context, db DB, in []InsertRow, idx []in
 	keys := make([]*string, n)
 	masks := make([]int16, n)
 	ords := make([]int32, n)
+	ckeys := make([]*string, n)
 	for j, i := range idx {
 		r := &in[i]
 		machines[j], steps[j], states[j], queues[j] = r.Machine, r.Step, r.State, r.Queue
@@ -345,8 +376,11 @@ func (s *Store) insertRound(ctx context.Context, db DB, in []InsertRow, idx []in
 			keys[j] = &in[i].CorrelationKey
 		}
 		masks[j], ords[j] = r.ScopeMask, int32(i)
+		if r.ConcurrencyKey != "" {
+			ckeys[j] = &in[i].ConcurrencyKey
+		}
 	}
-	rows, err := db.Query(ctx, s.sql("insert_many"), machines, steps, states, queues, prios, sched, delays, maxAtt, keys, masks, ords)
+	rows, err := db.Query(ctx, s.sql("insert_many"), machines, steps, states, queues, prios, sched, delays, maxAtt, keys, masks, ords, ckeys)
 	if err != nil {
 		return nil, err
 	}
@@ -591,4 +625,50 @@ func Retryable(err error) bool {
 	}
 	// Not a server error: a network or protocol failure.
 	return true
+}
+
+// ReconcileGates sets the gate counters that disagree with the executing rows or the
+// configuration right (see gates.sql), in one transaction; it returns how many counters it
+// repaired and removed.
+func (s *Store) ReconcileGates(ctx context.Context, db DB, g *Gates) (repaired, removed int, err error) {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	cfg := pgx.NamedArgs{"g_names": g.Names, "g_limits": g.Limits, "g_shards": g.Shards}
+	rows, err := tx.Query(ctx, s.sql("reconcile_gates_lock"), cfg)
+	if err != nil {
+		return 0, 0, err
+	}
+	var keys []string
+	var shards []int16
+	var key string
+	var shard int16
+	if _, err := pgx.ForEachRow(rows, []any{&key, &shard}, func() error {
+		keys, shards = append(keys, key), append(shards, shard)
+		return nil
+	}); err != nil {
+		return 0, 0, err
+	}
+	if len(keys) == 0 {
+		return 0, 0, tx.Commit(ctx)
+	}
+	cfg["keys"], cfg["shards"] = keys, shards
+	var rep, rem int64
+	if err := tx.QueryRow(ctx, s.sql("reconcile_gates_fix"), cfg).Scan(&rep, &rem); err != nil {
+		return 0, 0, err
+	}
+	return int(rep), int(rem), tx.Commit(ctx)
+}
+
+// GateContention reports whether err is a pick losing a race for a concurrency key or the last
+// slot of a gate (it is retried).
+func GateContention(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	return (pgErr.Code == "23505" && pgErr.ConstraintName == "instances_concurrency_active") ||
+		(pgErr.Code == "23514" && pgErr.ConstraintName == "gates_held")
 }

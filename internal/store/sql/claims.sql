@@ -44,8 +44,9 @@ WHERE NOT EXISTS (
 -- that, so a name collision can never release a live claim).
 --
 -- A released row becomes available again (the crashed try counts as an attempt) or, with no
--- attempts left, failed; either way the error history says the lease was lost. A child that
--- fails here settles its parent's join like any finished child (outcome_settle).
+-- attempts left, failed; either way the error history says the lease was lost. A gate slot it
+-- held is credited back; a child that fails here settles its parent's join like any finished
+-- child (outcome_settle).
 --
 -- Locks: candidate rows FOR NO KEY UPDATE SKIP LOCKED in id order: concurrent sweepers on many
 -- nodes never wait on each other, never deadlock, and never release the same row twice. The
@@ -56,7 +57,7 @@ WHERE NOT EXISTS (
 
 -- name: release_expired
 WITH expired AS (
-  SELECT id, locked_by
+  SELECT id, locked_by, concurrency_key, concurrency_shard
   FROM {schema}.instances
   WHERE status = 'executing'
     AND (locked_until < now()
@@ -78,11 +79,22 @@ SET status       = (CASE WHEN i.attempt >= i.max_attempts THEN 'failed' ELSE 'av
                         'at', now(), 'step', i.step, 'attempt', i.attempt, 'kind', 'lease',
                         'error', 'lease expired: worker ' || expired.locked_by || ' stopped heartbeating')),
     finalized_at = CASE WHEN i.attempt >= i.max_attempts THEN now() END,
+    concurrency_shard = NULL,
     updated_at   = now()
 FROM expired
 WHERE i.id = expired.id
   AND i.status = 'executing'
 RETURNING i.id, i.queue, i.machine, i.step, i.attempt, i.status::text AS status, i.parent_id
+), credited AS (
+  -- The gate slots the released executions held go back to their shards (key order).
+  UPDATE {schema}.gates AS g
+  SET held = greatest(g.held - c.n, 0)
+  FROM (SELECT e.concurrency_key AS key, e.concurrency_shard AS shard, count(*)::integer AS n
+        FROM expired AS e JOIN rel ON rel.id = e.id
+        WHERE e.concurrency_shard IS NOT NULL
+        GROUP BY 1, 2
+        ORDER BY 1, 2) AS c
+  WHERE g.key = c.key AND g.shard = c.shard
 ), finished AS (
   SELECT parent_id FROM rel WHERE status = 'failed' AND parent_id IS NOT NULL
 ), settled AS (

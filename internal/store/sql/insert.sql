@@ -16,20 +16,22 @@
 --
 -- $1 machine, $2 step, $3 state JSON text, $4 queue, $5 priority, $6 scheduled_at (NULL: now
 -- plus $7), $7 delay ms, $8 max attempts, $9 correlation key (NULL: none), $10 scope mask,
--- $11 input position.
+-- $11 input position, $12 concurrency key (NULL: none).
 
 -- name: insert_many
 WITH input AS (
   SELECT *
   FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::smallint[],
-              $6::timestamptz[], $7::bigint[], $8::integer[], $9::text[], $10::smallint[], $11::integer[])
+              $6::timestamptz[], $7::bigint[], $8::integer[], $9::text[], $10::smallint[], $11::integer[],
+              $12::text[])
        AS u(machine, step, state, queue, priority, scheduled_at, delay_ms, max_attempts,
-            correlation_key, scope_mask, ord)
+            correlation_key, scope_mask, ord, concurrency_key)
 )
-INSERT INTO {schema}.instances (machine, step, state, queue, priority, scheduled_at, max_attempts, correlation_key)
+INSERT INTO {schema}.instances (machine, step, state, queue, priority, scheduled_at, max_attempts, correlation_key,
+                                concurrency_key)
 SELECT u.machine, u.step, u.state::jsonb, u.queue, u.priority,
        coalesce(u.scheduled_at, now() + u.delay_ms * interval '1 millisecond'),
-       u.max_attempts, u.correlation_key
+       u.max_attempts, u.correlation_key, u.concurrency_key
 FROM input AS u
 WHERE u.correlation_key IS NULL
    OR NOT EXISTS (

@@ -36,7 +36,7 @@
 -- @ids, @owners claim; @kinds; @steps (NULL keeps); @states JSON text (NULL keeps); @delays ms
 -- (next, retry, released); @results JSON text (done); @err_kinds (NULL: none), @err_msgs;
 -- @await_names joined by the unit separator U+001F (names are printable); @await_ms timeout
--- (NULL: none); @spawned children count (spawn).
+-- (NULL: none); @spawned children count (spawn); @ckey_modes, @ckeys concurrency key control.
 
 -- fragment: outcome_update
 UPDATE {schema}.instances AS i
@@ -71,12 +71,18 @@ SET status           = (CASE u.kind WHEN 3 THEN 'done' WHEN 4 THEN 'failed' WHEN
     pending_children = CASE WHEN u.kind = 7 THEN u.spawned ELSE i.pending_children END,
     spawn_wave       = CASE WHEN u.kind = 7 THEN coalesce(i.spawn_wave, 0) + 1 ELSE i.spawn_wave END,
     join_due         = CASE WHEN u.kind = 7 THEN true WHEN u.kind IN (2, 5) THEN i.join_due END,
+    -- Next may set or release the concurrency key (mode 1 set, 2 release; 0 keeps it). Every
+    -- outcome ends the execution, so the gate shard it held is no longer the row's.
+    concurrency_key  = CASE u.ckey_mode WHEN 1 THEN u.ckey WHEN 2 THEN NULL ELSE i.concurrency_key END,
+    concurrency_shard = NULL,
     finalized_at     = CASE WHEN u.kind IN (3, 4) THEN now() END,
     updated_at       = now()
 FROM unnest(@ids::bigint[], @owners::text[], @kinds::smallint[], @steps::text[], @states::text[],
             @delays::bigint[], @results::text[], @err_kinds::text[], @err_msgs::text[],
-            @await_names::text[], @await_ms::bigint[], @spawned::integer[])
-     AS u(id, owner, kind, step, state, delay_ms, result, err_kind, err_msg, await_names, await_ms, spawned)
+            @await_names::text[], @await_ms::bigint[], @spawned::integer[], @ckey_modes::smallint[],
+            @ckeys::text[])
+     AS u(id, owner, kind, step, state, delay_ms, result, err_kind, err_msg, await_names, await_ms, spawned,
+          ckey_mode, ckey)
 WHERE i.id = u.id
   -- The token alone is the fence (no "status = 'executing'" here): that predicate would let the
   -- planner read the whole instances_executing index, dead entries and all, instead of looking
@@ -102,18 +108,19 @@ WHERE s.id = c.signal_id
 -- machine is not inserted (recount_spawned then counts only the children that were).
 -- Locks: the new rows and the unique index's insertion lock on each new key.
 -- @c_parent, @c_machine, @c_step, @c_state, @c_queue, @c_priority, @c_scheduled_at, @c_delay,
--- @c_max_attempts, @c_key, @c_ord: one element per child.
+-- @c_max_attempts, @c_key, @c_ord, @c_ckey: one element per child.
 
 -- fragment: outcome_spawn
 INSERT INTO {schema}.instances (machine, step, state, queue, priority, scheduled_at, max_attempts,
-                                correlation_key, parent_id, parent_wave)
+                                correlation_key, concurrency_key, parent_id, parent_wave)
 SELECT c.machine, c.step, c.state::jsonb, c.queue, c.priority,
        coalesce(c.scheduled_at, now() + c.delay_ms * interval '1 millisecond'),
-       c.max_attempts, c.correlation_key, upd.id, upd.spawn_wave
+       c.max_attempts, c.correlation_key, c.concurrency_key, upd.id, upd.spawn_wave
 FROM unnest(@c_parent::bigint[], @c_machine::text[], @c_step::text[], @c_state::text[], @c_queue::text[],
             @c_priority::smallint[], @c_scheduled_at::timestamptz[], @c_delay::bigint[],
-            @c_max_attempts::integer[], @c_key::text[], @c_ord::integer[])
-     AS c(parent, machine, step, state, queue, priority, scheduled_at, delay_ms, max_attempts, correlation_key, ord)
+            @c_max_attempts::integer[], @c_key::text[], @c_ord::integer[], @c_ckey::text[])
+     AS c(parent, machine, step, state, queue, priority, scheduled_at, delay_ms, max_attempts, correlation_key,
+          ord, concurrency_key)
 JOIN upd ON upd.id = c.parent
 ORDER BY c.machine, c.correlation_key NULLS LAST, c.ord
 ON CONFLICT (machine, correlation_key)
@@ -142,6 +149,23 @@ FROM (SELECT parent_id, count(*)::integer AS n
 WHERE p.id = d.parent_id
   AND p.status = 'joining'
 RETURNING p.id, p.queue, p.status = 'available' AS woke
+
+-- Gate credits: every applied outcome of an execution that held a gate slot gives it back to the
+-- shard it debited (@cr_ids, @cr_owners, @cr_keys, @cr_shards: one element per such execution,
+-- as the pick claimed it). A counter never goes below zero here: should it have drifted low, the
+-- reconciler (gates.sql) sets it from the executing rows.
+-- Locks: the gate counter rows, in (key, shard) order, like the pick's debit.
+
+-- fragment: outcome_credit
+UPDATE {schema}.gates AS g
+SET held = greatest(g.held - c.n, 0)
+FROM (SELECT cr.key, cr.shard, count(*)::integer AS n
+      FROM unnest(@cr_ids::bigint[], @cr_owners::text[], @cr_keys::text[], @cr_shards::smallint[])
+           AS cr(id, owner, key, shard)
+      JOIN upd ON upd.id = cr.id AND upd.owner = cr.owner
+      GROUP BY cr.key, cr.shard
+      ORDER BY cr.key, cr.shard) AS c
+WHERE g.key = c.key AND g.shard = c.shard
 
 -- The inboxes of instances that just finished: a terminal outcome clears the whole inbox,
 -- latecomers included. A fresh snapshot (after the outcome statement took the row locks) sees

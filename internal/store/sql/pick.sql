@@ -7,43 +7,41 @@
 -- of schedulers on any number of nodes pick from one queue without waiting on each other: a row
 -- another pick (or a signal's wake, or an outcome) holds is simply not a candidate this time.
 -- NO KEY UPDATE (not UPDATE) is enough for the claim/outcome mutual exclusion and is compatible
--- with the FOR KEY SHARE that foreign-key checks take on the row (a child's or a signal's insert
--- naming this row as its parent), so such an insert in flight never hides the row from the pick.
--- The UPDATE then turns the locked rows into claims: status executing, a claim token in
--- locked_by, a lease in locked_until (database clock), attempt + 1.
+-- with the FOR KEY SHARE that foreign-key checks take on the row (a signal's insert naming this
+-- row), so such an insert in flight never hides the row from the pick. The UPDATE then turns the
+-- chosen rows into claims: status executing, a claim token in locked_by, a lease in
+-- locked_until (database clock), attempt + 1.
 --
--- The same statement loads the inbox of every claimed row that ever received a signal (a
--- correlated subquery over signals_instance, skipped for the others), as of the statement's
--- snapshot: the step sees exactly these signals, and its progress consumes exactly the awaited
--- ones among them; a signal committed after this point is a latecomer and stays for the next
--- step.
+-- Concurrency keys. A row with a key is a candidate only if its key can run now: a key no gate
+-- owns (K = 1) only while no row of that key executes; a gated key only while its gate has a free
+-- slot (as of this statement's snapshot). The test is part of the scan, before LIMIT, so rows of
+-- a saturated key never take the batch's places from the work behind them. Within one batch, a
+-- K = 1 key gets its most urgent row only, and a gated key at most as many rows as it has free
+-- slots; the rest of the batch's candidates of that key stay available. Two picks on two nodes
+-- racing for the same K = 1 key both pass this test; the second to commit fails on the unique
+-- index instances_concurrency_active and is retried by the caller. Two picks racing for a gate's
+-- last slots serialize on the gate's counter row: the second finds it full and claims nothing of
+-- that key (the gates CHECK backs this up: over-admission cannot commit).
 --
--- For a parent whose join step is due (join_due), the same statement loads the children of its
--- latest wave: id, machine, status, result and last error, in id order.
+-- The statement also loads, for each claimed row, the inbox of a row that ever received a signal
+-- (as of the statement's snapshot: the step sees exactly these signals, and its progress consumes
+-- exactly the awaited ones among them; a signal committed later is a latecomer and stays), and
+-- for a parent whose join step is due (join_due), the children of its latest wave.
 --
--- $1 queue, $2 batch size, $3 claim token, $4 lease in ms,
--- $5 horizon in ms: rows scheduled up to now() + $5 are due (0 in production; the test kit's
---    Drain passes a large horizon to collapse delays).
+-- @queue, @limit, @owner claim token, @lease ms, @horizon ms (rows scheduled up to now() +
+-- horizon are due: 0 in production; the test kit's Drain passes a large horizon to collapse
+-- delays). pick_gated also takes the gates configuration: @g_names, @g_limits, @g_shards.
 
--- name: pick
-WITH candidates AS (
-  SELECT id
-  FROM {schema}.instances
-  WHERE status = 'available'
-    AND queue = $1
-    AND scheduled_at <= now() + $5::bigint * interval '1 millisecond'
-  ORDER BY priority, scheduled_at, id
-  LIMIT $2
-  FOR NO KEY UPDATE SKIP LOCKED
-)
+-- fragment: pick_claim
 UPDATE {schema}.instances AS i
-SET status       = 'executing',
-    attempt      = i.attempt + 1,
-    locked_by    = $3,
-    locked_until = now() + $4::bigint * interval '1 millisecond',
-    updated_at   = now()
-FROM candidates
-WHERE i.id = candidates.id
+SET status            = 'executing',
+    attempt           = i.attempt + 1,
+    locked_by         = @owner,
+    locked_until      = now() + @lease::bigint * interval '1 millisecond',
+    concurrency_shard = chosen.shard,
+    updated_at        = now()
+FROM chosen
+WHERE i.id = chosen.id
 RETURNING i.id, i.machine, i.step, i.state, i.attempt, i.max_attempts, i.priority,
           coalesce(i.correlation_key, ''), i.inserted_at, i.await_names, i.signalled IS TRUE,
           CASE WHEN i.signalled THEN
@@ -57,4 +55,106 @@ RETURNING i.id, i.machine, i.step, i.state, i.attempt, i.max_attempts, i.priorit
                                                  'result', c.result, 'error', c.errors -> -1 ->> 'error')
                               ORDER BY c.id)
              FROM {schema}.instances AS c WHERE c.parent_id = i.id AND c.parent_wave = i.spawn_wave)
-          END;
+          END,
+          i.concurrency_key, i.concurrency_shard,
+          (SELECT count(*) FROM candidates)
+
+-- The pick of a client with no gates configured: every key is K = 1.
+
+-- name: pick
+WITH candidates AS MATERIALIZED (
+  SELECT i.id, i.concurrency_key AS ckey, i.priority, i.scheduled_at
+  FROM {schema}.instances AS i
+  WHERE i.status = 'available'
+    AND i.queue = @queue
+    AND i.scheduled_at <= now() + @horizon::bigint * interval '1 millisecond'
+    AND (i.concurrency_key IS NULL
+         OR NOT EXISTS (SELECT 1 FROM {schema}.instances AS x
+                        WHERE x.concurrency_key = i.concurrency_key AND x.status = 'executing'
+                          AND x.concurrency_shard IS NULL))
+  ORDER BY i.priority, i.scheduled_at, i.id
+  LIMIT @limit
+  FOR NO KEY UPDATE OF i SKIP LOCKED
+), chosen AS (
+  SELECT c.id, NULL::smallint AS shard
+  FROM candidates AS c
+  WHERE c.ckey IS NULL
+     OR NOT EXISTS (SELECT 1 FROM candidates AS d
+                    WHERE d.ckey = c.ckey AND (d.priority, d.scheduled_at, d.id) < (c.priority, c.scheduled_at, c.id))
+)
+{{pick_claim}};
+
+-- The pick of a client with gates configured. A gated key's candidates take its free slots in
+-- urgency order, from the emptiest shard first (which spreads a busy key over its shards); a
+-- shard with no row yet is empty (its capacity from the configuration). The
+-- debit is one upsert per (key, shard) in key order, so picks racing over the same gates lock
+-- their counters in the same order and cannot deadlock; racing first debits of a cold shard merge
+-- in ON CONFLICT, which applies a debit only while it fits; the CHECK backs that up.
+-- Locks, besides the candidates: the gate counter rows it debits (until commit).
+
+-- name: pick_gated
+WITH cfg AS (
+  SELECT * FROM unnest(@g_names::text[], @g_limits::integer[], @g_shards::integer[]) AS g(name, lim, shards)
+), candidates AS MATERIALIZED (
+  SELECT i.id, i.concurrency_key AS ckey, i.priority, i.scheduled_at
+  FROM {schema}.instances AS i
+  LEFT JOIN cfg ON cfg.name = split_part(i.concurrency_key, ':', 1)
+  WHERE i.status = 'available'
+    AND i.queue = @queue
+    AND i.scheduled_at <= now() + @horizon::bigint * interval '1 millisecond'
+    AND (i.concurrency_key IS NULL
+         OR (cfg.name IS NULL
+             AND NOT EXISTS (SELECT 1 FROM {schema}.instances AS x
+                             WHERE x.concurrency_key = i.concurrency_key AND x.status = 'executing'
+                               AND x.concurrency_shard IS NULL))
+         OR (cfg.name IS NOT NULL
+             AND cfg.lim > coalesce((SELECT sum(g.held) FROM {schema}.gates AS g
+                                     WHERE g.key = i.concurrency_key), 0)))
+  ORDER BY i.priority, i.scheduled_at, i.id
+  LIMIT @limit
+  FOR NO KEY UPDATE OF i SKIP LOCKED
+), ranked AS (
+  SELECT c.id, c.ckey, cfg.name AS gate, cfg.lim, cfg.shards,
+         row_number() OVER (PARTITION BY c.ckey ORDER BY c.priority, c.scheduled_at, c.id) AS rk
+  FROM candidates AS c
+  LEFT JOIN cfg ON cfg.name = split_part(c.ckey, ':', 1)
+), shards AS (
+  SELECT k.ckey, s.shard,
+         k.lim / k.shards + CASE WHEN s.shard < k.lim % k.shards THEN 1 ELSE 0 END AS cap,
+         coalesce(g.held, 0) AS held
+  FROM (SELECT DISTINCT ckey, lim, shards FROM ranked WHERE gate IS NOT NULL) AS k
+  CROSS JOIN LATERAL generate_series(0, k.shards - 1) AS s(shard)
+  LEFT JOIN {schema}.gates AS g ON g.key = k.ckey AND g.shard = s.shard
+), ranges AS (
+  -- Each shard's free slots as a range of ranks, emptiest shard first.
+  SELECT ckey, shard, cap, greatest(cap - held, 0) AS free,
+         sum(greatest(cap - held, 0)) OVER (PARTITION BY ckey ORDER BY cap - held DESC, shard) AS upto
+  FROM shards
+), wanted AS (
+  SELECT r.id, NULL::smallint AS shard, NULL::text AS gkey, NULL::integer AS cap
+  FROM ranked AS r
+  WHERE r.ckey IS NULL OR (r.gate IS NULL AND r.rk = 1)
+  UNION ALL
+  SELECT r.id, rg.shard::smallint, r.ckey, rg.cap
+  FROM ranked AS r
+  JOIN ranges AS rg ON rg.ckey = r.ckey AND r.rk > rg.upto - rg.free AND r.rk <= rg.upto
+  WHERE r.gate IS NOT NULL
+), debit AS (
+  -- A debit that no longer fits (another pick took the slots since this statement's snapshot)
+  -- does not apply, and its rows are not claimed: they stay available for the next pick.
+  INSERT INTO {schema}.gates (key, shard, held, capacity)
+  SELECT gkey, shard, count(*), cap
+  FROM wanted
+  WHERE gkey IS NOT NULL
+  GROUP BY gkey, shard, cap
+  ORDER BY gkey, shard
+  ON CONFLICT (key, shard) DO UPDATE SET held = gates.held + EXCLUDED.held
+    WHERE gates.held + EXCLUDED.held <= gates.capacity
+  RETURNING key, shard
+), chosen AS (
+  SELECT w.id, w.shard
+  FROM wanted AS w
+  WHERE w.gkey IS NULL
+     OR EXISTS (SELECT 1 FROM debit AS d WHERE d.key = w.gkey AND d.shard = w.shard)
+)
+{{pick_claim}};
