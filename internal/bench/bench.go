@@ -92,7 +92,7 @@ func scenarios() []scenario {
 		{name: "await", summary: "sequential Insert + client.Await", unavailable: "needs client.Await (the await-bridge issue)"},
 		{name: "signal", defaultN: 5000, summary: "N instances parked on Await, each signalled (4 senders at once); time from the Signal call to the woken step's start", run: runSignal},
 		{name: "fanout", defaultN: 20000, summary: "one parent spawning N one-step children in another queue, then joining", run: runFanout},
-		{name: "gated", summary: "jobs behind a concurrency gate that never binds", unavailable: "needs concurrency gates (the gates issue)"},
+		{name: "gated", defaultN: 50000, summary: "jobs, each under one gate key whose limit (100,000 over 8 shards) never binds: the admission cost", run: runGated},
 		{name: "rated", summary: "jobs behind a rate limit that never binds", unavailable: "needs rate limits (the rate-limit issue)"},
 	}
 }
@@ -218,6 +218,8 @@ func (r *runner) named(name string, machines []gendurable.Machine, hooks ...func
 		Queues:   map[string]gendurable.QueueConfig{"bench": {Concurrency: r.opts.Concurrency}},
 		Logger:   r.opts.Logger,
 		Hooks:    hooks,
+		// The gated scenario's gate; it binds nothing in the others.
+		ConcurrencyLimits: map[string]gendurable.ConcurrencyLimit{"gate": {Limit: 100_000, Shards: 8}},
 	})
 }
 
@@ -289,6 +291,16 @@ func finishedCounter(n *atomic.Int64) func(gendurable.Event) {
 type noArgs struct{}
 
 func runJobs(ctx context.Context, r *runner, n int) (Result, error) {
+	return jobs(ctx, r, n, nil)
+}
+
+// runGated is jobs with every job under one gate key whose limit never binds.
+func runGated(ctx context.Context, r *runner, n int) (Result, error) {
+	return jobs(ctx, r, n, &gendurable.InsertOpts{ConcurrencyKey: "gate:bench"})
+}
+
+// jobs inserts n no-op jobs with opts and works them.
+func jobs(ctx context.Context, r *runner, n int, opts *gendurable.InsertOpts) (Result, error) {
 	job := gendurable.Job[noArgs]{Name: "noop", Queue: "bench", Perform: func(*gendurable.Ctx, noArgs) error { return nil }}
 	var finished atomic.Int64
 	cs, err := r.cluster([]gendurable.Machine{job}, finishedCounter(&finished))
@@ -298,7 +310,7 @@ func runJobs(ctx context.Context, r *runner, n int) (Result, error) {
 	cl := cs[0]
 	params := make([]gendurable.InsertManyParams, n)
 	for i := range params {
-		params[i] = gendurable.InsertManyParams{Input: job.With(noArgs{})}
+		params[i] = gendurable.InsertManyParams{Input: job.With(noArgs{}), Opts: opts}
 	}
 	t0 := time.Now()
 	for i := 0; i < n; i += 1000 {

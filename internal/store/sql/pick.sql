@@ -98,18 +98,18 @@ WITH cfg AS (
 ), candidates AS MATERIALIZED (
   SELECT i.id, i.concurrency_key AS ckey, i.priority, i.scheduled_at
   FROM {schema}.instances AS i
-  LEFT JOIN cfg ON cfg.name = split_part(i.concurrency_key, ':', 1)
+  -- No join here: the scan must stay in the pick index's order so that LIMIT stops it early.
   WHERE i.status = 'available'
     AND i.queue = @queue
     AND i.scheduled_at <= now() + @horizon::bigint * interval '1 millisecond'
     AND (i.concurrency_key IS NULL
-         OR (cfg.name IS NULL
-             AND NOT EXISTS (SELECT 1 FROM {schema}.instances AS x
-                             WHERE x.concurrency_key = i.concurrency_key AND x.status = 'executing'
-                               AND x.concurrency_shard IS NULL))
-         OR (cfg.name IS NOT NULL
-             AND cfg.lim > coalesce((SELECT sum(g.held) FROM {schema}.gates AS g
-                                     WHERE g.key = i.concurrency_key), 0)))
+         -- A gated key: its gate has a free slot. (NULL: no gate owns the key; then K = 1.)
+         OR coalesce((SELECT cfg.lim > coalesce((SELECT sum(g.held) FROM {schema}.gates AS g
+                                                 WHERE g.key = i.concurrency_key), 0)
+                      FROM cfg WHERE cfg.name = split_part(i.concurrency_key, ':', 1)),
+                     NOT EXISTS (SELECT 1 FROM {schema}.instances AS x
+                                 WHERE x.concurrency_key = i.concurrency_key AND x.status = 'executing'
+                                   AND x.concurrency_shard IS NULL)))
   ORDER BY i.priority, i.scheduled_at, i.id
   LIMIT @limit
   FOR NO KEY UPDATE OF i SKIP LOCKED
