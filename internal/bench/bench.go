@@ -203,6 +203,9 @@ type runner struct {
 	pool *pgxpool.Pool
 	opts Options
 	heap *heapSampler
+	// limits are the concurrency gates the scenario's clients configure (gated only: the
+	// others measure a client without gates).
+	limits map[string]gendurable.ConcurrencyLimit
 }
 
 // client builds a client on the scenario's schema working queue "bench".
@@ -212,14 +215,13 @@ func (r *runner) client(machines []gendurable.Machine, hooks ...func(gendurable.
 
 func (r *runner) named(name string, machines []gendurable.Machine, hooks ...func(gendurable.Event)) (*gendurable.Client, error) {
 	return gendurable.NewClient(r.pool, &gendurable.Config{
-		Name:     name,
-		Schema:   r.opts.Schema,
-		Machines: machines,
-		Queues:   map[string]gendurable.QueueConfig{"bench": {Concurrency: r.opts.Concurrency}},
-		Logger:   r.opts.Logger,
-		Hooks:    hooks,
-		// The gated scenario's gate; it binds nothing in the others.
-		ConcurrencyLimits: map[string]gendurable.ConcurrencyLimit{"gate": {Limit: 100_000, Shards: 8}},
+		Name:              name,
+		Schema:            r.opts.Schema,
+		Machines:          machines,
+		Queues:            map[string]gendurable.QueueConfig{"bench": {Concurrency: r.opts.Concurrency}},
+		Logger:            r.opts.Logger,
+		Hooks:             hooks,
+		ConcurrencyLimits: r.limits,
 	})
 }
 
@@ -296,6 +298,8 @@ func runJobs(ctx context.Context, r *runner, n int) (Result, error) {
 
 // runGated is jobs with every job under one gate key whose limit never binds.
 func runGated(ctx context.Context, r *runner, n int) (Result, error) {
+	r.limits = map[string]gendurable.ConcurrencyLimit{"gate": {Limit: 100_000, Shards: 8}}
+	defer func() { r.limits = nil }()
 	return jobs(ctx, r, n, &gendurable.InsertOpts{ConcurrencyKey: "gate:bench"})
 }
 
