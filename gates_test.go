@@ -55,7 +55,7 @@ func TestGateNeverOverAdmitsAcrossEightClients(t *testing.T) {
 		if n > 3 {
 			overs.Add(1)
 		}
-		time.Sleep(time.Duration(3+ctx.ID%7) * time.Millisecond)
+		time.Sleep(time.Duration(5+ctx.ID%7) * time.Millisecond)
 		v.(*atomic.Int64).Add(-1)
 		return nil
 	}}
@@ -83,7 +83,7 @@ func TestGateNeverOverAdmitsAcrossEightClients(t *testing.T) {
 	wg.Wait()
 	m, samples := maxSeen()
 	t.Logf("%d samples, most executing per key %d", samples, m)
-	require.Greater(t, samples, 100)
+	require.Greater(t, samples, 30)
 	require.LessOrEqual(t, m, 3, "a key had more than Limit executing rows")
 	require.Equal(t, 3, m, "the gate is live: some key reached its limit")
 	require.Zero(t, overs.Load(), "a step ran while 3 others of its key ran")
@@ -117,6 +117,7 @@ func TestConcurrencyKeyIsMutualExclusion(t *testing.T) {
 		start(t, cl)
 	}
 	ins := e.client(t, &gendurable.Config{Name: "ins", Machines: []gendurable.Machine{job}})
+	deadlocksBefore := deadlocks(t, e)
 	stop := make(chan struct{})
 	maxSeen, wg := sampleMaxPerKey(t, e, stop)
 	const n = 600
@@ -136,6 +137,8 @@ func TestConcurrencyKeyIsMutualExclusion(t *testing.T) {
 	require.Equal(t, 1, m)
 	require.Zero(t, overs.Load())
 	t.Logf("contended picks: %d", contended.Load())
+	time.Sleep(600 * time.Millisecond) // pg_stat_database lags a little
+	require.Equal(t, deadlocksBefore, deadlocks(t, e), "picks racing over the same keys deadlocked")
 }
 
 func TestSwitchingToAColdGateAdmitsInTheSamePick(t *testing.T) {

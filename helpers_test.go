@@ -78,6 +78,15 @@ func expand(q, schema string) string {
 	return string(out)
 }
 
+// deadlocks reads the database's deadlock count (pg_stat_database).
+func deadlocks(t *testing.T, e *env) int {
+	t.Helper()
+	var n int
+	require.NoError(t, e.pool.QueryRow(context.Background(),
+		`SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()`).Scan(&n))
+	return n
+}
+
 // eventually polls cond until it holds or the timeout passes.
 func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()

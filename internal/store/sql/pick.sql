@@ -19,7 +19,9 @@
 -- K = 1 key gets its most urgent row only, and a gated key at most as many rows as it has free
 -- slots; the rest of the batch's candidates of that key stay available. Two picks on two nodes
 -- racing for the same K = 1 key both pass this test; the second to commit fails on the unique
--- index instances_concurrency_active and is retried by the caller. Two picks racing for a gate's
+-- index instances_concurrency_active and is retried by the caller. The claims are made in key
+-- order (chosen is sorted, and the claim's nested loop follows it), so the unique index's waits
+-- between two picks always go the same way and cannot form a deadlock. Two picks racing for a gate's
 -- last slots serialize on the gate's counter row: the second finds it full and claims nothing of
 -- that key (the gates CHECK backs this up: over-admission cannot commit).
 --
@@ -75,12 +77,13 @@ WITH candidates AS MATERIALIZED (
   ORDER BY i.priority, i.scheduled_at, i.id
   LIMIT @limit
   FOR NO KEY UPDATE OF i SKIP LOCKED
-), chosen AS (
+), chosen AS MATERIALIZED (
   SELECT c.id, NULL::smallint AS shard
   FROM candidates AS c
   WHERE c.ckey IS NULL
      OR NOT EXISTS (SELECT 1 FROM candidates AS d
                     WHERE d.ckey = c.ckey AND (d.priority, d.scheduled_at, d.id) < (c.priority, c.scheduled_at, c.id))
+  ORDER BY c.ckey NULLS FIRST, c.id
 )
 {{pick_claim}};
 
@@ -151,10 +154,12 @@ WITH cfg AS (
   ON CONFLICT (key, shard) DO UPDATE SET held = gates.held + EXCLUDED.held
     WHERE gates.held + EXCLUDED.held <= gates.capacity
   RETURNING key, shard
-), chosen AS (
+), chosen AS MATERIALIZED (
   SELECT w.id, w.shard
   FROM wanted AS w
+  JOIN candidates AS c ON c.id = w.id
   WHERE w.gkey IS NULL
      OR EXISTS (SELECT 1 FROM debit AS d WHERE d.key = w.gkey AND d.shard = w.shard)
+  ORDER BY c.ckey NULLS FIRST, c.id
 )
 {{pick_claim}};
