@@ -91,6 +91,11 @@ type InsertOpts struct {
 	// execution of the key runs (K = 1), or, when the part before its first ':' names a gate in
 	// Config.ConcurrencyLimits, only while the gate has a free slot. Up to 512 characters.
 	ConcurrencyKey string
+	// RateLimit runs the instance's first step under a token bucket: a limit's name in
+	// Config.RateLimits, or "name:partition" for a bucket per tenant. Weight is the tokens the
+	// step takes (default 1; keep it at or below the limit's Burst).
+	RateLimit string
+	Weight    int
 	// CorrelationScope adds finished statuses (StatusDone, StatusFailed, StatusCancelled) to the
 	// deduplication scope, so that an insert also returns a finished instance with that key.
 	// The live statuses are always in scope.
@@ -260,9 +265,18 @@ func buildRow(input Input, opts *InsertOpts, index, maxPayload int, machine func
 			return bad("ConcurrencyKey", "%v", err)
 		}
 	}
+	if opts.RateLimit != "" {
+		if err := checkConcurrencyKey(opts.RateLimit); err != nil {
+			return bad("RateLimit", "%v", err)
+		}
+	}
+	if opts.Weight < 0 || (opts.Weight > 0 && opts.RateLimit == "") {
+		return bad("Weight", "%d: a positive weight, with a RateLimit", opts.Weight)
+	}
 	*r = store.InsertRow{
 		Machine: in.machine, Step: in.step, State: string(state), Queue: queue, Priority: prio,
 		Delay: opts.In, MaxAttempts: maxAtt, CorrelationKey: key, ScopeMask: mask, ConcurrencyKey: opts.ConcurrencyKey,
+		RateLimit: opts.RateLimit, Weight: max(opts.Weight, 1),
 	}
 	if !opts.ScheduledAt.IsZero() {
 		t := opts.ScheduledAt

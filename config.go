@@ -51,6 +51,11 @@ type Config struct {
 	// a semaphore of that gate's Limit executions across every node; any other key is mutual
 	// exclusion (K = 1). Every node must configure the same gates.
 	ConcurrencyLimits map[string]ConcurrencyLimit
+	// RateLimits are the token buckets steps can opt into, by name (RateLimit option of Next,
+	// InsertOpts.RateLimit). A key "name" or "name:partition" (a bucket per tenant) is limited by
+	// the configuration named by its part before the first ':'. Every node must configure the
+	// same limits; a step naming a limit this node does not configure stalls here.
+	RateLimits map[string]Rate
 	// Logger receives the engine's logs. Default slog.Default().
 	Logger *slog.Logger
 	// Hooks receive every event, on a goroutine of their own: a slow hook never blocks the
@@ -65,6 +70,14 @@ type QueueConfig struct {
 	Concurrency int
 	// PollInterval overrides Config.PollInterval for this queue.
 	PollInterval time.Duration
+}
+
+// Rate is a token bucket: Allowed tokens every Period, refilled continuously, holding at most
+// Burst (default Allowed).
+type Rate struct {
+	Allowed int
+	Period  time.Duration
+	Burst   int
 }
 
 // ConcurrencyLimit is one gate: how many executions of one of its keys may run at once, and over
@@ -189,6 +202,39 @@ func (c *Config) resolve() (engine.Config, string, error) {
 			g.Shards = append(g.Shards, int32(shards))
 		}
 		ec.Gates = g
+	}
+
+	if len(c.RateLimits) > 0 {
+		names := make([]string, 0, len(c.RateLimits))
+		for name := range c.RateLimits {
+			names = append(names, name)
+		}
+		sort.Strings(names)
+		r := &store.Rates{}
+		for _, name := range names {
+			l := c.RateLimits[name]
+			field := "RateLimits[" + name + "]"
+			if err := checkName("rate limit name", name); err != nil || strings.Contains(name, ":") {
+				return ec, "", cfgErr(field, "%q: a rate limit name is 1 to 128 printable characters without ':'", name)
+			}
+			if l.Allowed < 1 {
+				return ec, "", cfgErr(field+".Allowed", "%d: must be at least 1", l.Allowed)
+			}
+			if l.Period < time.Millisecond {
+				return ec, "", cfgErr(field+".Period", "%v: must be at least 1ms", l.Period)
+			}
+			burst := l.Burst
+			if burst == 0 {
+				burst = l.Allowed
+			}
+			if burst < 1 {
+				return ec, "", cfgErr(field+".Burst", "%d: must be at least 1 (0 means Allowed)", l.Burst)
+			}
+			r.Names = append(r.Names, name)
+			r.Rates = append(r.Rates, float64(l.Allowed)/l.Period.Seconds())
+			r.Bursts = append(r.Bursts, float64(burst))
+		}
+		ec.Rates = r
 	}
 
 	ec.Queues = make(map[string]engine.QueueConfig, len(c.Queues))

@@ -202,7 +202,11 @@ func (m FSM[S]) encode(ctx *Ctx, o Outcome) (engine.Outcome, error) {
 		if err != nil {
 			return engine.Outcome{}, outcomeError{fmt.Errorf("Next(%q) state: %w", o.step, err)}
 		}
-		return engine.Outcome{Kind: store.KindNext, Step: o.step, State: b, Delay: o.delay, KeyMode: o.keyMode, Key: o.key}, nil
+		if o.weight > 0 && o.rate == "" {
+			return engine.Outcome{}, outcomeErrorf("Next(%q): option Weight without RateLimit", o.step)
+		}
+		return engine.Outcome{Kind: store.KindNext, Step: o.step, State: b, Delay: o.delay, KeyMode: o.keyMode, Key: o.key,
+			RateLimit: o.rate, Weight: max(o.weight, 1)}, nil
 	case outcomeAwait:
 		if m.Steps[o.step] == nil {
 			return engine.Outcome{}, outcomeError{fmt.Errorf("%w: Await(…, %q): machine %q has no such step", ErrUnknownStep, o.step, m.Name)}

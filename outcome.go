@@ -35,6 +35,8 @@ type Outcome struct {
 	children []Child
 	keyMode  int16
 	key      string
+	rate     string
+	weight   int
 	opts     []OutcomeOption
 }
 
@@ -92,6 +94,40 @@ func ConcurrencyKey(key string) OutcomeOption {
 			return fmt.Errorf("option ConcurrencyKey: %w", err)
 		}
 		o.keyMode, o.key = 1, key
+		return nil
+	}}
+}
+
+// RateLimit makes the next step run under a token bucket: key is a limit's name in
+// Config.RateLimits ("stripe"), or that name and a partition ("stripe:acme", a bucket per
+// tenant). The step runs only once its bucket has the tokens (Weight, default 1). It applies to
+// Next, for the step it leads to only: the step after that runs unlimited unless its own Next
+// names a limit too. A limit no node's configuration names stalls the step (rate_limit.unknown).
+func RateLimit(key string) OutcomeOption {
+	return OutcomeOption{name: "RateLimit", apply: func(o *Outcome) error {
+		if o.kind != outcomeNext {
+			return fmt.Errorf("option RateLimit applies to Next only")
+		}
+		if err := checkConcurrencyKey(key); err != nil {
+			return fmt.Errorf("option RateLimit: %w", err)
+		}
+		o.rate = key
+		return nil
+	}}
+}
+
+// Weight makes the next step take n tokens of its rate limit instead of one. A weight above the
+// limit's Burst never fits: the step, and every step behind it in that bucket, waits forever.
+// Keep weights at or below Burst (split a heavier step). It applies to Next with RateLimit.
+func Weight(n int) OutcomeOption {
+	return OutcomeOption{name: "Weight", apply: func(o *Outcome) error {
+		if o.kind != outcomeNext {
+			return fmt.Errorf("option Weight applies to Next only")
+		}
+		if n < 1 {
+			return fmt.Errorf("option Weight: %d is not a positive weight", n)
+		}
+		o.weight = n
 		return nil
 	}}
 }

@@ -47,6 +47,9 @@ const (
 	EventConcurrencyThrottled = durabletype.EventConcurrencyThrottled
 	EventConcurrencyContended = durabletype.EventConcurrencyContended
 	EventGCSwept              = durabletype.EventGCSwept
+	EventRateLimitThrottled   = durabletype.EventRateLimitThrottled
+	EventRateLimitContended   = durabletype.EventRateLimitContended
+	EventRateLimitUnknown     = durabletype.EventRateLimitUnknown
 )
 
 // Sentinel errors; see durabletype for their meaning.

@@ -39,8 +39,18 @@ const (
 	// EventConcurrencyContended: a pick lost a race with another pick for a concurrency key or a
 	// gate's last slot; it was retried. Err carries the refused statement's error.
 	EventConcurrencyContended EventName = "concurrency.contended"
-	// EventGCSwept: the maintenance sweep repaired or removed gate counters (Gates).
+	// EventGCSwept: the maintenance sweep repaired or removed gate counters (Gates) or pruned
+	// rate-limit buckets (Buckets).
 	EventGCSwept EventName = "gc.swept"
+	// EventRateLimitThrottled: a pick's window held rate-limited rows their bucket could not
+	// afford yet (they stay available). Count = rows.
+	EventRateLimitThrottled EventName = "rate_limit.throttled"
+	// EventRateLimitContended: another pick's writeback took a bucket's tokens first; this pick
+	// claimed none of that bucket's rows. Count = buckets.
+	EventRateLimitContended EventName = "rate_limit.contended"
+	// EventRateLimitUnknown: runnable rows name a rate limit this node's configuration does not;
+	// they stall until it does. Key = the limit, Count = rows (the maintenance sweep reports it).
+	EventRateLimitUnknown EventName = "rate_limit.unknown"
 	// EventAwaitTimeout: parked instances reached their await deadline and were woken without
 	// the signal. Count = instances.
 	EventAwaitTimeout EventName = "await.timeout"
@@ -60,8 +70,12 @@ type Event struct {
 	Outcome string
 	Count   int
 	Failed  int
-	// Gates is how many gate counters a maintenance sweep repaired or removed.
-	Gates    int
+	// Gates is how many gate counters a maintenance sweep repaired or removed; Buckets how many
+	// rate-limit buckets it pruned.
+	Gates   int
+	Buckets int
+	// Key is the rate limit an event is about.
+	Key      string
 	Duration time.Duration
 	Err      error
 	Panic    bool

@@ -42,7 +42,9 @@ CREATE TABLE {schema}.instances (
   -- mutual exclusion (K = 1), enforced by instances_concurrency_active.
   concurrency_key   text        CHECK (char_length(concurrency_key) BETWEEN 1 AND 512),
   concurrency_shard smallint,
-  rate_limit        text,
+  -- The rate limit the next step runs under (per transition: set by the insert or by the Next
+  -- that leads to the step) and how many of its tokens the step takes.
+  rate_limit        text        CHECK (char_length(rate_limit) BETWEEN 1 AND 512),
   weight            integer     NOT NULL DEFAULT 1 CHECK (weight >= 1),
   -- Parking on signals: the names awaited (kept until the woken step's outcome, which reads the
   -- matching subset), and the deadline after which the reaper wakes the instance anyway.
@@ -89,6 +91,11 @@ CREATE UNIQUE INDEX instances_concurrency_active ON {schema}.instances (concurre
 -- Gated executions by key and shard: the truth the reconciler repairs gate counters from.
 CREATE INDEX instances_gated ON {schema}.instances (concurrency_key, concurrency_shard)
   WHERE status = 'executing' AND concurrency_shard IS NOT NULL;
+
+-- Runnable rows that wait on a rate limit: the maintenance sweep's report of rows whose limit no
+-- node here configures (they stall, rate_limit.unknown).
+CREATE INDEX instances_rate_waiting ON {schema}.instances (rate_limit)
+  WHERE status = 'available' AND rate_limit IS NOT NULL;
 
 -- Correlation keys: one live instance per (machine, key). The unique index is the arbiter of
 -- deduplicating inserts and the address of signals by key. It is partial, so Postgres never
@@ -140,6 +147,19 @@ CREATE TABLE {schema}.gates (
   capacity integer  NOT NULL,
   PRIMARY KEY (key, shard),
   CONSTRAINT gates_held CHECK (held >= 0 AND held <= capacity)
+);
+
+-- Rate-limit token buckets, one per key ("name" or "name:partition"). tokens is the balance as of
+-- updated_at; a pick refills it at rate tokens per second up to burst, takes what it grants, and
+-- writes it back. rate and burst are the configuration the bucket was last written with (GC uses
+-- them to tell an idle, refilled bucket). A missing row is a full bucket: the pick mints it
+-- already debited.
+CREATE TABLE {schema}.buckets (
+  key        text             PRIMARY KEY,
+  tokens     double precision NOT NULL CHECK (tokens >= 0),
+  rate       double precision NOT NULL,
+  burst      double precision NOT NULL,
+  updated_at timestamptz      NOT NULL
 );
 
 -- What this schema was built from: Migrate compares the fingerprint of this text.

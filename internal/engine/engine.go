@@ -44,7 +44,9 @@ type Config struct {
 	MaxPayload     int
 	MaxChildren    int
 	// Gates is the concurrency-gate configuration (nil or empty: every key is K = 1).
-	Gates  *store.Gates
+	Gates *store.Gates
+	// Rates is the rate-limit configuration (nil or empty: none).
+	Rates  *store.Rates
 	Logger *slog.Logger
 	Hooks  []func(durabletype.Event)
 	// Committers is how many outcome statements may be in flight at once.
@@ -198,7 +200,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	if e.cfg.ReaperInterval > 0 {
 		reaper := &maintenance.Reaper{
 			Store: e.store, DB: e.pool, Interval: e.cfg.ReaperInterval, Logger: e.log,
-			Emit: e.Emit, Wake: e.Wake, Gates: e.cfg.Gates,
+			Emit: e.Emit, Wake: e.Wake, Gates: e.cfg.Gates, Rates: e.cfg.Rates,
 		}
 		e.bg.Add(1)
 		go func() { defer e.bg.Done(); reaper.Run(e.bgStop) }()

@@ -64,6 +64,10 @@ func outcomeRow(c *store.Claimed, o *Outcome) store.OutcomeRow {
 		k := o.Key
 		r.Key = &k
 	}
+	if o.RateLimit != "" {
+		rl := o.RateLimit
+		r.RateLimit, r.Weight = &rl, o.Weight
+	}
 	if o.Kind == store.KindNext || o.Kind == store.KindAwait || o.Kind == store.KindSpawn {
 		step := o.Step
 		r.Step = &step

@@ -42,6 +42,9 @@ type Outcome struct {
 	// KeyMode sets (1, to Key) or releases (2) the concurrency key; 0 keeps it.
 	KeyMode int16
 	Key     string
+	// RateLimit ("" for none) and Weight are the rate limit the next step runs under (next).
+	RateLimit string
+	Weight    int
 	// ErrKind and ErrMsg, when ErrKind is not empty, are recorded in the row's error history.
 	ErrKind string
 	ErrMsg  string

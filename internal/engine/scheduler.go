@@ -188,7 +188,7 @@ const pickContentionRetries = 10
 // (concurrency.contended), and reports throttling (concurrency.throttled).
 func (e *Engine) pickOnce(ctx context.Context, db store.DB, queue string, n int, owner string, horizon time.Duration) ([]store.Claimed, error) {
 	for try := 1; ; try++ {
-		res, err := e.store.Pick(ctx, db, queue, n, owner, e.cfg.Lease, horizon, e.cfg.Gates)
+		res, err := e.store.Pick(ctx, db, queue, n, owner, e.cfg.Lease, horizon, e.cfg.Gates, e.cfg.Rates)
 		if err != nil {
 			if store.GateContention(err) && try <= pickContentionRetries {
 				e.Emit(durabletype.Event{Name: durabletype.EventConcurrencyContended, Queue: queue, Err: err})
@@ -199,7 +199,13 @@ func (e *Engine) pickOnce(ctx context.Context, db store.DB, queue string, n int,
 			}
 			return nil, err
 		}
-		if denied := res.Considered - len(res.Rows); denied > 0 {
+		if res.RateDenied > 0 {
+			e.Emit(durabletype.Event{Name: durabletype.EventRateLimitThrottled, Queue: queue, Count: res.RateDenied})
+		}
+		if res.Refused > 0 {
+			e.Emit(durabletype.Event{Name: durabletype.EventRateLimitContended, Queue: queue, Count: res.Refused})
+		}
+		if denied := res.Considered - len(res.Rows) - res.RateDenied; denied > 0 {
 			e.Emit(durabletype.Event{Name: durabletype.EventConcurrencyThrottled, Queue: queue, Count: denied})
 		}
 		for i := range res.Rows {

@@ -30,6 +30,8 @@ type Reaper struct {
 	// Gates is the concurrency-gate configuration the reconciler checks counters against (nil:
 	// none configured; counters of gates no longer configured are still cleaned up).
 	Gates *store.Gates
+	// Rates is the rate-limit configuration buckets are pruned against (nil: none).
+	Rates *store.Rates
 }
 
 // Run sweeps every Interval until stop is closed.
@@ -69,11 +71,28 @@ func (r *Reaper) Sweep(ctx context.Context) (int, error) {
 	if err != nil {
 		return n + fired, err
 	}
-	if repaired+removed > 0 {
-		r.Logger.Info("gendurable: maintenance repaired gate counters", "repaired", repaired, "removed", removed)
-		r.Emit(durabletype.Event{Name: durabletype.EventGCSwept, Gates: repaired + removed})
+	rates := r.Rates
+	if rates == nil {
+		rates = &store.Rates{}
 	}
-	return n + fired + repaired + removed, nil
+	buckets, err := r.Store.GCBuckets(ctx, r.DB, rates)
+	if err != nil {
+		return n + fired, err
+	}
+	if repaired+removed+buckets > 0 {
+		r.Logger.Info("gendurable: maintenance swept", "gates_repaired", repaired, "gates_removed", removed, "buckets", buckets)
+		r.Emit(durabletype.Event{Name: durabletype.EventGCSwept, Gates: repaired + removed, Buckets: buckets})
+	}
+	unknown, err := r.Store.RateUnknown(ctx, r.DB, rates)
+	if err != nil {
+		return n + fired, err
+	}
+	for name, count := range unknown {
+		r.Logger.Warn("gendurable: runnable rows name a rate limit this node does not configure; they stall",
+			"limit", name, "rows", count)
+		r.Emit(durabletype.Event{Name: durabletype.EventRateLimitUnknown, Key: name, Count: count})
+	}
+	return n + fired + repaired + removed + buckets, nil
 }
 
 // FireAwaitDeadlines wakes every parked instance whose await deadline is within horizon of now

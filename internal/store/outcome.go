@@ -78,6 +78,9 @@ type OutcomeRow struct {
 	// outcome gives it back.
 	CreditKey   *string
 	CreditShard *int16
+	// RateLimit and Weight are the rate limit (nil: none) the next step runs under (next).
+	RateLimit *string
+	Weight    int
 }
 
 // Woken is an instance an outcome batch made runnable (a park whose awaited signal had already
@@ -116,6 +119,8 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []OutcomeRow) (ma
 	spawned := make([]int32, n)
 	keyModes := make([]int16, n)
 	keys := make([]*string, n)
+	rateLimits := make([]*string, n)
+	weights := make([]int32, n)
 	var crIDs []int64
 	var crOwners, crKeys []string
 	var crShards []int16
@@ -128,6 +133,7 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []OutcomeRow) (ma
 		steps[i], states[i], delays[i] = o.Step, o.State, o.Delay.Milliseconds()
 		results[i], errKinds[i], errMsgs[i] = o.Result, o.ErrKind, o.ErrMsg
 		keyModes[i], keys[i] = o.KeyMode, o.Key
+		rateLimits[i], weights[i] = o.RateLimit, int32(max(o.Weight, 1))
 		if o.CreditShard != nil && o.CreditKey != nil {
 			crIDs, crOwners = append(crIDs, o.ID), append(crOwners, o.Owner)
 			crKeys, crShards = append(crKeys, *o.CreditKey), append(crShards, *o.CreditShard)
@@ -163,6 +169,7 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []OutcomeRow) (ma
 		"ids": ids, "owners": owners, "kinds": kinds, "steps": steps, "states": states, "delays": delays,
 		"results": results, "err_kinds": errKinds, "err_msgs": errMsgs, "await_names": awaitNames,
 		"await_ms": awaitMs, "spawned": spawned, "ckey_modes": keyModes, "ckeys": keys,
+		"rate_limits": rateLimits, "weights": weights,
 	}
 	var stmt string
 	plain := len(seenSig) == 0 && len(spawners) == 0 && !settles && len(crIDs) == 0
@@ -309,6 +316,8 @@ type childArrays struct {
 	key         []*string
 	ord         []int32
 	ckey        []*string
+	rate        []*string
+	weight      []int32
 }
 
 func (c *childArrays) add(parent int64, rows []InsertRow) {
@@ -334,6 +343,12 @@ func (c *childArrays) add(parent int64, rows []InsertRow) {
 			ckey = &r.ConcurrencyKey
 		}
 		c.ckey = append(c.ckey, ckey)
+		var rate *string
+		if r.RateLimit != "" {
+			rate = &r.RateLimit
+		}
+		c.rate = append(c.rate, rate)
+		c.weight = append(c.weight, int32(max(r.Weight, 1)))
 	}
 }
 
@@ -341,4 +356,5 @@ func (c *childArrays) into(args pgx.NamedArgs) {
 	args["c_parent"], args["c_machine"], args["c_step"], args["c_state"] = c.parent, c.machine, c.step, c.state
 	args["c_queue"], args["c_priority"], args["c_scheduled_at"], args["c_delay"] = c.queue, c.priority, c.scheduledAt, c.delay
 	args["c_max_attempts"], args["c_key"], args["c_ord"], args["c_ckey"] = c.maxAttempts, c.key, c.ord, c.ckey
+	args["c_rate"], args["c_weight"] = c.rate, c.weight
 }

@@ -186,20 +186,39 @@ type Gates struct {
 	Shards []int32
 }
 
+// Rates is the rate-limit configuration a pick admits against (parallel slices): refill rate in
+// tokens per second and burst, per limit name.
+type Rates struct {
+	Names  []string
+	Rates  []float64
+	Bursts []float64
+}
+
 // PickResult is what a pick claimed, and how many candidates its window considered (the
 // difference was denied by a concurrency key or gate in this pick).
 type PickResult struct {
 	Rows       []Claimed
 	Considered int
+	// Refused counts the buckets whose grant another pick's writeback beat this one to.
+	Refused int
+	// RateDenied counts the rate-limited rows of the window their bucket could not afford.
+	RateDenied int
 }
 
 // Pick claims up to limit due rows of queue for the claim token owner.
-func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner string, lease, horizon time.Duration, gates *Gates) (PickResult, error) {
+func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner string, lease, horizon time.Duration, gates *Gates, rates *Rates) (PickResult, error) {
 	args := pgx.NamedArgs{"queue": queue, "limit": limit, "owner": owner, "lease": lease.Milliseconds(), "horizon": horizon.Milliseconds()}
 	stmt := "pick"
-	if gates != nil && len(gates.Names) > 0 {
-		stmt = "pick_gated"
+	if (gates != nil && len(gates.Names) > 0) || (rates != nil && len(rates.Names) > 0) {
+		stmt = "pick_admitted"
+		if gates == nil {
+			gates = &Gates{}
+		}
+		if rates == nil {
+			rates = &Rates{}
+		}
 		args["g_names"], args["g_limits"], args["g_shards"] = gates.Names, gates.Limits, gates.Shards
+		args["r_names"], args["r_rates"], args["r_bursts"] = rates.Names, rates.Rates, rates.Bursts
 	}
 	rows, err := db.Query(ctx, s.sql(stmt), args)
 	if err != nil {
@@ -213,13 +232,13 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 		var attempt, maxAttempts int32
 		var priority int16
 		var inbox, children []byte
-		var considered int64
+		var considered, refused, denied int64
 		if err := rows.Scan(&c.ID, &c.Machine, &c.Step, &c.State, &attempt, &maxAttempts, &priority,
 			&c.CorrelationKey, &c.InsertedAt, &c.AwaitNames, &c.Signalled, &inbox, &c.Child, &children,
-			&c.ConcurrencyKey, &c.ConcurrencyShard, &considered); err != nil {
+			&c.ConcurrencyKey, &c.ConcurrencyShard, &considered, &refused, &denied); err != nil {
 			return PickResult{}, err
 		}
-		res.Considered = int(considered)
+		res.Considered, res.Refused, res.RateDenied = int(considered), int(refused), int(denied)
 		if len(children) > 0 {
 			if err := json.Unmarshal(children, &c.Children); err != nil {
 				return PickResult{}, fmt.Errorf("decode children of %d: %w", c.ID, err)
@@ -322,6 +341,8 @@ type InsertRow struct {
 	CorrelationKey string // "" for none
 	ScopeMask      int16
 	ConcurrencyKey string // "" for none
+	RateLimit      string // "" for none
+	Weight         int
 }
 
 // Inserted is the result of one input row.
@@ -368,6 +389,8 @@ func (s *Store) insertRound(ctx context.Context, db DB, in []InsertRow, idx []in
 	masks := make([]int16, n)
 	ords := make([]int32, n)
 	ckeys := make([]*string, n)
+	rates := make([]*string, n)
+	weights := make([]int32, n)
 	for j, i := range idx {
 		r := &in[i]
 		machines[j], steps[j], states[j], queues[j] = r.Machine, r.Step, r.State, r.Queue
@@ -379,8 +402,12 @@ func (s *Store) insertRound(ctx context.Context, db DB, in []InsertRow, idx []in
 		if r.ConcurrencyKey != "" {
 			ckeys[j] = &in[i].ConcurrencyKey
 		}
+		if r.RateLimit != "" {
+			rates[j] = &in[i].RateLimit
+		}
+		weights[j] = int32(max(r.Weight, 1))
 	}
-	rows, err := db.Query(ctx, s.sql("insert_many"), machines, steps, states, queues, prios, sched, delays, maxAtt, keys, masks, ords, ckeys)
+	rows, err := db.Query(ctx, s.sql("insert_many"), machines, steps, states, queues, prios, sched, delays, maxAtt, keys, masks, ords, ckeys, rates, weights)
 	if err != nil {
 		return nil, err
 	}
@@ -671,4 +698,29 @@ func GateContention(err error) bool {
 	}
 	return (pgErr.Code == "23505" && pgErr.ConstraintName == "instances_concurrency_active") ||
 		(pgErr.Code == "23514" && pgErr.ConstraintName == "gates_held")
+}
+
+// GCBuckets deletes up to 1,000 buckets that are refilled or whose limit is not configured.
+func (s *Store) GCBuckets(ctx context.Context, db DB, r *Rates) (int, error) {
+	tag, err := db.Exec(ctx, s.sql("gc_buckets"), pgx.NamedArgs{"r_names": r.Names})
+	if err != nil {
+		return 0, err
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// RateUnknown counts the runnable rows stalled on each limit the configuration does not name.
+func (s *Store) RateUnknown(ctx context.Context, db DB, r *Rates) (map[string]int, error) {
+	rows, err := db.Query(ctx, s.sql("rate_unknown"), pgx.NamedArgs{"r_names": r.Names})
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int{}
+	var name string
+	var n int64
+	_, err = pgx.ForEachRow(rows, []any{&name, &n}, func() error {
+		out[name] = int(n)
+		return nil
+	})
+	return out, err
 }

@@ -16,22 +16,22 @@
 --
 -- $1 machine, $2 step, $3 state JSON text, $4 queue, $5 priority, $6 scheduled_at (NULL: now
 -- plus $7), $7 delay ms, $8 max attempts, $9 correlation key (NULL: none), $10 scope mask,
--- $11 input position, $12 concurrency key (NULL: none).
+-- $11 input position, $12 concurrency key (NULL: none), $13 rate limit (NULL: none), $14 weight.
 
 -- name: insert_many
 WITH input AS (
   SELECT *
   FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::smallint[],
               $6::timestamptz[], $7::bigint[], $8::integer[], $9::text[], $10::smallint[], $11::integer[],
-              $12::text[])
+              $12::text[], $13::text[], $14::integer[])
        AS u(machine, step, state, queue, priority, scheduled_at, delay_ms, max_attempts,
-            correlation_key, scope_mask, ord, concurrency_key)
+            correlation_key, scope_mask, ord, concurrency_key, rate_limit, weight)
 )
 INSERT INTO {schema}.instances (machine, step, state, queue, priority, scheduled_at, max_attempts, correlation_key,
-                                concurrency_key)
+                                concurrency_key, rate_limit, weight)
 SELECT u.machine, u.step, u.state::jsonb, u.queue, u.priority,
        coalesce(u.scheduled_at, now() + u.delay_ms * interval '1 millisecond'),
-       u.max_attempts, u.correlation_key, u.concurrency_key
+       u.max_attempts, u.correlation_key, u.concurrency_key, u.rate_limit, u.weight
 FROM input AS u
 WHERE u.correlation_key IS NULL
    OR NOT EXISTS (

@@ -36,7 +36,8 @@
 -- @ids, @owners claim; @kinds; @steps (NULL keeps); @states JSON text (NULL keeps); @delays ms
 -- (next, retry, released); @results JSON text (done); @err_kinds (NULL: none), @err_msgs;
 -- @await_names joined by the unit separator U+001F (names are printable); @await_ms timeout
--- (NULL: none); @spawned children count (spawn); @ckey_modes, @ckeys concurrency key control.
+-- (NULL: none); @spawned children count (spawn); @ckey_modes, @ckeys concurrency key control;
+-- @rate_limits, @weights the next step's rate limit (next).
 
 -- fragment: outcome_update
 UPDATE {schema}.instances AS i
@@ -75,14 +76,18 @@ SET status           = (CASE u.kind WHEN 3 THEN 'done' WHEN 4 THEN 'failed' WHEN
     -- outcome ends the execution, so the gate shard it held is no longer the row's.
     concurrency_key  = CASE u.ckey_mode WHEN 1 THEN u.ckey WHEN 2 THEN NULL ELSE i.concurrency_key END,
     concurrency_shard = NULL,
+    -- A rate limit is per transition: the step a Next leads to runs under the limit that Next
+    -- names (or none); a retried or released step keeps its own.
+    rate_limit       = CASE WHEN u.kind IN (2, 5) THEN i.rate_limit ELSE u.rate_limit END,
+    weight           = CASE WHEN u.kind IN (2, 5) THEN i.weight ELSE coalesce(u.weight, 1) END,
     finalized_at     = CASE WHEN u.kind IN (3, 4) THEN now() END,
     updated_at       = now()
 FROM unnest(@ids::bigint[], @owners::text[], @kinds::smallint[], @steps::text[], @states::text[],
             @delays::bigint[], @results::text[], @err_kinds::text[], @err_msgs::text[],
             @await_names::text[], @await_ms::bigint[], @spawned::integer[], @ckey_modes::smallint[],
-            @ckeys::text[])
+            @ckeys::text[], @rate_limits::text[], @weights::integer[])
      AS u(id, owner, kind, step, state, delay_ms, result, err_kind, err_msg, await_names, await_ms, spawned,
-          ckey_mode, ckey)
+          ckey_mode, ckey, rate_limit, weight)
 WHERE i.id = u.id
   -- The token alone is the fence (no "status = 'executing'" here): that predicate would let the
   -- planner read the whole instances_executing index, dead entries and all, instead of looking
@@ -108,19 +113,20 @@ WHERE s.id = c.signal_id
 -- machine is not inserted (recount_spawned then counts only the children that were).
 -- Locks: the new rows and the unique index's insertion lock on each new key.
 -- @c_parent, @c_machine, @c_step, @c_state, @c_queue, @c_priority, @c_scheduled_at, @c_delay,
--- @c_max_attempts, @c_key, @c_ord, @c_ckey: one element per child.
+-- @c_max_attempts, @c_key, @c_ord, @c_ckey, @c_rate, @c_weight: one element per child.
 
 -- fragment: outcome_spawn
 INSERT INTO {schema}.instances (machine, step, state, queue, priority, scheduled_at, max_attempts,
-                                correlation_key, concurrency_key, parent_id, parent_wave)
+                                correlation_key, concurrency_key, rate_limit, weight, parent_id, parent_wave)
 SELECT c.machine, c.step, c.state::jsonb, c.queue, c.priority,
        coalesce(c.scheduled_at, now() + c.delay_ms * interval '1 millisecond'),
-       c.max_attempts, c.correlation_key, c.concurrency_key, upd.id, upd.spawn_wave
+       c.max_attempts, c.correlation_key, c.concurrency_key, c.rate_limit, c.weight, upd.id, upd.spawn_wave
 FROM unnest(@c_parent::bigint[], @c_machine::text[], @c_step::text[], @c_state::text[], @c_queue::text[],
             @c_priority::smallint[], @c_scheduled_at::timestamptz[], @c_delay::bigint[],
-            @c_max_attempts::integer[], @c_key::text[], @c_ord::integer[], @c_ckey::text[])
+            @c_max_attempts::integer[], @c_key::text[], @c_ord::integer[], @c_ckey::text[], @c_rate::text[],
+            @c_weight::integer[])
      AS c(parent, machine, step, state, queue, priority, scheduled_at, delay_ms, max_attempts, correlation_key,
-          ord, concurrency_key)
+          ord, concurrency_key, rate_limit, weight)
 JOIN upd ON upd.id = c.parent
 ORDER BY c.machine, c.correlation_key NULLS LAST, c.ord
 ON CONFLICT (machine, correlation_key)

@@ -59,9 +59,9 @@ RETURNING i.id, i.machine, i.step, i.state, i.attempt, i.max_attempts, i.priorit
              FROM {schema}.instances AS c WHERE c.parent_id = i.id AND c.parent_wave = i.spawn_wave)
           END,
           i.concurrency_key, i.concurrency_shard,
-          (SELECT count(*) FROM candidates)
+          (SELECT count(*) FROM candidates), (SELECT n FROM refused), (SELECT denied FROM refused)
 
--- The pick of a client with no gates configured: every key is K = 1.
+-- The pick of a client with no gates or rate limits configured: every key is K = 1.
 
 -- name: pick
 WITH candidates AS MATERIALIZED (
@@ -74,6 +74,8 @@ WITH candidates AS MATERIALIZED (
          OR NOT EXISTS (SELECT 1 FROM {schema}.instances AS x
                         WHERE x.concurrency_key = i.concurrency_key AND x.status = 'executing'
                           AND x.concurrency_shard IS NULL))
+    -- No limit is configured: a row with one stalls (the maintenance sweep reports it).
+    AND i.rate_limit IS NULL
   ORDER BY i.priority, i.scheduled_at, i.id
   LIMIT @limit
   FOR NO KEY UPDATE OF i SKIP LOCKED
@@ -84,22 +86,43 @@ WITH candidates AS MATERIALIZED (
      OR NOT EXISTS (SELECT 1 FROM candidates AS d
                     WHERE d.ckey = c.ckey AND (d.priority, d.scheduled_at, d.id) < (c.priority, c.scheduled_at, c.id))
   ORDER BY c.ckey NULLS FIRST, c.id
+), refused AS (
+  SELECT 0::bigint AS n, 0::bigint AS denied
 )
 {{pick_claim}};
 
--- The pick of a client with gates configured. A gated key's candidates take its free slots in
--- urgency order, from the emptiest shard first (which spreads a busy key over its shards); a
--- shard with no row yet is empty (its capacity from the configuration). The
--- debit is one upsert per (key, shard) in key order, so picks racing over the same gates lock
--- their counters in the same order and cannot deadlock; racing first debits of a cold shard merge
--- in ON CONFLICT, which applies a debit only while it fits; the CHECK backs that up.
--- Locks, besides the candidates: the gate counter rows it debits (until commit).
+-- The pick of a client with gates or rate limits configured (admission).
+--
+-- Gates. A gated key's candidates take its free slots in urgency order, from the emptiest shard
+-- first (which spreads a busy key over its shards); a shard with no row yet is empty (its
+-- capacity from the configuration). The debit is one upsert per (key, shard) in key order, so
+-- picks racing over the same gates lock their counters in the same order and cannot deadlock;
+-- racing first debits of a cold shard merge in ON CONFLICT, which applies a debit only while it
+-- fits; the CHECK backs that up.
+--
+-- Rate limits. A row with a rate limit is a candidate only if its bucket holds a token (rows of a
+-- limit no configuration here names are not candidates at all: they stall, and the maintenance
+-- sweep reports them). Each bucket refills to now: min(burst, tokens + rate × elapsed), a missing
+-- bucket being full. Its candidates are granted in urgency order while their cumulative weight
+-- fits: a heavy row at the head that does not fit yet blocks the lighter rows behind it (strict
+-- order, the head of the line keeps its place). The writeback is one upsert per bucket in key
+-- order; it recomputes the balance on the locked newest row and applies only while the grant
+-- still fits, so picks racing over a bucket never overdraw it (a refused grant claims nothing:
+-- rate_limit.contended), and racing first grants of a cold bucket meet on its primary key.
+-- A row under both a gate and a limit takes a gate slot only once the limit granted it.
+--
+-- Locks, besides the candidates: the gate counters and buckets it writes (until commit).
+-- Also: @g_names, @g_limits, @g_shards (gates); @r_names, @r_rates (tokens per second),
+-- @r_bursts (limits).
 
--- name: pick_gated
+-- name: pick_admitted
 WITH cfg AS (
   SELECT * FROM unnest(@g_names::text[], @g_limits::integer[], @g_shards::integer[]) AS g(name, lim, shards)
+), rcfg AS (
+  SELECT * FROM unnest(@r_names::text[], @r_rates::double precision[], @r_bursts::double precision[])
+         AS r(name, rate, burst)
 ), candidates AS MATERIALIZED (
-  SELECT i.id, i.concurrency_key AS ckey, i.priority, i.scheduled_at
+  SELECT i.id, i.concurrency_key AS ckey, i.rate_limit AS rkey, i.weight, i.priority, i.scheduled_at
   FROM {schema}.instances AS i
   -- No join here: the scan must stay in the pick index's order so that LIMIT stops it early.
   WHERE i.status = 'available'
@@ -113,13 +136,49 @@ WITH cfg AS (
                      NOT EXISTS (SELECT 1 FROM {schema}.instances AS x
                                  WHERE x.concurrency_key = i.concurrency_key AND x.status = 'executing'
                                    AND x.concurrency_shard IS NULL)))
+    AND (i.rate_limit IS NULL
+         -- A limited row: its bucket holds a token. (NULL: an unknown limit: not a candidate.)
+         OR (SELECT coalesce((SELECT least(rc.burst, b.tokens + rc.rate * extract(epoch FROM now() - b.updated_at))
+                              FROM {schema}.buckets AS b WHERE b.key = i.rate_limit), rc.burst) >= 1
+             FROM rcfg AS rc WHERE rc.name = split_part(i.rate_limit, ':', 1)))
   ORDER BY i.priority, i.scheduled_at, i.id
   LIMIT @limit
   FOR NO KEY UPDATE OF i SKIP LOCKED
+), rated AS (
+  -- Each limited candidate with its bucket's balance now and the cumulative weight up to it.
+  SELECT c.id, c.rkey, rc.rate, rc.burst,
+         coalesce((SELECT least(rc.burst, b.tokens + rc.rate * extract(epoch FROM now() - b.updated_at))
+                   FROM {schema}.buckets AS b WHERE b.key = c.rkey), rc.burst) AS balance,
+         sum(c.weight) OVER (PARTITION BY c.rkey ORDER BY c.priority, c.scheduled_at, c.id) AS upto
+  FROM candidates AS c
+  JOIN rcfg AS rc ON rc.name = split_part(c.rkey, ':', 1)
+), granted AS (
+  SELECT id, rkey FROM rated WHERE upto <= balance
+), rdebit AS (
+  INSERT INTO {schema}.buckets (key, tokens, rate, burst, updated_at)
+  SELECT r.rkey, greatest(r.burst - sum(c.weight), 0), r.rate, r.burst, now()
+  FROM granted AS g
+  JOIN rated AS r ON r.id = g.id
+  JOIN candidates AS c ON c.id = g.id
+  GROUP BY r.rkey, r.rate, r.burst
+  ORDER BY r.rkey
+  ON CONFLICT (key) DO UPDATE
+    SET tokens = greatest(least(EXCLUDED.burst, buckets.tokens + EXCLUDED.rate * extract(epoch FROM now() - buckets.updated_at))
+                          - (EXCLUDED.burst - EXCLUDED.tokens), 0),
+        rate = EXCLUDED.rate, burst = EXCLUDED.burst, updated_at = now()
+    WHERE least(EXCLUDED.burst, buckets.tokens + EXCLUDED.rate * extract(epoch FROM now() - buckets.updated_at))
+          - (EXCLUDED.burst - EXCLUDED.tokens) >= -1e-9
+  RETURNING key
+), admitted AS (
+  -- Rows the rate limits let through (or that have none).
+  SELECT c.*
+  FROM candidates AS c
+  WHERE c.rkey IS NULL
+     OR EXISTS (SELECT 1 FROM granted AS g JOIN rdebit AS d ON d.key = g.rkey WHERE g.id = c.id)
 ), ranked AS (
   SELECT c.id, c.ckey, cfg.name AS gate, cfg.lim, cfg.shards,
          row_number() OVER (PARTITION BY c.ckey ORDER BY c.priority, c.scheduled_at, c.id) AS rk
-  FROM candidates AS c
+  FROM admitted AS c
   LEFT JOIN cfg ON cfg.name = split_part(c.ckey, ':', 1)
 ), shards AS (
   SELECT k.ckey, s.shard,
@@ -161,5 +220,11 @@ WITH cfg AS (
   WHERE w.gkey IS NULL
      OR EXISTS (SELECT 1 FROM debit AS d WHERE d.key = w.gkey AND d.shard = w.shard)
   ORDER BY c.ckey NULLS FIRST, c.id
+), refused AS (
+  -- n: buckets whose grant another pick's writeback beat this one to; denied: limited rows in
+  -- the window their bucket could not afford.
+  SELECT (SELECT count(*) FROM (SELECT DISTINCT rkey FROM granted) AS k
+          WHERE NOT EXISTS (SELECT 1 FROM rdebit AS d WHERE d.key = k.rkey)) AS n,
+         (SELECT count(*) FROM rated) - (SELECT count(*) FROM granted) AS denied
 )
 {{pick_claim}};

@@ -1,0 +1,237 @@
+package gendurable_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/durabletest"
+	"github.com/stretchr/testify/require"
+)
+
+// rateJob records the database time its step starts at, on a pool of its own (autocommit).
+func rateJob(e *env, name, queue string) gendurable.Job[string] {
+	return gendurable.Job[string]{Name: name, Queue: queue, Perform: func(ctx *gendurable.Ctx, tag string) error {
+		_, err := e.pool.Exec(ctx, expand(`INSERT INTO {schema}.t_starts (id, tag, at) VALUES ($1, $2, clock_timestamp())`, e.schema), ctx.ID, tag)
+		return err
+	}}
+}
+
+func createStarts(t *testing.T, e *env) {
+	e.exec(t, `CREATE TABLE {schema}.t_starts (id bigint, tag text, at timestamptz)`)
+}
+
+func TestRateLimitConservesTokensAcrossEightClients(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	createStarts(t, e)
+	job := rateJob(e, "rated", "r")
+	const allowed, burst = 20, 10 // 20 per second, 10 at once
+	limits := map[string]gendurable.Rate{"api": {Allowed: allowed, Period: time.Second, Burst: burst}}
+	ins := e.client(t, &gendurable.Config{Name: "ins", Machines: []gendurable.Machine{job}, RateLimits: limits})
+	params := make([]gendurable.InsertManyParams, 300)
+	for i := range params {
+		params[i] = gendurable.InsertManyParams{Input: job.With("x"), Opts: &gendurable.InsertOpts{RateLimit: "api"}}
+	}
+	_, err := ins.InsertMany(context.Background(), params)
+	require.NoError(t, err)
+	for i := range 8 {
+		cl := e.client(t, &gendurable.Config{Name: fmt.Sprint("c", i), Machines: []gendurable.Machine{job}, RateLimits: limits,
+			PollInterval: 20 * time.Millisecond, Queues: map[string]gendurable.QueueConfig{"r": {Concurrency: 10}}})
+		start(t, cl)
+	}
+	time.Sleep(3 * time.Second)
+	// From the rows: for every start, the starts up to it never exceed burst + rate × elapsed
+	// since the first (plus one for rounding), and by the end the limit was used in full.
+	rows, err := e.pool.Query(context.Background(), expand(`SELECT extract(epoch FROM at - min(at) OVER ())::float8,
+		row_number() OVER (ORDER BY at) FROM {schema}.t_starts ORDER BY at`, e.schema))
+	require.NoError(t, err)
+	var last float64
+	var n int64
+	for rows.Next() {
+		var since float64
+		require.NoError(t, rows.Scan(&since, &n))
+		require.LessOrEqual(t, float64(n), burst+allowed*since+1, "start %d at +%.3fs overdraws the bucket", n, since)
+		last = since
+	}
+	require.NoError(t, rows.Err())
+	t.Logf("%d grants in %.2fs: burst %d + %d/s", n, last, burst, allowed)
+	require.GreaterOrEqual(t, float64(n), burst+allowed*last-allowed*0.15, "the limit was not used in full")
+	require.Less(t, n, int64(300), "the backlog outlasted the run")
+}
+
+func TestRateLimitPartitionsDoNotShareTokens(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	createStarts(t, e)
+	job := rateJob(e, "tenant", "p")
+	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{job},
+		RateLimits: map[string]gendurable.Rate{"api": {Allowed: 2, Period: time.Hour}}})
+	ctx := context.Background()
+	for _, tenant := range []string{"t1", "t2"} {
+		for range 5 {
+			_, err := cl.Insert(ctx, job.With(tenant), &gendurable.InsertOpts{RateLimit: "api:" + tenant})
+			require.NoError(t, err)
+		}
+	}
+	kit := durabletest.New(t, cl, nil)
+	res, err := kit.TryDrain(ctx, &durabletest.DrainOpts{KeepDelays: true})
+	require.NoError(t, err)
+	require.Equal(t, 4, res.Steps)
+	require.Equal(t, 2, e.count(t, `SELECT count(*) FROM {schema}.t_starts WHERE tag = 't1'`))
+	require.Equal(t, 2, e.count(t, `SELECT count(*) FROM {schema}.t_starts WHERE tag = 't2'`))
+	require.Equal(t, 2, e.count(t, `SELECT count(*) FROM {schema}.buckets`))
+}
+
+func TestWeightedHeadOfLineIsNotStarved(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	createStarts(t, e)
+	job := rateJob(e, "weighted", "w")
+	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{job},
+		RateLimits: map[string]gendurable.Rate{"api": {Allowed: 10, Period: time.Second}},
+		Queues:     map[string]gendurable.QueueConfig{"w": {Concurrency: 30}}, PollInterval: 20 * time.Millisecond})
+	ctx := context.Background()
+	// In urgency order: a row of weight 5, a heavy row of weight 8, then twenty light rows.
+	ins := func(tag string, prio, weight int) {
+		_, err := cl.Insert(ctx, job.With(tag), &gendurable.InsertOpts{RateLimit: "api", Weight: weight, Priority: prio})
+		require.NoError(t, err)
+	}
+	ins("first", 1, 5)
+	ins("heavy", 2, 8)
+	for range 20 {
+		ins("light", 3, 1)
+	}
+	start(t, cl)
+	eventually(t, 20*time.Second, "all ran", func() bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'done'`) == 22
+	})
+	// With 10 tokens, first (5) ran at once; heavy (8) did not fit yet, and the light rows behind
+	// it waited for it rather than taking the tokens it was waiting for.
+	require.Equal(t, 0, e.count(t, `SELECT count(*) FROM {schema}.t_starts l, {schema}.t_starts h
+		WHERE l.tag = 'light' AND h.tag = 'heavy' AND l.at < h.at`))
+}
+
+func TestColdBucketAdmitsWithZeroLag(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	createStarts(t, e)
+	job := rateJob(e, "cold", "c")
+	var throttled atomic.Int64
+	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{job},
+		RateLimits: map[string]gendurable.Rate{"api": {Allowed: 5, Period: time.Hour}},
+		Hooks: []func(gendurable.Event){func(ev gendurable.Event) {
+			if ev.Name == gendurable.EventRateLimitThrottled {
+				throttled.Add(1)
+			}
+		}}})
+	kit := durabletest.New(t, cl, nil)
+	ctx := context.Background()
+	for round := range 3 {
+		for range 2 {
+			_, err := cl.Insert(ctx, job.With(fmt.Sprint(round)), &gendurable.InsertOpts{RateLimit: "api:tenant"})
+			require.NoError(t, err)
+		}
+		res, err := kit.TryDrain(ctx, &durabletest.DrainOpts{KeepDelays: true})
+		require.NoError(t, err)
+		require.Equal(t, 2, res.Steps, "round %d: admitted at once", round)
+		// GC sweeps the bucket (or it never existed): the next round's bucket is cold again.
+		e.exec(t, `DELETE FROM {schema}.buckets`)
+	}
+	require.Zero(t, throttled.Load(), "no false throttling of a cold bucket")
+}
+
+func TestUnknownRateLimitStallsVisiblyAndTheQueueGoesOn(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	createStarts(t, e)
+	job := rateJob(e, "u", "u")
+	var unknown atomic.Int64
+	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{job},
+		RateLimits: map[string]gendurable.Rate{"api": {Allowed: 5, Period: time.Second}},
+		Queues:     map[string]gendurable.QueueConfig{"u": {}},
+		Reaper:     &gendurable.ReaperConfig{Interval: 50 * time.Millisecond},
+		Hooks: []func(gendurable.Event){func(ev gendurable.Event) {
+			if ev.Name == gendurable.EventRateLimitUnknown && ev.Key == "nope" {
+				unknown.Store(int64(ev.Count))
+			}
+		}}})
+	ctx := context.Background()
+	stalled, err := cl.Insert(ctx, job.With("stalled"), &gendurable.InsertOpts{RateLimit: "nope:x"})
+	require.NoError(t, err)
+	start(t, cl)
+	canary, err := cl.Insert(ctx, job.With("canary"), nil)
+	require.NoError(t, err)
+	eventually(t, 10*time.Second, "the canary ran and the stall was reported", func() bool {
+		in, _ := cl.Get(ctx, canary.ID)
+		return in.Status == gendurable.StatusDone && unknown.Load() == 1
+	})
+	in, err := cl.Get(ctx, stalled.ID)
+	require.NoError(t, err)
+	require.Equal(t, gendurable.StatusAvailable, in.Status, "stalled, not lost")
+}
+
+func TestBucketGCPrunesRefilledAndUnconfiguredBuckets(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var buckets atomic.Int64
+	cl := e.client(t, &gendurable.Config{
+		RateLimits: map[string]gendurable.Rate{"api": {Allowed: 10, Period: time.Second}},
+		Reaper:     &gendurable.ReaperConfig{Interval: 50 * time.Millisecond},
+		Hooks: []func(gendurable.Event){func(ev gendurable.Event) {
+			if ev.Name == gendurable.EventGCSwept {
+				buckets.Add(int64(ev.Buckets))
+			}
+		}}})
+	e.exec(t, `INSERT INTO {schema}.buckets (key, tokens, rate, burst, updated_at) VALUES
+		('api:full', 10, 10, 10, now() - interval '1 minute'),
+		('api:busy', 0, 0.001, 10, now()),
+		('removed:x', 0, 0.001, 10, now())`)
+	start(t, cl)
+	eventually(t, 10*time.Second, "two buckets pruned", func() bool { return buckets.Load() == 2 })
+	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM {schema}.buckets WHERE key = 'api:busy'`))
+}
+
+func TestInvalidRateConfigAndOptions(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	for field, limits := range map[string]map[string]gendurable.Rate{
+		"RateLimits[a:b]":         {"a:b": {Allowed: 1, Period: time.Second}},
+		"RateLimits[x].Allowed":   {"x": {Allowed: 0, Period: time.Second}},
+		"RateLimits[y].Period":    {"y": {Allowed: 1}},
+		"RateLimits[z].Burst":     {"z": {Allowed: 1, Period: time.Second, Burst: -2}},
+		"RateLimits[neg].Allowed": {"neg": {Allowed: -1, Period: time.Second}},
+	} {
+		_, err := gendurable.NewClient(e.pool, &gendurable.Config{RateLimits: limits})
+		var ce *gendurable.ConfigError
+		require.ErrorAs(t, err, &ce, field)
+		require.Equal(t, field, ce.Field)
+	}
+	cl := e.client(t, nil)
+	ctx := context.Background()
+	for _, opts := range []*gendurable.InsertOpts{
+		{Weight: 2},
+		{RateLimit: "api", Weight: -1},
+		{RateLimit: string(make([]byte, 600))},
+	} {
+		_, err := cl.Insert(ctx, noop.With(counter{}), opts)
+		require.ErrorIs(t, err, gendurable.ErrInvalidInput)
+	}
+	// Bad options on Next route to Handle.
+	m := gendurable.FSM[counter]{Name: "badrate", Start: "a", MaxAttempts: 1, Steps: map[string]gendurable.StepFunc[counter]{
+		"a": func(*gendurable.Ctx, counter) (gendurable.Outcome, error) {
+			return gendurable.Next("b", counter{}, gendurable.Weight(0), gendurable.RateLimit("api")), nil
+		},
+		"b": func(*gendurable.Ctx, counter) (gendurable.Outcome, error) { return gendurable.Done(nil), nil },
+	}}
+	cl2 := e.client(t, &gendurable.Config{Name: "two", Machines: []gendurable.Machine{m}})
+	r, err := cl2.Insert(ctx, m.With(counter{}), nil)
+	require.NoError(t, err)
+	kit := durabletest.New(t, cl2, nil)
+	kit.Drain(ctx)
+	in := kit.RequireFailed(ctx, r.ID)
+	require.Equal(t, "outcome", in.Errors[0].Kind)
+}
