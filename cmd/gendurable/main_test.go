@@ -34,7 +34,7 @@ func TestMigratePrintAndErrors(t *testing.T) {
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, `unknown command "nonsense"`)
 
-	code, _, errOut = runCLI(t, "bench", "--scenario", "rated", "--database-url", durabledbtest.URL(t))
+	code, _, errOut = runCLI(t, "bench", "--scenario", "await", "--database-url", durabledbtest.URL(t))
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "cannot run yet")
 }
@@ -57,7 +57,7 @@ func TestBenchSmoke(t *testing.T) {
 	code, out, errOut := runCLI(t, "bench", "--database-url", durabledbtest.URL(t), "--schema", "t_cli_bench", "--n", "300", "--json")
 	require.Equal(t, 0, code, errOut)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	require.Len(t, lines, 6)
+	require.Len(t, lines, 7)
 	want := map[string][]string{
 		"jobs":    {"insert_per_s", "work_per_s"},
 		"chain":   {"steps_per_s"},
@@ -65,6 +65,7 @@ func TestBenchSmoke(t *testing.T) {
 		"signal":  {"steps_per_s", "p50_ms", "p99_ms"},
 		"fanout":  {"steps_per_s"},
 		"gated":   {"insert_per_s", "work_per_s"},
+		"rated":   {"insert_per_s", "work_per_s"},
 	}
 	for _, l := range lines {
 		var r map[string]any

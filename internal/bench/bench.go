@@ -93,7 +93,7 @@ func scenarios() []scenario {
 		{name: "signal", defaultN: 5000, summary: "N instances parked on Await, each signalled (4 senders at once); time from the Signal call to the woken step's start", run: runSignal},
 		{name: "fanout", defaultN: 20000, summary: "one parent spawning N one-step children in another queue, then joining", run: runFanout},
 		{name: "gated", defaultN: 50000, summary: "jobs, each under one gate key whose limit (100,000 over 8 shards) never binds: the admission cost", run: runGated},
-		{name: "rated", summary: "jobs behind a rate limit that never binds", unavailable: "needs rate limits (the rate-limit issue)"},
+		{name: "rated", defaultN: 50000, summary: "jobs, each under one rate limit that never binds (10 million a second): the admission cost", run: runRated},
 	}
 }
 
@@ -203,9 +203,10 @@ type runner struct {
 	pool *pgxpool.Pool
 	opts Options
 	heap *heapSampler
-	// limits are the concurrency gates the scenario's clients configure (gated only: the
-	// others measure a client without gates).
+	// limits and rates are the concurrency gates and rate limits the scenario's clients
+	// configure (gated and rated only: the others measure a client without them).
 	limits map[string]gendurable.ConcurrencyLimit
+	rates  map[string]gendurable.Rate
 }
 
 // client builds a client on the scenario's schema working queue "bench".
@@ -222,6 +223,7 @@ func (r *runner) named(name string, machines []gendurable.Machine, hooks ...func
 		Logger:            r.opts.Logger,
 		Hooks:             hooks,
 		ConcurrencyLimits: r.limits,
+		RateLimits:        r.rates,
 	})
 }
 
@@ -301,6 +303,13 @@ func runGated(ctx context.Context, r *runner, n int) (Result, error) {
 	r.limits = map[string]gendurable.ConcurrencyLimit{"gate": {Limit: 100_000, Shards: 8}}
 	defer func() { r.limits = nil }()
 	return jobs(ctx, r, n, &gendurable.InsertOpts{ConcurrencyKey: "gate:bench"})
+}
+
+// runRated is jobs with every job under one rate limit that never binds.
+func runRated(ctx context.Context, r *runner, n int) (Result, error) {
+	r.rates = map[string]gendurable.Rate{"rate": {Allowed: 10_000_000, Period: time.Second, Burst: 1_000_000}}
+	defer func() { r.rates = nil }()
+	return jobs(ctx, r, n, &gendurable.InsertOpts{RateLimit: "rate:bench"})
 }
 
 // jobs inserts n no-op jobs with opts and works them.

@@ -144,14 +144,19 @@ WITH cfg AS (
   ORDER BY i.priority, i.scheduled_at, i.id
   LIMIT @limit
   FOR NO KEY UPDATE OF i SKIP LOCKED
+), balances AS (
+  -- Each limited key of the window with its bucket's balance now (read once per key).
+  SELECT k.rkey, rc.rate, rc.burst,
+         coalesce(least(rc.burst, b.tokens + rc.rate * extract(epoch FROM now() - b.updated_at)), rc.burst) AS balance
+  FROM (SELECT DISTINCT rkey FROM candidates WHERE rkey IS NOT NULL) AS k
+  JOIN rcfg AS rc ON rc.name = split_part(k.rkey, ':', 1)
+  LEFT JOIN {schema}.buckets AS b ON b.key = k.rkey
 ), rated AS (
-  -- Each limited candidate with its bucket's balance now and the cumulative weight up to it.
-  SELECT c.id, c.rkey, rc.rate, rc.burst,
-         coalesce((SELECT least(rc.burst, b.tokens + rc.rate * extract(epoch FROM now() - b.updated_at))
-                   FROM {schema}.buckets AS b WHERE b.key = c.rkey), rc.burst) AS balance,
+  -- Each limited candidate with the cumulative weight up to it in its bucket's urgency order.
+  SELECT c.id, c.rkey, bl.rate, bl.burst, bl.balance,
          sum(c.weight) OVER (PARTITION BY c.rkey ORDER BY c.priority, c.scheduled_at, c.id) AS upto
   FROM candidates AS c
-  JOIN rcfg AS rc ON rc.name = split_part(c.rkey, ':', 1)
+  JOIN balances AS bl ON bl.rkey = c.rkey
 ), granted AS (
   SELECT id, rkey FROM rated WHERE upto <= balance
 ), rdebit AS (
