@@ -292,7 +292,14 @@ func (s *Store) ReleaseExpired(ctx context.Context, db DB, limit int, prefix str
 	if prefix != "" {
 		p = &prefix
 	}
-	rows, err := db.Query(ctx, s.sql("release_expired"), limit, p, slack.Milliseconds())
+	// One transaction: the instances it fails and the clearing of their inboxes (which needs a
+	// snapshot taken after the release) commit together.
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	rows, err := tx.Query(ctx, s.sql("release_expired"), limit, p, slack.Milliseconds())
 	if err != nil {
 		return nil, nil, err
 	}
@@ -319,11 +326,13 @@ func (s *Store) ReleaseExpired(ctx context.Context, db DB, limit int, prefix str
 	}
 	if len(failed) > 0 {
 		// Instances that failed here are finished: clear their inboxes, with a fresh snapshot
-		// (see purge_terminal_inboxes). Should the process die in between, GC's deletion of the
-		// instances removes them.
-		if _, err := db.Exec(ctx, s.sql("purge_terminal_inboxes"), failed); err != nil {
-			return out, woken, fmt.Errorf("clear the inboxes of failed instances: %w", err)
+		// (see purge_terminal_inboxes).
+		if _, err := tx.Exec(ctx, s.sql("purge_terminal_inboxes"), failed); err != nil {
+			return nil, nil, fmt.Errorf("clear the inboxes of failed instances: %w", err)
 		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, nil, err
 	}
 	return out, woken, nil
 }
