@@ -194,6 +194,9 @@ type Rates struct {
 	Bursts []float64
 }
 
+// pickLockTimeout bounds how long a pick waits for a lock (see Pick).
+const pickLockTimeout = "100ms"
+
 // PickResult is what a pick claimed, and how many candidates its window considered (the
 // difference was denied by a concurrency key or gate in this pick).
 type PickResult struct {
@@ -220,9 +223,34 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 		args["g_names"], args["g_limits"], args["g_shards"] = gates.Names, gates.Limits, gates.Shards
 		args["r_names"], args["r_rates"], args["r_bursts"] = rates.Names, rates.Rates, rates.Bursts
 	}
-	rows, err := db.Query(ctx, s.sql(stmt), args)
-	if err != nil {
-		return PickResult{}, err
+	// A pick never waits long: the statement's lock_timeout (its own implicit transaction, via
+	// the batch) turns a wait on another transaction (a claim of the same concurrency key, a
+	// gate counter or bucket being written) into an error the caller retries. Without it, such a
+	// wait could close a cycle with an outcome commit waiting on a row lock the pick took and
+	// kept for a row its scan then found already claimed: a deadlock.
+	// (In a caller's transaction, the test kit's Drain, the setting would outlive the pick, and
+	// nothing races the drain: it is left alone there.)
+	var rows pgx.Rows
+	if _, inTx := db.(pgx.Tx); inTx {
+		r, err := db.Query(ctx, s.sql(stmt), args)
+		if err != nil {
+			return PickResult{}, err
+		}
+		rows = r
+	} else {
+		b := &pgx.Batch{}
+		b.Queue("SELECT pg_catalog.set_config('lock_timeout', $1, true)", pickLockTimeout)
+		b.Queue(s.sql(stmt), args)
+		br := db.SendBatch(ctx, b)
+		defer func() { _ = br.Close() }()
+		if _, err := br.Exec(); err != nil {
+			return PickResult{}, err
+		}
+		r, err := br.Query()
+		if err != nil {
+			return PickResult{}, err
+		}
+		rows = r
 	}
 	defer rows.Close()
 	res := PickResult{}
@@ -699,14 +727,15 @@ func (s *Store) ReconcileGates(ctx context.Context, db DB, g *Gates) (repaired, 
 }
 
 // GateContention reports whether err is a pick losing a race for a concurrency key or the last
-// slot of a gate (it is retried).
+// slot of a gate, or waiting on another transaction past its lock timeout (it is retried).
 func GateContention(err error) bool {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
 		return false
 	}
 	return (pgErr.Code == "23505" && pgErr.ConstraintName == "instances_concurrency_active") ||
-		(pgErr.Code == "23514" && pgErr.ConstraintName == "gates_held")
+		(pgErr.Code == "23514" && pgErr.ConstraintName == "gates_held") ||
+		pgErr.Code == "55P03" // lock_timeout: the pick waited on another transaction too long
 }
 
 // GCBuckets deletes up to 1,000 buckets that are refilled or whose limit is not configured.
