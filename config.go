@@ -3,7 +3,8 @@ package gendurable
 import (
 	"fmt"
 	"log/slog"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 	"unicode"
@@ -175,17 +176,12 @@ func (c *Config) resolve() (engine.Config, string, error) {
 	}
 
 	if len(c.ConcurrencyLimits) > 0 {
-		names := make([]string, 0, len(c.ConcurrencyLimits))
-		for name := range c.ConcurrencyLimits {
-			names = append(names, name)
-		}
-		sort.Strings(names)
 		g := &store.Gates{}
-		for _, name := range names {
+		for _, name := range slices.Sorted(maps.Keys(c.ConcurrencyLimits)) {
 			l := c.ConcurrencyLimits[name]
 			field := "ConcurrencyLimits[" + name + "]"
-			if err := checkName("gate name", name); err != nil || strings.Contains(name, ":") {
-				return ec, "", cfgErr(field, "%q: a gate name is 1 to 128 printable characters without ':'", name)
+			if err := checkLimitName("gate", field, name); err != nil {
+				return ec, "", err
 			}
 			if l.Limit < 1 {
 				return ec, "", cfgErr(field+".Limit", "%d: must be at least 1", l.Limit)
@@ -205,17 +201,12 @@ func (c *Config) resolve() (engine.Config, string, error) {
 	}
 
 	if len(c.RateLimits) > 0 {
-		names := make([]string, 0, len(c.RateLimits))
-		for name := range c.RateLimits {
-			names = append(names, name)
-		}
-		sort.Strings(names)
 		r := &store.Rates{}
-		for _, name := range names {
+		for _, name := range slices.Sorted(maps.Keys(c.RateLimits)) {
 			l := c.RateLimits[name]
 			field := "RateLimits[" + name + "]"
-			if err := checkName("rate limit name", name); err != nil || strings.Contains(name, ":") {
-				return ec, "", cfgErr(field, "%q: a rate limit name is 1 to 128 printable characters without ':'", name)
+			if err := checkLimitName("rate limit", field, name); err != nil {
+				return ec, "", err
 			}
 			if l.Allowed < 1 {
 				return ec, "", cfgErr(field+".Allowed", "%d: must be at least 1", l.Allowed)
@@ -289,6 +280,15 @@ func (c *Config) resolve() (engine.Config, string, error) {
 	ec.Committers = defaultCommitters
 	ec.MaxCommitBatch = defaultMaxCommitBatch
 	return ec, schema, nil
+}
+
+// checkLimitName validates the name of a gate or rate limit: a durable name without ':' (the
+// separator of a key's partition).
+func checkLimitName(what, field, name string) error {
+	if err := checkName(what+" name", name); err != nil || strings.Contains(name, ":") {
+		return cfgErr(field, "%q: a %s name is 1 to 128 printable characters without ':'", name, what)
+	}
+	return nil
 }
 
 // checkName validates a durable name (machine, step, queue): 1 to 128 bytes of printable UTF-8.

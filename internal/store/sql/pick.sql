@@ -32,7 +32,7 @@
 --
 -- @queue, @limit, @owner claim token, @lease ms, @horizon ms (rows scheduled up to now() +
 -- horizon are due: 0 in production; the test kit's Drain passes a large horizon to collapse
--- delays). pick_gated also takes the gates configuration: @g_names, @g_limits, @g_shards.
+-- delays). pick_admitted also takes the gates and rate-limit configuration (see there).
 
 -- fragment: pick_claim
 UPDATE {schema}.instances AS i
