@@ -66,7 +66,8 @@ type Event struct {
 	Step       string
 	InstanceID int64
 	Attempt    int
-	// Outcome is the kind of a committed outcome: "next", "retry", "done", "failed", "released".
+	// Outcome is the kind of a committed outcome: "next", "retry", "await", "spawn", "done",
+	// "failed", "released".
 	Outcome string
 	Count   int
 	Failed  int
