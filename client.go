@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"time"
-	"unicode/utf8"
 
 	"github.com/gendurable/gendurable/durablemigrate"
 	"github.com/gendurable/gendurable/internal/bridge"
@@ -240,8 +239,10 @@ func buildRow(input Input, opts *InsertOpts, index, maxPayload int, machine func
 		return bad("In", "set In or ScheduledAt, not both")
 	}
 	key := opts.CorrelationKey
-	if key != "" && (len(key) > 512 || !utf8.ValidString(key) || containsNUL(key)) {
-		return bad("CorrelationKey", "must be valid UTF-8 without NUL, at most 512 bytes")
+	if key != "" {
+		if err := checkKey(key); err != nil {
+			return bad("CorrelationKey", "%v", err)
+		}
 	}
 	var mask int16
 	for _, s := range opts.CorrelationScope {
@@ -261,12 +262,12 @@ func buildRow(input Input, opts *InsertOpts, index, maxPayload int, machine func
 		return bad("CorrelationScope", "set without a CorrelationKey")
 	}
 	if opts.ConcurrencyKey != "" {
-		if err := checkConcurrencyKey(opts.ConcurrencyKey); err != nil {
+		if err := checkKey(opts.ConcurrencyKey); err != nil {
 			return bad("ConcurrencyKey", "%v", err)
 		}
 	}
 	if opts.RateLimit != "" {
-		if err := checkConcurrencyKey(opts.RateLimit); err != nil {
+		if err := checkKey(opts.RateLimit); err != nil {
 			return bad("RateLimit", "%v", err)
 		}
 	}
@@ -283,15 +284,6 @@ func buildRow(input Input, opts *InsertOpts, index, maxPayload int, machine func
 		r.ScheduledAt = &t
 	}
 	return nil
-}
-
-func containsNUL(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] == 0 {
-			return true
-		}
-	}
-	return false
 }
 
 // Get reads an instance by id; ErrNotFound if there is none.

@@ -44,6 +44,28 @@ func sampleMaxPerKey(t *testing.T, e *env, stop <-chan struct{}) (func() (int, i
 	return func() (int, int) { mu.Lock(); defer mu.Unlock(); return maxSeen, samples }, &wg
 }
 
+// runKeyed inserts n jobs, the i-th under concurrency key key(i) with the key as its argument,
+// and waits until all are done while sampling the executing rows per key; it returns the most
+// seen for one key and how many samples it took.
+func runKeyed(t *testing.T, e *env, ins *gendurable.Client, job gendurable.Job[string], n int, key func(int) string) (int, int) {
+	t.Helper()
+	stop := make(chan struct{})
+	maxSeen, wg := sampleMaxPerKey(t, e, stop)
+	params := make([]gendurable.InsertManyParams, n)
+	for i := range params {
+		k := key(i)
+		params[i] = gendurable.InsertManyParams{Input: job.With(k), Opts: &gendurable.InsertOpts{ConcurrencyKey: k}}
+	}
+	_, err := ins.InsertMany(context.Background(), params)
+	require.NoError(t, err)
+	eventually(t, 2*time.Minute, "all done", func() bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'done'`) == n
+	})
+	close(stop)
+	wg.Wait()
+	return maxSeen()
+}
+
 func TestGateNeverOverAdmitsAcrossEightClients(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -66,22 +88,7 @@ func TestGateNeverOverAdmitsAcrossEightClients(t *testing.T) {
 		start(t, cl)
 	}
 	ins := e.client(t, &gendurable.Config{Name: "ins", Machines: []gendurable.Machine{job}, ConcurrencyLimits: limits})
-	stop := make(chan struct{})
-	maxSeen, wg := sampleMaxPerKey(t, e, stop)
-	const n = 1200
-	params := make([]gendurable.InsertManyParams, n)
-	for i := range params {
-		key := fmt.Sprintf("tenant:%d", i%20)
-		params[i] = gendurable.InsertManyParams{Input: job.With(key), Opts: &gendurable.InsertOpts{ConcurrencyKey: key}}
-	}
-	_, err := ins.InsertMany(context.Background(), params)
-	require.NoError(t, err)
-	eventually(t, 2*time.Minute, "all done", func() bool {
-		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'done'`) == n
-	})
-	close(stop)
-	wg.Wait()
-	m, samples := maxSeen()
+	m, samples := runKeyed(t, e, ins, job, 1200, func(i int) string { return fmt.Sprintf("tenant:%d", i%20) })
 	t.Logf("%d samples, most executing per key %d", samples, m)
 	require.Greater(t, samples, 30)
 	require.LessOrEqual(t, m, 3, "a key had more than Limit executing rows")
@@ -118,22 +125,7 @@ func TestConcurrencyKeyIsMutualExclusion(t *testing.T) {
 	}
 	ins := e.client(t, &gendurable.Config{Name: "ins", Machines: []gendurable.Machine{job}})
 	deadlocksBefore := deadlocks(t, e)
-	stop := make(chan struct{})
-	maxSeen, wg := sampleMaxPerKey(t, e, stop)
-	const n = 600
-	params := make([]gendurable.InsertManyParams, n)
-	for i := range params {
-		key := fmt.Sprint("acct-", i%6)
-		params[i] = gendurable.InsertManyParams{Input: job.With(key), Opts: &gendurable.InsertOpts{ConcurrencyKey: key}}
-	}
-	_, err := ins.InsertMany(context.Background(), params)
-	require.NoError(t, err)
-	eventually(t, 2*time.Minute, "all done", func() bool {
-		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'done'`) == n
-	})
-	close(stop)
-	wg.Wait()
-	m, _ := maxSeen()
+	m, _ := runKeyed(t, e, ins, job, 600, func(i int) string { return fmt.Sprint("acct-", i%6) })
 	require.Equal(t, 1, m)
 	require.Zero(t, overs.Load())
 	t.Logf("contended picks: %d", contended.Load())

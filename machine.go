@@ -9,9 +9,7 @@ import (
 	"reflect"
 	"runtime/debug"
 	"slices"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/gendurable/gendurable/internal/engine"
 	"github.com/gendurable/gendurable/internal/jsonx"
@@ -25,8 +23,6 @@ const (
 	DefaultQueue = "default"
 	// DefaultMaxAttempts is how many times a step is tried when the machine sets no MaxAttempts.
 	DefaultMaxAttempts = 20
-	// maxErrorText caps the error text recorded in an instance's history.
-	maxErrorText = 8000
 )
 
 // Machine is a machine that can be registered in Config.Machines and inserted: an FSM[S] or a
@@ -155,7 +151,7 @@ func (m FSM[S]) route(ctx *Ctx, state S, err error, kind string) engine.Outcome 
 		}
 		enc.ErrMsg = msg
 	}
-	enc.ErrKind, enc.ErrMsg = kind, clip(enc.ErrMsg)
+	enc.ErrKind = kind
 	enc.Routed, enc.Panic = err, kind == "panic"
 	return enc
 }
@@ -164,7 +160,7 @@ func (m FSM[S]) route(ctx *Ctx, state S, err error, kind string) engine.Outcome 
 // decoded, where Handle could not be given a state).
 func (m FSM[S]) policy(ctx *Ctx, err error, kind string) engine.Outcome {
 	enc, _ := m.encode(ctx, m.defaultHandle(ctx, err))
-	enc.ErrKind, enc.ErrMsg, enc.Routed = kind, clip(err.Error()), err
+	enc.ErrKind, enc.ErrMsg, enc.Routed = kind, err.Error(), err
 	return enc
 }
 
@@ -253,7 +249,7 @@ func (m FSM[S]) encode(ctx *Ctx, o Outcome) (engine.Outcome, error) {
 	case outcomeDone:
 		return doneOutcome(ctx, o.result)
 	case outcomeStop:
-		return engine.Outcome{Kind: store.KindFailed, ErrKind: "stop", ErrMsg: clip(o.reason.Error())}, nil
+		return engine.Outcome{Kind: store.KindFailed, ErrKind: "stop", ErrMsg: o.reason.Error()}, nil
 	}
 	return engine.Outcome{}, outcomeErrorf("the step returned no outcome (the zero Outcome)")
 }
@@ -389,7 +385,7 @@ func (j Job[A]) run(call *engine.Call) engine.Outcome {
 		}
 		out = engine.Outcome{Kind: store.KindRetry, Delay: max(b(ctx.Attempt), 0)}
 	}
-	out.ErrKind, out.ErrMsg, out.Routed, out.Panic = kind, clip(err.Error()), err, kind == "panic"
+	out.ErrKind, out.ErrMsg, out.Routed, out.Panic = kind, err.Error(), err, kind == "panic"
 	return out
 }
 
@@ -577,20 +573,6 @@ func DefaultBackoff(attempt int) time.Duration {
 	}
 	jitter := 0.75 + rand.Float64()/2
 	return time.Duration(float64(d) * jitter)
-}
-
-// clip makes error text storable: valid UTF-8, no NUL (Postgres text rejects both), at most
-// maxErrorText bytes, cut on a character boundary.
-func clip(s string) string {
-	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\\0")
-	if len(s) <= maxErrorText {
-		return s
-	}
-	cut := maxErrorText
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…"
 }
 
 func orDefault(s, def string) string {

@@ -90,7 +90,7 @@ func ConcurrencyKey(key string) OutcomeOption {
 		if o.kind != outcomeNext {
 			return fmt.Errorf("option ConcurrencyKey applies to Next only")
 		}
-		if err := checkConcurrencyKey(key); err != nil {
+		if err := checkKey(key); err != nil {
 			return fmt.Errorf("option ConcurrencyKey: %w", err)
 		}
 		o.keyMode, o.key = 1, key
@@ -108,7 +108,7 @@ func RateLimit(key string) OutcomeOption {
 		if o.kind != outcomeNext {
 			return fmt.Errorf("option RateLimit applies to Next only")
 		}
-		if err := checkConcurrencyKey(key); err != nil {
+		if err := checkKey(key); err != nil {
 			return fmt.Errorf("option RateLimit: %w", err)
 		}
 		o.rate = key
@@ -144,7 +144,7 @@ func ReleaseConcurrencyKey() OutcomeOption {
 	}}
 }
 
-func checkConcurrencyKey(key string) error {
+func checkKey(key string) error {
 	if key == "" || len(key) > 512 || !utf8.ValidString(key) || strings.ContainsRune(key, 0) {
 		return fmt.Errorf("key %.40q: must be 1 to 512 bytes of valid UTF-8 without NUL", key)
 	}

@@ -299,3 +299,29 @@ func TestStateDecodeFailureRetriesThenFails(t *testing.T) {
 	kit.RequireDone(ctx, legacy, &c)
 	require.Equal(t, 42, c.N)
 }
+
+// Whatever text an error carries, the instance records it: Postgres refuses NUL and invalid UTF-8
+// in text, so the store makes it storable (and caps its length) rather than fail the outcome.
+func TestAnyErrorTextIsRecorded(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	job := gendurable.Job[string]{Name: "texty", MaxAttempts: 1, Perform: func(_ *gendurable.Ctx, s string) error {
+		if s == "nul" {
+			return errors.New("a\x00b\xffc")
+		}
+		return errors.New(strings.Repeat("é", 10000))
+	}}
+	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{job}})
+	kit := durabletest.New(t, cl, nil)
+	ctx := context.Background()
+	nul, err := cl.Insert(ctx, job.With("nul"), nil)
+	require.NoError(t, err)
+	long, err := cl.Insert(ctx, job.With("long"), nil)
+	require.NoError(t, err)
+	kit.Drain(ctx)
+	in := kit.RequireFailed(ctx, nul.ID)
+	require.Equal(t, "a\\0b\uFFFDc", in.Errors[0].Error)
+	in = kit.RequireFailed(ctx, long.ID)
+	require.LessOrEqual(t, len(in.Errors[0].Error), 8000+len("…"))
+	require.True(t, strings.HasSuffix(in.Errors[0].Error, "é…"))
+}

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"strings"
 	"sync"
 	"time"
 
@@ -108,21 +107,13 @@ func (c *committer) rejected(batch []*commitReq, err error) {
 		e.finish(r.flight, &r.outcome, false, err)
 		return
 	}
-	kind, msg := "rejected", clipText("the database refused the outcome "+r.outcome.Kind.String()+": "+err.Error())
+	kind, msg := "rejected", "the database refused the outcome "+r.outcome.Kind.String()+": "+err.Error()
 	r.row = store.OutcomeRow{ID: r.row.ID, Owner: r.row.Owner, Kind: store.KindFailed, ErrKind: &kind, ErrMsg: &msg,
 		Signalled: r.row.Signalled}
 	r.outcome = Outcome{Kind: store.KindFailed, ErrKind: kind, ErrMsg: msg, Routed: err}
 	e.log.Error("gendurable: the database refused an outcome; failing the instance with the error",
 		"client", e.cfg.Name, "queue", r.flight.queue, "id", r.row.ID, "error", err)
 	c.commit([]*commitReq{r}, true)
-}
-
-// clipText keeps a database error message to a storable length.
-func clipText(s string) string {
-	if len(s) > 4000 {
-		s = s[:4000]
-	}
-	return strings.ToValidUTF8(s, "")
 }
 
 // linger is the longest a committer waits for more outcomes of steps that are still running

@@ -25,20 +25,20 @@ const maxPickBatch = 1000
 // for a poke or the poll timer, whose interval grows from a short cooldown to PollInterval over
 // consecutive empty picks (the idle backoff); a poke-driven empty pick does not stretch it.
 type runner struct {
-	e          *Engine
-	queue      string
-	conc       int
-	poll       time.Duration
-	minDemand  int
-	workerID   string
-	seq        atomic.Uint64
-	stop       chan struct{}
-	wake       chan struct{}
-	slotFreed  chan struct{}
-	work       chan store.Claimed // claimed rows for the executor goroutines
-	mu         sync.Mutex
-	busy       int
-	pickTimout time.Duration
+	e           *Engine
+	queue       string
+	conc        int
+	poll        time.Duration
+	minDemand   int
+	workerID    string
+	seq         atomic.Uint64
+	stop        chan struct{}
+	wake        chan struct{}
+	slotFreed   chan struct{}
+	work        chan store.Claimed // claimed rows for the executor goroutines
+	mu          sync.Mutex
+	busy        int
+	pickTimeout time.Duration
 }
 
 func newRunner(e *Engine, queue string, qc QueueConfig) *runner {
@@ -48,12 +48,12 @@ func newRunner(e *Engine, queue string, qc QueueConfig) *runner {
 	}
 	return &runner{
 		e: e, queue: queue, conc: qc.Concurrency, poll: qc.PollInterval, minDemand: md,
-		workerID:   e.workerPrefix(queue) + e.uniq,
-		stop:       make(chan struct{}),
-		wake:       make(chan struct{}, 1),
-		slotFreed:  make(chan struct{}, 1),
-		work:       make(chan store.Claimed, qc.Concurrency),
-		pickTimout: 30 * time.Second,
+		workerID:    e.workerPrefix(queue) + e.uniq,
+		stop:        make(chan struct{}),
+		wake:        make(chan struct{}, 1),
+		slotFreed:   make(chan struct{}, 1),
+		work:        make(chan store.Claimed, qc.Concurrency),
+		pickTimeout: 30 * time.Second,
 	}
 }
 
@@ -166,7 +166,7 @@ func resetTimer(t *time.Timer, d time.Duration) {
 // pick claims up to n rows with a fresh claim token.
 func (r *runner) pick(n int) ([]store.Claimed, error) {
 	owner := r.workerID + "#" + strconv.FormatUint(r.seq.Add(1), 10)
-	ctx, cancel := context.WithTimeout(r.e.baseCtx, r.pickTimout)
+	ctx, cancel := context.WithTimeout(r.e.baseCtx, r.pickTimeout)
 	defer cancel()
 	start := time.Now()
 	rows, err := r.e.pickOnce(ctx, r.e.pool, r.queue, n, owner, 0)

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -131,7 +132,7 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []OutcomeRow) (ma
 	for i, o := range outs {
 		ids[i], owners[i], kinds[i] = o.ID, o.Owner, int16(o.Kind)
 		steps[i], states[i], delays[i] = o.Step, o.State, o.Delay.Milliseconds()
-		results[i], errKinds[i], errMsgs[i] = o.Result, o.ErrKind, o.ErrMsg
+		results[i], errKinds[i], errMsgs[i] = o.Result, o.ErrKind, storableText(o.ErrMsg)
 		keyModes[i], keys[i] = o.KeyMode, o.Key
 		rateLimits[i], weights[i] = o.RateLimit, int32(max(o.Weight, 1))
 		if o.CreditShard != nil && o.CreditKey != nil {
@@ -357,4 +358,25 @@ func (c *childArrays) into(args pgx.NamedArgs) {
 	args["c_queue"], args["c_priority"], args["c_scheduled_at"], args["c_delay"] = c.queue, c.priority, c.scheduledAt, c.delay
 	args["c_max_attempts"], args["c_key"], args["c_ord"], args["c_ckey"] = c.maxAttempts, c.key, c.ord, c.ckey
 	args["c_rate"], args["c_weight"] = c.rate, c.weight
+}
+
+// maxErrorText caps the error text recorded in an instance's history.
+const maxErrorText = 8000
+
+// storableText makes error text storable: valid UTF-8 and no NUL (Postgres text rejects both),
+// at most maxErrorText bytes, cut on a character boundary. Every error an outcome records goes
+// through it, whoever wrote the text (a step, a handler, the database).
+func storableText(p *string) *string {
+	if p == nil {
+		return nil
+	}
+	s := strings.ReplaceAll(strings.ToValidUTF8(*p, "\uFFFD"), "\x00", "\\0")
+	if len(s) > maxErrorText {
+		cut := maxErrorText
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut] + "…"
+	}
+	return &s
 }
