@@ -44,6 +44,9 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg != nil {
+		ec.OpenPoke = openPoke(cfg.Poke, pool, schema, ec.Name, ec.Logger)
+	}
 	return &Client{pool: pool, eng: engine.New(pool, st, ec), store: st, maxPayload: ec.MaxPayload}, nil
 }
 
@@ -116,9 +119,10 @@ type InsertManyParams struct {
 	Opts  *InsertOpts
 }
 
-// Insert inserts one instance and nudges this client's scheduler of its queue.
+// Insert inserts one instance and, once it is committed, pokes its queue (Config.Poke) so that a
+// scheduler picks it at once. An instance scheduled for later wakes nobody.
 func (c *Client) Insert(ctx context.Context, in Input, opts *InsertOpts) (InsertResult, error) {
-	res, err := c.insert(ctx, c.pool, []InsertManyParams{{Input: in, Opts: opts}}, true)
+	res, err := c.insert(ctx, c.pool, []InsertManyParams{{Input: in, Opts: opts}})
 	if err != nil {
 		return InsertResult{}, err
 	}
@@ -126,9 +130,10 @@ func (c *Client) Insert(ctx context.Context, in Input, opts *InsertOpts) (Insert
 }
 
 // InsertTx inserts one instance inside the caller's transaction: workers see it only once tx
-// commits, and never if it rolls back.
+// commits, and never if it rolls back. With PokePostgres its poke rides tx and leaves with the
+// commit; with the other transports nothing is poked (the queue's poll finds the row).
 func (c *Client) InsertTx(ctx context.Context, tx pgx.Tx, in Input, opts *InsertOpts) (InsertResult, error) {
-	res, err := c.insert(ctx, tx, []InsertManyParams{{Input: in, Opts: opts}}, false)
+	res, err := c.insert(ctx, tx, []InsertManyParams{{Input: in, Opts: opts}})
 	if err != nil {
 		return InsertResult{}, err
 	}
@@ -140,15 +145,15 @@ func (c *Client) InsertTx(ctx context.Context, tx pgx.Tx, in Input, opts *Insert
 // order, and batches racing over the same keys cannot deadlock. If any row is invalid, nothing
 // is inserted and the *InputError names the row.
 func (c *Client) InsertMany(ctx context.Context, params []InsertManyParams) ([]InsertResult, error) {
-	return c.insert(ctx, c.pool, params, true)
+	return c.insert(ctx, c.pool, params)
 }
 
 // InsertManyTx is InsertMany inside the caller's transaction.
 func (c *Client) InsertManyTx(ctx context.Context, tx pgx.Tx, params []InsertManyParams) ([]InsertResult, error) {
-	return c.insert(ctx, tx, params, false)
+	return c.insert(ctx, tx, params)
 }
 
-func (c *Client) insert(ctx context.Context, db store.DB, params []InsertManyParams, wake bool) ([]InsertResult, error) {
+func (c *Client) insert(ctx context.Context, db store.DB, params []InsertManyParams) ([]InsertResult, error) {
 	if len(params) == 0 {
 		return nil, nil
 	}
@@ -177,10 +182,18 @@ func (c *Client) insert(ctx context.Context, db store.DB, params []InsertManyPar
 			due[rows[i].Queue] = true
 		}
 	}
-	if wake {
-		for q := range due {
-			c.eng.Wake(q)
+	queues := make([]string, 0, len(due))
+	for q := range due {
+		queues = append(queues, q)
+	}
+	if tx, ok := db.(pgx.Tx); ok {
+		// Nothing may wake a node before the rows are visible: the transport sends with the
+		// commit if it can, and otherwise the queues' poll finds the rows.
+		if err := c.eng.PokeTx(ctx, tx, queues); err != nil {
+			return nil, err
 		}
+	} else {
+		c.eng.Poke(queues...)
 	}
 	return out, nil
 }

@@ -62,6 +62,14 @@ type Config struct {
 	// Hooks receive every event, on a goroutine of their own: a slow hook never blocks the
 	// engine (past a large buffer, events are dropped and the drop is logged).
 	Hooks []func(Event)
+	// Poke is how inserts and engine-driven wakes reach the schedulers of other nodes: nil or
+	// PokeLocal() (this client only), PokePostgres() (LISTEN/NOTIFY), or another module's
+	// transport (Redis: contrib/redispoke). See the operations guide.
+	Poke PokeTransport
+	// AwaitTick is how often the await watcher reads, in one statement, the settled instances
+	// that callers of Await on this client wait for: the latency of an answer settled on another
+	// node. Default 25ms.
+	AwaitTick time.Duration
 }
 
 // QueueConfig configures one queue's workers on a client.
@@ -106,6 +114,7 @@ const (
 	DefaultConcurrency     = 10
 	DefaultMaxPayloadBytes = 1 << 20
 	DefaultMaxChildren     = 100_000
+	DefaultAwaitTick       = 25 * time.Millisecond
 	defaultCommitters      = 2
 	defaultMaxCommitBatch  = 1000
 )
@@ -277,6 +286,13 @@ func (c *Config) resolve() (engine.Config, string, error) {
 		}
 	}
 	ec.Hooks = c.Hooks
+	ec.AwaitTick = c.AwaitTick
+	if ec.AwaitTick == 0 {
+		ec.AwaitTick = DefaultAwaitTick
+	}
+	if ec.AwaitTick < time.Millisecond {
+		return ec, "", cfgErr("AwaitTick", "%v: must be at least 1ms", c.AwaitTick)
+	}
 	ec.Committers = defaultCommitters
 	ec.MaxCommitBatch = defaultMaxCommitBatch
 	return ec, schema, nil

@@ -50,8 +50,11 @@ func helperMain() int {
 		Queues:       map[string]gendurable.QueueConfig{"crash": {Concurrency: env("GD_CONC", 8)}},
 		Lease:        lease,
 		Heartbeat:    time.Duration(env("GD_HEARTBEAT_MS", int(lease.Milliseconds()/5))) * time.Millisecond,
-		PollInterval: 100 * time.Millisecond,
+		PollInterval: time.Duration(env("GD_POLL_MS", 100)) * time.Millisecond,
 		Reaper:       &gendurable.ReaperConfig{Interval: 100 * time.Millisecond, Disabled: env("GD_REAPER", 1) == 0},
+	}
+	if os.Getenv("GD_POKE") == "postgres" {
+		cfg.Poke = gendurable.PokePostgres()
 	}
 	// GD_GATES: "name=limit/shards,..."
 	if g := os.Getenv("GD_GATES"); g != "" {

@@ -41,21 +41,27 @@ type SignalResult struct {
 }
 
 // Signal stores a signal in the target's inbox, durably, in one statement, and wakes the target
-// if it is parked awaiting that name (nudging this client's scheduler of its queue). A signal
+// if it is parked awaiting that name (poking its queue, on every node with PokePostgres or Redis). A signal
 // that arrives before the instance awaits it waits in the inbox. A finished or nonexistent target
 // gets ErrNoTarget, and nothing is stored. payload is any JSON-encodable value, or nil.
 func (c *Client) Signal(ctx context.Context, target Target, name string, payload any) (SignalResult, error) {
 	res, queue, err := c.signal(ctx, c.pool, target, name, payload)
 	if err == nil && res.Woke {
-		c.eng.Wake(queue)
+		c.eng.Poke(queue)
 	}
 	return res, err
 }
 
 // SignalTx is Signal inside the caller's transaction: the signal exists, and wakes the target,
-// only once tx commits. The target's row stays locked until then.
+// only once tx commits. The target's row stays locked until then. With PokePostgres the wake's
+// poke rides tx; with the other transports the queue's poll finds the woken row.
 func (c *Client) SignalTx(ctx context.Context, tx pgx.Tx, target Target, name string, payload any) (SignalResult, error) {
-	res, _, err := c.signal(ctx, tx, target, name, payload)
+	res, queue, err := c.signal(ctx, tx, target, name, payload)
+	if err == nil && res.Woke {
+		if err := c.eng.PokeTx(ctx, tx, []string{queue}); err != nil {
+			return SignalResult{}, err
+		}
+	}
 	return res, err
 }
 

@@ -53,6 +53,11 @@ type Config struct {
 	Committers int
 	// MaxCommitBatch caps the outcomes one statement applies.
 	MaxCommitBatch int
+	// OpenPoke opens the poke transport at Start (nil: local pokes only).
+	OpenPoke OpenPoke
+	// AwaitTick is how often the await watcher probes for the settled instances its waiters
+	// wait on.
+	AwaitTick time.Duration
 }
 
 // unknownDelay is how long a row whose machine or step this node does not know is put back
@@ -79,6 +84,8 @@ type Engine struct {
 	inFlight atomic.Int64
 
 	runners   map[string]*runner // one per configured queue; written only by New
+	poker     atomic.Pointer[PokeConn]
+	awaits    *awaiter
 	committer *committer
 	lastBeat  time.Time
 
@@ -136,6 +143,7 @@ func New(pool Pool, st *store.Store, cfg Config) *Engine {
 		runners: map[string]*runner{},
 	}
 	e.events = newDispatcher(cfg.Name, cfg.Hooks, cfg.Logger)
+	e.awaits = newAwaiter(e)
 	// The runners exist from the start (idle until Start), so that the map is never written
 	// while an insert reads it to wake a queue.
 	for name, qc := range cfg.Queues {
@@ -187,11 +195,23 @@ func (e *Engine) Start(ctx context.Context) error {
 			return err
 		}
 	}
+	if e.cfg.OpenPoke != nil {
+		pc, err := e.cfg.OpenPoke(ctx, e.Origin(), e.queueNames(), e.Wake)
+		if err != nil {
+			e.abortStart()
+			return fmt.Errorf("gendurable: start: open the poke transport: %w", err)
+		}
+		if pc != nil {
+			e.poker.Store(&pc)
+		}
+	}
 	for _, r := range e.runners {
 		r.startWorkers()
 		e.loops.Add(1)
 		go r.loop()
 	}
+	e.bg.Add(1)
+	go func() { defer e.bg.Done(); e.awaits.watch(e.bgStop) }()
 	if len(e.cfg.Queues) == 0 {
 		e.log.Info("gendurable: no queues configured: this node runs no workers", "client", e.cfg.Name)
 	}
@@ -302,6 +322,11 @@ func (e *Engine) Stop(ctx context.Context) error {
 	e.committer.stop()
 	close(e.bgStop)
 	e.bg.Wait()
+	if p := e.poker.Swap(nil); p != nil {
+		if cerr := (*p).Close(); cerr != nil {
+			e.log.Warn("gendurable: closing the poke transport failed", "client", e.cfg.Name, "error", cerr)
+		}
+	}
 	e.baseCancel(durabletype.ErrClientStopped)
 	e.events.stop()
 	return err

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -273,28 +274,34 @@ func (e *Engine) finish(f *flight, out *Outcome, applied bool, err error) {
 			e.Wake(f.queue)
 		}
 		if out.Kind == store.KindSpawn {
-			// The children are runnable now (those without a delay), in their own queues; a
-			// spawn of none made the parent runnable.
+			// The children are runnable now (those without a delay), in their own queues,
+			// perhaps on other nodes; a spawn of none made the parent runnable.
 			if len(out.Children) == 0 {
 				e.Wake(f.queue)
 			}
-			woken := map[string]bool{}
+			var queues []string
 			for i := range out.Children {
 				ch := &out.Children[i]
-				if ch.ScheduledAt == nil && ch.Delay == 0 && !woken[ch.Queue] {
-					woken[ch.Queue] = true
-					e.Wake(ch.Queue)
+				if ch.ScheduledAt == nil && ch.Delay == 0 && !slices.Contains(queues, ch.Queue) {
+					queues = append(queues, ch.Queue)
 				}
 			}
+			e.Poke(queues...)
 		}
+		e.awaits.push(f.id)
 	}
 }
 
-// wakeAll nudges the local schedulers of the queues of instances an outcome batch woke.
+// wakeAll pokes the queues of the instances an outcome batch woke (parents whose join the last
+// child completed), on every node.
 func (e *Engine) wakeAll(woken []store.Woken) {
+	var queues []string
 	for _, w := range woken {
-		e.Wake(w.Queue)
+		if !slices.Contains(queues, w.Queue) {
+			queues = append(queues, w.Queue)
+		}
 	}
+	e.Poke(queues...)
 }
 
 func (e *Engine) stale(f *flight, out *Outcome) {

@@ -538,28 +538,11 @@ func (s *Store) insertRound(ctx context.Context, db DB, in []InsertRow, idx []in
 
 // GetInstance reads one instance row.
 func (s *Store) GetInstance(ctx context.Context, db DB, id int64) (*durabletype.Instance, error) {
-	var in durabletype.Instance
-	var status string
-	var priority int16
-	var attempt, maxAttempts int32
-	var errs []byte
-	err := db.QueryRow(ctx, s.sql("get_instance"), id).Scan(&in.ID, &in.Machine, &in.Step, &in.Queue, &status,
-		&priority, &attempt, &maxAttempts, &in.ScheduledAt, &in.LockedBy, &in.LockedUntil, &in.State,
-		&in.Result, &errs, &in.CorrelationKey, &in.AwaitNames, &in.AwaitDeadline, &in.ParentID, &in.InsertedAt,
-		&in.UpdatedAt, &in.FinalizedAt)
+	in, err := scanInstance(db.QueryRow(ctx, s.sql("get_instance"), id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%w: id %d", durabletype.ErrNotFound, id)
 	}
-	if err != nil {
-		return nil, err
-	}
-	in.Status, in.Priority, in.Attempt, in.MaxAttempts = durabletype.Status(status), int(priority), int(attempt), int(maxAttempts)
-	if len(errs) > 0 {
-		if err := json.Unmarshal(errs, &in.Errors); err != nil {
-			return nil, fmt.Errorf("decode error history of %d: %w", id, err)
-		}
-	}
-	return &in, nil
+	return in, err
 }
 
 // CountByStatus counts instances by status, for one queue or ("") all.

@@ -1,0 +1,265 @@
+package gendurable_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/durabledbtest"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+)
+
+// task is a one-step machine whose state says how it ends.
+type task struct {
+	Mode  string `json:"mode"` // done, fail, park, slow
+	Value int    `json:"value,omitempty"`
+}
+
+func taskFSM(queue string) gendurable.FSM[task] {
+	return gendurable.FSM[task]{
+		Name: "task", Start: "run", Queue: queue,
+		Steps: map[string]gendurable.StepFunc[task]{
+			"run": func(ctx *gendurable.Ctx, s task) (gendurable.Outcome, error) {
+				switch s.Mode {
+				case "fail":
+					return gendurable.Stop(errors.New("refused by the test")), nil
+				case "park":
+					return gendurable.Await([]string{"go"}, "finish", s), nil
+				case "slow":
+					select {
+					case <-time.After(300 * time.Millisecond):
+					case <-ctx.Done():
+						return gendurable.Outcome{}, context.Cause(ctx)
+					}
+				}
+				return gendurable.Done(task{Mode: s.Mode, Value: s.Value * 2}), nil
+			},
+			"finish": func(ctx *gendurable.Ctx, s task) (gendurable.Outcome, error) {
+				return gendurable.Done(task{Mode: "finished", Value: s.Value}), nil
+			},
+		},
+	}
+}
+
+func insertTask(t *testing.T, cl *gendurable.Client, mode string, value int) int64 {
+	t.Helper()
+	res, err := cl.Insert(context.Background(), taskFSM("tasks").With(task{Mode: mode, Value: value}), nil)
+	require.NoError(t, err)
+	return res.ID
+}
+
+func TestAwaitAnswersEachWay(t *testing.T) {
+	e := newEnv(t)
+	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{taskFSM("tasks")},
+		Queues: map[string]gendurable.QueueConfig{"tasks": {Concurrency: 4}}})
+	start(t, cl)
+	ctx := context.Background()
+
+	t.Run("done", func(t *testing.T) {
+		r, err := cl.Await(ctx, insertTask(t, cl, "done", 21), 5*time.Second, nil)
+		require.NoError(t, err)
+		require.Equal(t, gendurable.AwaitDone, r.Status)
+		var out task
+		require.NoError(t, r.Decode(&out))
+		require.Equal(t, 42, out.Value)
+		require.NoError(t, r.Err())
+	})
+	t.Run("failed", func(t *testing.T) {
+		id := insertTask(t, cl, "fail", 0)
+		r, err := cl.Await(ctx, id, 5*time.Second, nil)
+		require.NoError(t, err)
+		require.Equal(t, gendurable.AwaitFailed, r.Status)
+		var ie *gendurable.InstanceError
+		require.ErrorAs(t, r.Err(), &ie)
+		require.Equal(t, id, ie.ID)
+		require.Contains(t, ie.Error(), "refused by the test")
+		require.Error(t, r.Decode(&task{}), "a failed instance has no result to decode")
+	})
+	t.Run("awaiting, then through the park", func(t *testing.T) {
+		id := insertTask(t, cl, "park", 7)
+		r, err := cl.Await(ctx, id, 5*time.Second, nil)
+		require.NoError(t, err)
+		require.Equal(t, gendurable.AwaitAwaiting, r.Status)
+		require.Equal(t, []string{"go"}, r.Instance.AwaitNames)
+
+		got := make(chan *gendurable.AwaitResult, 1)
+		go func() {
+			r, err := cl.Await(ctx, id, 5*time.Second, &gendurable.AwaitOpts{UntilTerminal: true})
+			if err != nil {
+				t.Error(err)
+			}
+			got <- r
+		}()
+		time.Sleep(100 * time.Millisecond)
+		select {
+		case r := <-got:
+			t.Fatalf("UntilTerminal answered %s while the instance was parked", r.Status)
+		default:
+		}
+		_, err = cl.Signal(ctx, gendurable.ByID(id), "go", nil)
+		require.NoError(t, err)
+		r = <-got
+		require.Equal(t, gendurable.AwaitDone, r.Status)
+		require.Equal(t, "finish", r.Instance.Step)
+	})
+	t.Run("busy, then the retry is the same call", func(t *testing.T) {
+		id := insertTask(t, cl, "slow", 1)
+		r, err := cl.Await(ctx, id, 50*time.Millisecond, nil)
+		require.NoError(t, err)
+		require.Equal(t, gendurable.AwaitBusy, r.Status)
+		require.Equal(t, id, r.Instance.ID)
+		require.False(t, r.Instance.Status.Terminal())
+		r, err = cl.Await(ctx, id, 5*time.Second, nil)
+		require.NoError(t, err)
+		require.Equal(t, gendurable.AwaitDone, r.Status)
+	})
+	t.Run("not found", func(t *testing.T) {
+		r, err := cl.Await(ctx, 1<<40, time.Second, nil)
+		require.NoError(t, err)
+		require.Equal(t, gendurable.AwaitNotFound, r.Status)
+		require.Nil(t, r.Instance)
+	})
+	t.Run("the caller's context ends first", func(t *testing.T) {
+		id := insertTask(t, cl, "park", 0)
+		cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		defer cancel()
+		_, err := cl.Await(cctx, id, time.Minute, &gendurable.AwaitOpts{UntilTerminal: true})
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+	})
+}
+
+func TestAwaitBadInput(t *testing.T) {
+	e := newEnv(t)
+	cl := e.client(t, nil)
+	for _, tc := range []struct {
+		id      int64
+		timeout time.Duration
+		field   string
+	}{
+		{1, 0, "timeout"},
+		{1, -time.Second, "timeout"},
+		{0, time.Second, "id"},
+		{-5, time.Second, "id"},
+	} {
+		_, err := cl.Await(context.Background(), tc.id, tc.timeout, nil)
+		var ie *gendurable.InputError
+		require.ErrorAs(t, err, &ie, "id %d timeout %v", tc.id, tc.timeout)
+		require.Equal(t, tc.field, ie.Field)
+		require.ErrorIs(t, err, gendurable.ErrInvalidInput)
+	}
+}
+
+// A completion on the waiter's own client is pushed: it arrives long before the watcher's tick.
+func TestAwaitPushesSameNodeCompletion(t *testing.T) {
+	e := newEnv(t)
+	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{taskFSM("tasks")},
+		Queues:       map[string]gendurable.QueueConfig{"tasks": {Concurrency: 4}},
+		PollInterval: 10 * time.Second, AwaitTick: 10 * time.Second})
+	start(t, cl)
+	for range 20 {
+		began := time.Now()
+		r, err := cl.Await(context.Background(), insertTask(t, cl, "done", 1), 5*time.Second, nil)
+		require.NoError(t, err)
+		require.Equal(t, gendurable.AwaitDone, r.Status)
+		require.Less(t, time.Since(began), time.Second, "an answer pushed by this client waited for the tick")
+	}
+}
+
+// A waiter on one client sees an instance settled on another within the tick; a client that was
+// never started answers by polling the row itself.
+func TestAwaitAcrossClientsAndWithoutStart(t *testing.T) {
+	e := newEnv(t)
+	worker := e.client(t, &gendurable.Config{Name: "worker", Machines: []gendurable.Machine{taskFSM("tasks")},
+		Queues: map[string]gendurable.QueueConfig{"tasks": {Concurrency: 4}}})
+	start(t, worker)
+	web := e.client(t, &gendurable.Config{Name: "web", AwaitTick: 20 * time.Millisecond})
+	start(t, web)
+	bare := e.client(t, &gendurable.Config{Name: "bare", AwaitTick: 20 * time.Millisecond})
+
+	for _, cl := range []*gendurable.Client{web, bare} {
+		id := insertTask(t, cl, "slow", 5)
+		r, err := cl.Await(context.Background(), id, 5*time.Second, nil)
+		require.NoError(t, err)
+		require.Equal(t, gendurable.AwaitDone, r.Status)
+		var out task
+		require.NoError(t, r.Decode(&out))
+		require.Equal(t, 10, out.Value)
+	}
+}
+
+// probeCounter counts the await watcher's probe statements (arrays of more than one id) sent
+// through a pool.
+type probeCounter struct{ n atomic.Int64 }
+
+func (p *probeCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, "unnest($1::bigint[], $2::bool[])") && len(d.Args) > 0 {
+		if ids, ok := d.Args[0].([]int64); ok && len(ids) > 1 {
+			p.n.Add(1)
+		}
+	}
+	return ctx
+}
+
+func (p *probeCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// A thousand callers waiting on one client cost one probe statement per tick, and none once
+// they are gone.
+func TestAwaitThousandWaitersOneProbePerTick(t *testing.T) {
+	e := newEnv(t)
+	cfg, err := pgxpool.ParseConfig(durabledbtest.URL(t))
+	require.NoError(t, err)
+	cfg.MaxConns = 8
+	probes := &probeCounter{}
+	cfg.ConnConfig.Tracer = probes
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	const tick = 50 * time.Millisecond
+	cl, err := gendurable.NewClient(pool, &gendurable.Config{Schema: e.schema, AwaitTick: tick})
+	require.NoError(t, err)
+	start(t, cl)
+
+	// Nobody works the queue "parked": the instances stay available, so every waiter waits.
+	params := make([]gendurable.InsertManyParams, 1000)
+	for i := range params {
+		params[i] = gendurable.InsertManyParams{Input: taskFSM("parked").With(task{Mode: "done"})}
+	}
+	res, err := cl.InsertMany(context.Background(), params)
+	require.NoError(t, err)
+
+	var wg sync.WaitGroup
+	answers := make(chan gendurable.AwaitStatus, len(res))
+	for _, r := range res {
+		wg.Go(func() {
+			a, err := cl.Await(context.Background(), r.ID, 3*time.Second, nil)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			answers <- a.Status
+		})
+	}
+	time.Sleep(time.Second) // every waiter has registered and made its first read
+	before := probes.n.Load()
+	time.Sleep(time.Second)
+	during := probes.n.Load() - before
+	ticks := int64(time.Second / tick)
+	require.GreaterOrEqual(t, during, ticks/2, "the watcher probed less than once per tick")
+	require.LessOrEqual(t, during, ticks+2, "the watcher probed more than once per tick")
+	wg.Wait()
+	close(answers)
+	for a := range answers {
+		require.Equal(t, gendurable.AwaitBusy, a)
+	}
+	idle := probes.n.Load()
+	time.Sleep(5 * tick)
+	require.Equal(t, idle, probes.n.Load(), "the watcher probed with nobody waiting")
+}

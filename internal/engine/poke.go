@@ -1,0 +1,62 @@
+package engine
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// PokeConn is an open poke transport: it tells the other nodes that queues have due rows.
+type PokeConn interface {
+	// Publish announces due rows in queues. It must not block on the network: pokes are best
+	// effort, and a lost one costs at most a poll interval.
+	Publish(queues []string)
+	// Close stops listening and publishing.
+	Close() error
+}
+
+// TxPoker is a PokeConn that can send pokes inside a transaction, so that they leave with its
+// commit (LISTEN/NOTIFY).
+type TxPoker interface {
+	PublishTx(ctx context.Context, tx pgx.Tx, queues []string) error
+}
+
+// OpenPoke opens a transport for this client: origin tags its publishes, queues are the queues
+// it runs (the pokes it wants to hear), and wake nudges the local scheduler of one.
+type OpenPoke func(ctx context.Context, origin string, queues []string, wake func(queue string)) (PokeConn, error)
+
+// Origin tags this client's pokes, so that its own transport never pokes it a second time.
+func (e *Engine) Origin() string { return e.cfg.Name + "@" + e.host + "-" + e.uniq }
+
+// Poke makes rows of queues runnable known at once: to the local schedulers, and, through the
+// transport once the client has started, to every other node.
+func (e *Engine) Poke(queues ...string) {
+	for _, q := range queues {
+		e.Wake(q)
+	}
+	if p := e.poker.Load(); p != nil && len(queues) > 0 {
+		(*p).Publish(queues)
+	}
+}
+
+// PokeTx sends pokes for queues inside tx when the transport can (they leave with its commit);
+// otherwise it does nothing and the queues' poll finds the rows. Nothing is sent before tx
+// commits in any case.
+func (e *Engine) PokeTx(ctx context.Context, tx pgx.Tx, queues []string) error {
+	p := e.poker.Load()
+	if p == nil || len(queues) == 0 {
+		return nil
+	}
+	if tp, ok := (*p).(TxPoker); ok {
+		return tp.PublishTx(ctx, tx, queues)
+	}
+	return nil
+}
+
+func (e *Engine) queueNames() []string {
+	out := make([]string, 0, len(e.runners))
+	for q := range e.runners {
+		out = append(out, q)
+	}
+	return out
+}

@@ -1,0 +1,224 @@
+// Package poke holds the PokePostgres transport: pokes over LISTEN/NOTIFY, one channel per queue,
+// so that only the nodes running a queue hear its pokes.
+package poke
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/gendurable/gendurable/internal/engine"
+	"github.com/gendurable/gendurable/internal/store"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Postgres is an open PokePostgres transport of one client. It listens on a connection of its
+// own (not one of the pool's), opened from the pool's configuration, and sends through the pool,
+// from one goroutine that coalesces pokes made while the previous send was in flight.
+type Postgres struct {
+	store    *store.Store
+	pool     *pgxpool.Pool
+	origin   string
+	client   string
+	log      *slog.Logger
+	wake     func(string)
+	queues   []string
+	channels map[string]string // channel → queue, for the queues this client runs
+
+	mu      sync.Mutex
+	pending map[string]struct{}
+	kick    chan struct{}
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// Backoff bounds of the listener's reconnects.
+const (
+	minRetry = 100 * time.Millisecond
+	maxRetry = 5 * time.Second
+)
+
+// Open starts the transport: if the client runs queues, it connects and LISTENs on their
+// channels before returning (a failure is returned: Start fails with it); afterwards a broken
+// listening connection is reopened with backoff, and every local queue is poked once it is back,
+// since pokes sent meanwhile were lost.
+func Open(ctx context.Context, st *store.Store, pool *pgxpool.Pool, client, origin string, queues []string,
+	wake func(string), log *slog.Logger) (*Postgres, error) {
+	p := &Postgres{store: st, pool: pool, origin: origin, client: client, log: log, wake: wake, queues: queues,
+		channels: map[string]string{}, pending: map[string]struct{}{}, kick: make(chan struct{}, 1)}
+	for _, q := range queues {
+		p.channels[st.PokeChannel(q)] = q
+	}
+	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	p.cancel = cancel
+	if len(queues) > 0 {
+		conn, err := p.listen(ctx)
+		if err != nil {
+			cancel()
+			return nil, fmt.Errorf("PokePostgres: listen for the pokes of %d queues: %w", len(queues), err)
+		}
+		p.wg.Add(1)
+		go p.receive(bg, conn)
+	}
+	p.wg.Add(1)
+	go p.send(bg)
+	return p, nil
+}
+
+// Publish queues pokes for the sender; it never blocks.
+func (p *Postgres) Publish(queues []string) {
+	p.mu.Lock()
+	for _, q := range queues {
+		p.pending[q] = struct{}{}
+	}
+	p.mu.Unlock()
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// PublishTx sends the pokes inside tx: they leave when it commits, and every node running the
+// queues hears them, this one included (the insert did not wake it directly).
+func (p *Postgres) PublishTx(ctx context.Context, tx pgx.Tx, queues []string) error {
+	if err := p.store.Notify(ctx, tx, p.chans(queues), ""); err != nil {
+		return fmt.Errorf("gendurable: poke in transaction: %w", err)
+	}
+	return nil
+}
+
+// Close stops the listener and the sender; pokes not yet sent are dropped (the poll finds
+// their rows).
+func (p *Postgres) Close() error {
+	p.cancel()
+	p.wg.Wait()
+	return nil
+}
+
+func (p *Postgres) chans(queues []string) []string {
+	out := make([]string, len(queues))
+	for i, q := range queues {
+		out[i] = p.store.PokeChannel(q)
+	}
+	return out
+}
+
+func (p *Postgres) listen(ctx context.Context) (*pgx.Conn, error) {
+	cfg := p.pool.Config().ConnConfig.Copy()
+	if cfg.RuntimeParams == nil {
+		cfg.RuntimeParams = map[string]string{}
+	}
+	cfg.RuntimeParams["application_name"] = "gendurable poke listener " + p.client
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	chans := make([]string, 0, len(p.channels))
+	for ch := range p.channels {
+		chans = append(chans, ch)
+	}
+	if err := p.store.Listen(ctx, conn, chans); err != nil {
+		_ = conn.Close(context.Background())
+		return nil, err
+	}
+	return conn, nil
+}
+
+func (p *Postgres) receive(ctx context.Context, conn *pgx.Conn) {
+	defer p.wg.Done()
+	defer func() {
+		if conn != nil {
+			closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_ = conn.Close(closeCtx)
+			cancel()
+		}
+	}()
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			p.log.Warn("gendurable: poke listener lost its connection; reconnecting (queues are polled meanwhile)",
+				"client", p.client, "error", err)
+			_ = conn.Close(context.Background())
+			if conn = p.reconnect(ctx); conn == nil {
+				return
+			}
+			continue
+		}
+		if n.Payload == p.origin {
+			continue // this client woke its own scheduler already
+		}
+		if q, ok := p.channels[n.Channel]; ok {
+			p.wake(q)
+		}
+	}
+}
+
+// reconnect reopens the listening connection with backoff until it succeeds (nil once ctx ends),
+// then pokes every local queue: pokes sent while it was down are lost.
+func (p *Postgres) reconnect(ctx context.Context) *pgx.Conn {
+	wait := minRetry
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+		conn, err := p.listen(ctx)
+		if err == nil {
+			p.log.Info("gendurable: poke listener reconnected", "client", p.client)
+			for _, q := range p.queues {
+				p.wake(q)
+			}
+			return conn
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		p.log.Warn("gendurable: poke listener could not reconnect; retrying", "client", p.client, "in", wait, "error", err)
+		wait = min(wait*2, maxRetry)
+	}
+}
+
+func (p *Postgres) send(ctx context.Context) {
+	defer p.wg.Done()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.kick:
+		}
+		p.mu.Lock()
+		queues := make([]string, 0, len(p.pending))
+		for q := range p.pending {
+			queues = append(queues, q)
+		}
+		clear(p.pending)
+		p.mu.Unlock()
+		if len(queues) == 0 {
+			continue
+		}
+		sendCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := p.store.Notify(sendCtx, p.pool, p.chans(queues), p.origin)
+		cancel()
+		switch {
+		case err != nil && !failing && !errors.Is(err, context.Canceled):
+			failing = true
+			p.log.Warn("gendurable: pokes could not be sent; other nodes find the rows by polling",
+				"client", p.client, "error", err)
+		case err == nil && failing:
+			failing = false
+			p.log.Info("gendurable: pokes are sent again", "client", p.client)
+		}
+	}
+}
+
+var _ engine.TxPoker = (*Postgres)(nil)

@@ -1,0 +1,75 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/gendurable/gendurable/durabletype"
+	"github.com/jackc/pgx/v5"
+)
+
+// Probe is one answer of the await probe: the row of a settled instance, or Missing.
+type Probe struct {
+	ID       int64
+	Missing  bool
+	Instance *durabletype.Instance
+}
+
+// AwaitProbe reads, in one statement, the instances among ids that have settled: terminal, or
+// parked when parked[i] says that counts for ids[i]; ids that do not exist come back Missing.
+func (s *Store) AwaitProbe(ctx context.Context, db DB, ids []int64, parked []bool) ([]Probe, error) {
+	rows, err := db.Query(ctx, s.sql("await_probe"), ids, parked)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Probe
+	for rows.Next() {
+		var want int64
+		in, err := scanInstance(rows, &want)
+		if err != nil {
+			return nil, err
+		}
+		if in == nil {
+			out = append(out, Probe{ID: want, Missing: true})
+			continue
+		}
+		out = append(out, Probe{ID: want, Instance: in})
+	}
+	return out, rows.Err()
+}
+
+// scanInstance scans the instance columns every inspection statement selects in the same order
+// (see get_instance), after the leading destinations lead. A NULL row (an outer join's miss)
+// leaves the instance zero; lead tells the caller.
+func scanInstance(row pgx.Row, lead ...any) (*durabletype.Instance, error) {
+	var in durabletype.Instance
+	var id *int64
+	var machine, step, queue, status, lockedBy, key *string
+	var priority *int16
+	var attempt, maxAttempts *int32
+	var errs []byte
+	var scheduled, inserted, updated *time.Time
+	dest := append(lead, &id, &machine, &step, &queue, &status, &priority, &attempt, &maxAttempts, &scheduled,
+		&lockedBy, &in.LockedUntil, &in.State, &in.Result, &errs, &key, &in.AwaitNames, &in.AwaitDeadline,
+		&in.ParentID, &inserted, &updated, &in.FinalizedAt)
+	if err := row.Scan(dest...); err != nil {
+		return nil, err
+	}
+	if id == nil {
+		return nil, nil
+	}
+	in.ID, in.Machine, in.Step, in.Queue = *id, *machine, *step, *queue
+	in.Status, in.Priority = durabletype.Status(*status), int(*priority)
+	in.Attempt, in.MaxAttempts = int(*attempt), int(*maxAttempts)
+	in.LockedBy, in.CorrelationKey = *lockedBy, *key
+	in.ScheduledAt, in.InsertedAt, in.UpdatedAt = *scheduled, *inserted, *updated
+	if len(errs) > 0 {
+		if err := json.Unmarshal(errs, &in.Errors); err != nil {
+			return nil, fmt.Errorf("decode error history of %d: %w", in.ID, err)
+		}
+	}
+	return &in, nil
+}

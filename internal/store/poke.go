@@ -1,0 +1,49 @@
+package store
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// maxChannel is the longest channel name Postgres accepts (NAMEDATALEN - 1 bytes).
+const maxChannel = 63
+
+// PokeChannel is the LISTEN/NOTIFY channel of one queue of this store's schema:
+// "gd.<schema>.<queue>", or, when that is longer than Postgres allows, "gd.<schema>." followed
+// by a hash of the queue name (queue names are up to 128 bytes).
+func (s *Store) PokeChannel(queue string) string {
+	name := "gd." + s.Schema + "." + queue
+	if len(name) <= maxChannel {
+		return name
+	}
+	sum := sha256.Sum256([]byte(s.Schema + "\x00" + queue))
+	prefix := "gd." + s.Schema
+	if len(prefix) > maxChannel-34 {
+		prefix = prefix[:maxChannel-34] // schema names are ASCII
+	}
+	return prefix + "#" + hex.EncodeToString(sum[:16])
+}
+
+// Notify sends one poke per channel, tagged with origin. On a caller's transaction the pokes
+// leave when it commits.
+func (s *Store) Notify(ctx context.Context, db DB, channels []string, origin string) error {
+	_, err := db.Exec(ctx, s.sql("poke_notify"), channels, origin)
+	return err
+}
+
+// Listen subscribes conn to channels. LISTEN takes an identifier, not a parameter: each channel
+// is quoted.
+func (s *Store) Listen(ctx context.Context, conn *pgx.Conn, channels []string) error {
+	var b strings.Builder
+	for _, ch := range channels {
+		b.WriteString("LISTEN ")
+		b.WriteString(pgx.Identifier{ch}.Sanitize())
+		b.WriteString(";")
+	}
+	_, err := conn.Exec(ctx, b.String())
+	return err
+}
