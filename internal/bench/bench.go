@@ -89,7 +89,7 @@ func scenarios() []scenario {
 		{name: "jobs", defaultN: 50000, summary: "InsertMany N one-step no-op jobs in batches of 1,000, then one client (concurrency 100) works them", run: runJobs},
 		{name: "chain", defaultN: 50000, summary: "N/5 instances of a 5-step no-op FSM inserted in bulk, worked by one client", run: runChain},
 		{name: "latency", defaultN: 500, summary: "an idle running client; N single Inserts 5 ms apart; time from the Insert call to the step's start", run: runLatency},
-		{name: "await", summary: "sequential Insert + client.Await", unavailable: "needs client.Await (the await-bridge issue)"},
+		{name: "await", defaultN: 500, summary: "an idle running client; N sequential Insert + client.Await of a one-step job; time from the Insert call to Await's answer", run: runAwait},
 		{name: "signal", defaultN: 5000, summary: "N instances parked on Await, each signalled (4 senders at once); time from the Signal call to the woken step's start", run: runSignal},
 		{name: "fanout", defaultN: 20000, summary: "one parent spawning N one-step children in another queue, then joining", run: runFanout},
 		{name: "gated", defaultN: 50000, summary: "jobs, each under one gate key whose limit (100,000 over 8 shards) never binds: the admission cost", run: runGated},
@@ -438,6 +438,42 @@ func runLatency(ctx context.Context, r *runner, n int) (Result, error) {
 	defer mu.Unlock()
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	return Result{Seconds: round(d.Seconds()), P50ms: pct(lat, 0.50), P95ms: pct(lat, 0.95), P99ms: pct(lat, 0.99)}, nil
+}
+
+// runAwait is the request/response round trip: insert, then hold the caller until the instance
+// is done. The client's own completion is pushed to the waiter.
+func runAwait(ctx context.Context, r *runner, n int) (Result, error) {
+	job := gendurable.Job[struct{}]{Name: "await", Queue: "bench", Perform: func(*gendurable.Ctx, struct{}) error { return nil }}
+	cl, err := r.client([]gendurable.Machine{job})
+	if err != nil {
+		return Result{}, err
+	}
+	if err := cl.Start(ctx); err != nil {
+		return Result{}, err
+	}
+	defer func() { _ = stop(cl) }()
+	time.Sleep(500 * time.Millisecond) // let the client settle into its idle state
+	lat := make([]time.Duration, 0, n)
+	t0 := time.Now()
+	for range n {
+		began := time.Now()
+		res, err := cl.Insert(ctx, job.With(struct{}{}), nil)
+		if err != nil {
+			return Result{}, err
+		}
+		a, err := cl.Await(ctx, res.ID, 10*time.Second, nil)
+		if err != nil {
+			return Result{}, err
+		}
+		if a.Status != gendurable.AwaitDone {
+			return Result{}, fmt.Errorf("await %d answered %s", res.ID, a.Status)
+		}
+		lat = append(lat, time.Since(began))
+	}
+	d := time.Since(t0)
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	return Result{Seconds: round(d.Seconds()), StepsPerS: rate(n, d), P50ms: pct(lat, 0.50), P95ms: pct(lat, 0.95),
+		P99ms: pct(lat, 0.99)}, nil
 }
 
 type parked struct{}
