@@ -2,11 +2,17 @@ package gendurable_test
 
 import (
 	"context"
+	"errors"
 	"os"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/durabledbtest"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
@@ -231,4 +237,57 @@ func TestPokeListenerReconnects(t *testing.T) {
 
 	time.Sleep(idleFor)
 	require.Less(t, startLatency(t, e, insertEffect(t, web)), pokeBound, "pokes after the reconnect")
+}
+
+// A signal that wakes an instance parked on another node pokes that node: the woken step runs at
+// once, though the worker polls every 10 s.
+func TestSignalPokesTheParkedInstancesNode(t *testing.T) {
+	e := newEnv(t)
+	pg := gendurable.PokePostgres()
+	worker := e.client(t, &gendurable.Config{Name: "worker", Poke: pg, PollInterval: 10 * time.Second,
+		Machines: []gendurable.Machine{taskFSM("tasks")}, Queues: map[string]gendurable.QueueConfig{"tasks": {}}})
+	start(t, worker)
+	web := e.client(t, &gendurable.Config{Name: "web", Poke: pg, AwaitTick: 5 * time.Millisecond})
+	start(t, web)
+	ctx := context.Background()
+	id := insertTask(t, web, "park", 3)
+	r, err := web.Await(ctx, id, 5*time.Second, nil)
+	require.NoError(t, err)
+	require.Equal(t, gendurable.AwaitAwaiting, r.Status)
+
+	time.Sleep(idleFor)
+	began := time.Now()
+	res, err := web.Signal(ctx, gendurable.ByID(id), "go", nil)
+	require.NoError(t, err)
+	require.True(t, res.Woke)
+	r, err = web.Await(ctx, id, 5*time.Second, nil)
+	require.NoError(t, err)
+	require.Equal(t, gendurable.AwaitDone, r.Status)
+	require.Less(t, time.Since(began), pokeBound+50*time.Millisecond, "signal → woken step → answer")
+}
+
+// A listening connection that cannot be opened fails Start with an error that says so, and
+// leaves nothing running.
+func TestPokePostgresStartFailsClearly(t *testing.T) {
+	e := newEnv(t)
+	cfg, err := pgxpool.ParseConfig(durabledbtest.URL(t))
+	require.NoError(t, err)
+	cfg.ConnConfig.AfterConnect = func(_ context.Context, c *pgconn.PgConn) error {
+		if strings.HasPrefix(c.ParameterStatus("application_name"), "gendurable poke listener") {
+			return errors.New("listener connections refused by the test")
+		}
+		return nil
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	cl, err := gendurable.NewClient(pool, &gendurable.Config{Schema: e.schema, Poke: gendurable.PokePostgres(),
+		Machines: []gendurable.Machine{taskFSM("tasks")}, Queues: map[string]gendurable.QueueConfig{"tasks": {}}})
+	require.NoError(t, err)
+	before := runtime.NumGoroutine()
+	err = cl.Start(context.Background())
+	require.ErrorContains(t, err, "poke transport")
+	require.ErrorContains(t, err, "listener connections refused by the test")
+	eventually(t, 2*time.Second, "the start's goroutines to end", func() bool { return runtime.NumGoroutine() <= before })
+	require.NoError(t, cl.Stop(context.Background()))
 }
