@@ -44,6 +44,8 @@ const (
 	EventHeartbeatLost        = durabletype.EventHeartbeatLost
 	EventReaperReclaimed      = durabletype.EventReaperReclaimed
 	EventAwaitTimeout         = durabletype.EventAwaitTimeout
+	EventInstanceCancelled    = durabletype.EventInstanceCancelled
+	EventInstanceRetried      = durabletype.EventInstanceRetried
 	EventConcurrencyThrottled = durabletype.EventConcurrencyThrottled
 	EventConcurrencyContended = durabletype.EventConcurrencyContended
 	EventGCSwept              = durabletype.EventGCSwept
@@ -67,6 +69,8 @@ var (
 	ErrNotMigrated       = durabletype.ErrNotMigrated
 	ErrClientStopped     = durabletype.ErrClientStopped
 	ErrLeaseLost         = durabletype.ErrLeaseLost
+	ErrCancelled         = durabletype.ErrCancelled
+	ErrWrongStatus       = durabletype.ErrWrongStatus
 )
 
 // ConfigError names an invalid Config field.

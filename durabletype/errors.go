@@ -35,6 +35,12 @@ var (
 	// ErrLeaseLost: the worker no longer owns the instance it was running (its lease ran out
 	// and another worker reclaimed it). A step's context is cancelled with this cause.
 	ErrLeaseLost = errors.New("gendurable: lease lost")
+	// ErrCancelled: an operator cancelled the instance. A running step's context is cancelled
+	// with this cause when the cancel happens on its own client.
+	ErrCancelled = errors.New("gendurable: instance cancelled")
+	// ErrWrongStatus: the instance's status does not allow the operation (cancelling a
+	// finished instance, retrying a live one).
+	ErrWrongStatus = errors.New("gendurable: the instance's status does not allow this")
 )
 
 // ConfigError says which Config field is invalid and why. It matches ErrInvalidConfig.

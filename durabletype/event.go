@@ -54,6 +54,12 @@ const (
 	// EventAwaitTimeout: parked instances reached their await deadline and were woken without
 	// the signal. Count = instances.
 	EventAwaitTimeout EventName = "await.timeout"
+	// EventInstanceCancelled: an operator cancelled an instance (Client.Cancel). InstanceID,
+	// Queue, Machine, Step (where it stopped).
+	EventInstanceCancelled EventName = "instance.cancelled"
+	// EventInstanceRetried: an operator made a failed or cancelled instance runnable again
+	// (Client.Retry). InstanceID, Queue, Machine, Step (where it resumes).
+	EventInstanceRetried EventName = "instance.retried"
 )
 
 // Event is what hooks receive. Fields that do not apply to an event are zero.

@@ -305,7 +305,7 @@ func (e *Engine) wakeAll(woken []store.Woken) {
 }
 
 func (e *Engine) stale(f *flight, out *Outcome) {
-	e.log.Warn("gendurable: dropped a stale outcome: the claim was lost (lease expired and the row was reclaimed)",
+	e.log.Warn("gendurable: dropped a stale outcome: the claim was lost (its lease expired and the row was reclaimed, or the instance was cancelled)",
 		"client", e.cfg.Name, "queue", f.queue, "id", f.id, "machine", f.machine, "step", f.step, "outcome", out.Kind.String())
 	e.Emit(durabletype.Event{Name: durabletype.EventOutcomeStale, Queue: f.queue, Machine: f.machine, Step: f.step,
 		InstanceID: f.id, Attempt: f.attempt, Outcome: out.Kind.String()})
