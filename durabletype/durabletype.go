@@ -108,3 +108,21 @@ func (s Signal) Decode(v any) error {
 	}
 	return json.Unmarshal(s.Payload, v)
 }
+
+// InstanceSummary is an instance as lists show it: no state or result documents.
+type InstanceSummary struct {
+	ID             int64
+	Machine        string
+	Step           string
+	Queue          string
+	Status         Status
+	Attempt        int
+	MaxAttempts    int
+	CorrelationKey string
+	ScheduledAt    time.Time
+	InsertedAt     time.Time
+	UpdatedAt      time.Time
+	ParentID       *int64
+	// LastError is the text of the last error in its history, or "".
+	LastError string
+}

@@ -117,6 +117,14 @@ CREATE INDEX instances_await_deadline ON {schema}.instances (await_deadline)
 CREATE INDEX instances_parent ON {schema}.instances (parent_id, parent_wave)
   WHERE parent_id IS NOT NULL;
 
+-- The operator's lists, newest first, of the rows that need a look: failed or cancelled ones, and
+-- parked ones. A row enters these only when it fails, is cancelled or parks, so the step path
+-- does not pay for them. (Other lists walk the primary key backwards.)
+CREATE INDEX instances_problems ON {schema}.instances (id)
+  WHERE status IN ('failed', 'cancelled');
+CREATE INDEX instances_parked ON {schema}.instances (id)
+  WHERE status IN ('awaiting', 'joining');
+
 -- Finished rows in the order GC removes them.
 CREATE INDEX instances_finalized ON {schema}.instances (finalized_at, id)
   WHERE status IN ('done', 'failed', 'cancelled');
