@@ -1,0 +1,262 @@
+package store
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/gendurable/gendurable/durabletype"
+	"github.com/jackc/pgx/v5"
+)
+
+// QueueStats counts instances by queue and status, for the statuses asked for (each at the cost
+// its statement states in inspect.sql: available and executing from their partial indexes, the
+// others by one scan of the table), in one round trip. Every queue with a row in one of those
+// statuses is returned, in name order, with an entry for each status asked for.
+func (s *Store) QueueStats(ctx context.Context, db DB, statuses []durabletype.Status) ([]durabletype.QueueStats, error) {
+	var wantAvailable, wantExecuting bool
+	var others []string
+	for _, st := range statuses {
+		switch st {
+		case durabletype.StatusAvailable:
+			wantAvailable = true
+		case durabletype.StatusExecuting:
+			wantExecuting = true
+		default:
+			others = append(others, string(st))
+		}
+	}
+	b := &pgx.Batch{}
+	if wantAvailable {
+		b.Queue(s.sql("queue_stats_available"))
+	}
+	if wantExecuting {
+		b.Queue(s.sql("queue_stats_executing"))
+	}
+	if len(others) > 0 {
+		b.Queue(s.sql("queue_stats_other"), pgx.NamedArgs{"statuses": others})
+	}
+	if b.Len() == 0 {
+		return nil, nil
+	}
+	byQueue := map[string]*durabletype.QueueStats{}
+	get := func(queue string) *durabletype.QueueStats {
+		q, ok := byQueue[queue]
+		if !ok {
+			q = &durabletype.QueueStats{Queue: queue, Counts: make(map[durabletype.Status]int64, len(statuses))}
+			for _, st := range statuses {
+				q.Counts[st] = 0
+			}
+			byQueue[queue] = q
+		}
+		return q
+	}
+	br := db.SendBatch(ctx, b)
+	defer func() { _ = br.Close() }()
+	var queue, status string
+	var n, due, oldestMicros int64
+	if wantAvailable {
+		rows, err := br.Query()
+		if err != nil {
+			return nil, fmt.Errorf("available rows: %w", err)
+		}
+		if _, err := pgx.ForEachRow(rows, []any{&queue, &n, &due, &oldestMicros}, func() error {
+			q := get(queue)
+			q.Counts[durabletype.StatusAvailable] = n
+			q.Runnable, q.OldestRunnable = due, time.Duration(oldestMicros)*time.Microsecond
+			return nil
+		}); err != nil {
+			return nil, fmt.Errorf("available rows: %w", err)
+		}
+	}
+	if wantExecuting {
+		rows, err := br.Query()
+		if err != nil {
+			return nil, fmt.Errorf("executing rows: %w", err)
+		}
+		if _, err := pgx.ForEachRow(rows, []any{&queue, &n}, func() error {
+			get(queue).Counts[durabletype.StatusExecuting] = n
+			return nil
+		}); err != nil {
+			return nil, fmt.Errorf("executing rows: %w", err)
+		}
+	}
+	if len(others) > 0 {
+		rows, err := br.Query()
+		if err != nil {
+			return nil, fmt.Errorf("parked and finished rows: %w", err)
+		}
+		if _, err := pgx.ForEachRow(rows, []any{&queue, &status, &n}, func() error {
+			get(queue).Counts[durabletype.Status(status)] = n
+			return nil
+		}); err != nil {
+			return nil, fmt.Errorf("parked and finished rows: %w", err)
+		}
+	}
+	if err := br.Close(); err != nil {
+		return nil, err
+	}
+	out := make([]durabletype.QueueStats, 0, len(byQueue))
+	for _, q := range byQueue {
+		out = append(out, *q)
+	}
+	slices.SortFunc(out, func(a, b durabletype.QueueStats) int { return cmp.Compare(a.Queue, b.Queue) })
+	return out, nil
+}
+
+// Known is what a client knows: the (machine, step) pairs it registers, the queues it works and
+// the rate limits it configures. Stuck reports rows that fall outside it.
+type Known struct {
+	Machines []string // parallel to Steps: one entry per registered step
+	Steps    []string
+	Queues   []string
+	Rates    []string
+}
+
+// Stuck reports the groups of stuck instances (see durabletype.StuckKind) in one round trip:
+// rows stalled on a rate limit outside known.Rates; rows of a machine or step outside known (in
+// known.Queues, or every queue if it is empty; not checked at all when known registers no
+// machine); parked rows past their await deadline. Groups are sorted by kind, queue, machine,
+// step and rate limit.
+func (s *Store) Stuck(ctx context.Context, db DB, known *Known) ([]durabletype.StuckGroup, error) {
+	rates, queues := known.Rates, known.Queues
+	if rates == nil {
+		rates = []string{}
+	}
+	if queues == nil {
+		queues = []string{}
+	}
+	checkMachines := len(known.Machines) > 0
+	b := &pgx.Batch{}
+	b.Queue(s.sql("stuck_unknown_rate_limits"), pgx.NamedArgs{"r_names": rates})
+	if checkMachines {
+		b.Queue(s.sql("stuck_unknown_machines"), pgx.NamedArgs{
+			"machines": known.Machines, "steps": known.Steps, "queues": queues})
+	}
+	b.Queue(s.sql("stuck_overdue_awaits"))
+	br := db.SendBatch(ctx, b)
+	defer func() { _ = br.Close() }()
+
+	var out []durabletype.StuckGroup
+	var g durabletype.StuckGroup
+	rows, err := br.Query()
+	if err != nil {
+		return nil, fmt.Errorf("unknown rate limits: %w", err)
+	}
+	if _, err := pgx.ForEachRow(rows, []any{&g.Queue, &g.RateLimit, &g.Count, &g.Oldest, &g.FirstID}, func() error {
+		out = append(out, durabletype.StuckGroup{Kind: durabletype.StuckUnknownRateLimit, Queue: g.Queue,
+			RateLimit: g.RateLimit, Count: g.Count, Oldest: g.Oldest, FirstID: g.FirstID})
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("unknown rate limits: %w", err)
+	}
+	if checkMachines {
+		rows, err := br.Query()
+		if err != nil {
+			return nil, fmt.Errorf("unknown machines: %w", err)
+		}
+		if _, err := pgx.ForEachRow(rows, []any{&g.Queue, &g.Machine, &g.Step, &g.Count, &g.Oldest, &g.FirstID}, func() error {
+			kind := durabletype.StuckUnknownMachine
+			if g.Step != "" {
+				kind = durabletype.StuckUnknownStep
+			}
+			out = append(out, durabletype.StuckGroup{Kind: kind, Queue: g.Queue, Machine: g.Machine, Step: g.Step,
+				Count: g.Count, Oldest: g.Oldest, FirstID: g.FirstID})
+			return nil
+		}); err != nil {
+			return nil, fmt.Errorf("unknown machines: %w", err)
+		}
+	}
+	rows, err = br.Query()
+	if err != nil {
+		return nil, fmt.Errorf("overdue awaits: %w", err)
+	}
+	if _, err := pgx.ForEachRow(rows, []any{&g.Queue, &g.Machine, &g.Count, &g.Oldest, &g.FirstID}, func() error {
+		out = append(out, durabletype.StuckGroup{Kind: durabletype.StuckAwaitOverdue, Queue: g.Queue,
+			Machine: g.Machine, Count: g.Count, Oldest: g.Oldest, FirstID: g.FirstID})
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("overdue awaits: %w", err)
+	}
+	if err := br.Close(); err != nil {
+		return nil, err
+	}
+	slices.SortFunc(out, func(a, b durabletype.StuckGroup) int {
+		return cmp.Or(cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Queue, b.Queue), cmp.Compare(a.Machine, b.Machine),
+			cmp.Compare(a.Step, b.Step), cmp.Compare(a.RateLimit, b.RateLimit))
+	})
+	return out, nil
+}
+
+// Page selects a page of a list ordered by id: up to Limit entries with an id above After.
+type Page struct {
+	After int64
+	Limit int
+}
+
+// Inspect reads an instance with a page of its inbox and a page of its children, in one
+// statement; ErrNotFound if there is no such instance.
+func (s *Store) Inspect(ctx context.Context, db DB, id int64, inbox, children Page) (*durabletype.InstanceDetail, error) {
+	var sc instanceScan
+	var inboxSize int64
+	var inboxJSON, countsJSON, childrenJSON []byte
+	dest := append(sc.dest(), &inboxSize, &inboxJSON, &countsJSON, &childrenJSON)
+	err := db.QueryRow(ctx, s.sql("inspect_instance"), pgx.NamedArgs{
+		"id": id, "inbox_after": inbox.After, "inbox_limit": inbox.Limit,
+		"children_after": children.After, "children_limit": children.Limit,
+	}).Scan(dest...)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("%w: id %d", durabletype.ErrNotFound, id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	in, err := sc.instance()
+	if err != nil {
+		return nil, err
+	}
+	d := &durabletype.InstanceDetail{Instance: *in, InboxSize: inboxSize}
+	var sigs []SignalRow
+	if err := json.Unmarshal(inboxJSON, &sigs); err != nil {
+		return nil, fmt.Errorf("decode inbox of %d: %w", id, err)
+	}
+	d.Inbox = make([]durabletype.Signal, len(sigs))
+	for i, sg := range sigs {
+		d.Inbox[i] = durabletype.Signal{ID: sg.ID, Name: sg.Name, At: sg.At}
+		if len(sg.Payload) > 0 && string(sg.Payload) != "null" {
+			d.Inbox[i].Payload = sg.Payload
+		}
+	}
+	var counts map[durabletype.Status]int64
+	if err := json.Unmarshal(countsJSON, &counts); err != nil {
+		return nil, fmt.Errorf("decode child counts of %d: %w", id, err)
+	}
+	d.ChildCounts = counts
+	var kids []struct {
+		ID        int64              `json:"id"`
+		Machine   string             `json:"machine"`
+		Step      string             `json:"step"`
+		Queue     string             `json:"queue"`
+		Status    durabletype.Status `json:"status"`
+		Attempt   int                `json:"attempt"`
+		Wave      int                `json:"wave"`
+		Error     *string            `json:"error"`
+		UpdatedAt time.Time          `json:"updated_at"`
+	}
+	if err := json.Unmarshal(childrenJSON, &kids); err != nil {
+		return nil, fmt.Errorf("decode children of %d: %w", id, err)
+	}
+	d.Children = make([]durabletype.ChildSummary, len(kids))
+	for i, k := range kids {
+		d.Children[i] = durabletype.ChildSummary{ID: k.ID, Machine: k.Machine, Step: k.Step, Queue: k.Queue,
+			Status: k.Status, Attempt: k.Attempt, Wave: k.Wave, UpdatedAt: k.UpdatedAt}
+		if k.Error != nil {
+			d.Children[i].Error = *k.Error
+		}
+	}
+	return d, nil
+}

@@ -1,0 +1,88 @@
+package store
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/gendurable/gendurable/durabledbtest"
+	"github.com/gendurable/gendurable/internal/ident"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+)
+
+// The inspection statements read the rows they are about through their partial indexes, never
+// the whole table (except queue_stats_other, which says it scans). The table is shaped like a
+// busy one (mostly finished rows, a backlog, a few rate-limited, executing and parked rows), and
+// sequential and bitmap scans are discouraged so that its small size does not make them the
+// cheapest plan: the plans are the ones a table of millions of rows gets (an index-only scan
+// shows that the index covers what the statement reads).
+func TestInspectionStatementsUseTheirIndexes(t *testing.T) {
+	t.Parallel()
+	pool := durabledbtest.Pool(t, 2)
+	schema := durabledbtest.Schema(t, pool)
+	s, err := New(schema)
+	require.NoError(t, err)
+	ctx := context.Background()
+	_, err = pool.Exec(ctx, ident.Expand(`
+		INSERT INTO {schema}.instances (machine, step, queue, status, state, max_attempts, finalized_at,
+		                                rate_limit, locked_by, locked_until, await_names, await_deadline,
+		                                parent_id, parent_wave)
+		SELECT 'm', 's', 'q' || g % 3,
+		       CASE WHEN g % 100 < 85 THEN 'done' WHEN g % 100 < 97 THEN 'available'
+		            WHEN g % 100 < 98 THEN 'executing' ELSE 'awaiting' END::{schema}.status,
+		       '{}', 1,
+		       CASE WHEN g % 100 < 85 THEN now() END,
+		       CASE WHEN g % 100 = 96 AND g % 1000 < 100 THEN 'api:' || g END,
+		       CASE WHEN g % 100 = 97 THEN 'w#' || g END,
+		       CASE WHEN g % 100 = 97 THEN now() + interval '1 minute' END,
+		       CASE WHEN g % 100 >= 98 THEN '{go}'::text[] END,
+		       CASE WHEN g % 100 = 98 THEN now() + interval '1 minute' END,
+		       CASE WHEN g % 10 = 0 THEN g / 1000 END,
+		       CASE WHEN g % 10 = 0 THEN 1 END
+		FROM generate_series(1, 20000) AS g;
+		INSERT INTO {schema}.signals (instance_id, name) SELECT g % 100 + 1, 'n' FROM generate_series(1, 2000) AS g;`,
+		schema))
+	require.NoError(t, err)
+	for _, table := range []string{"instances", "signals"} {
+		_, err = pool.Exec(ctx, ident.Expand("VACUUM (ANALYZE) {schema}."+table, schema))
+		require.NoError(t, err)
+	}
+
+	explain := func(stmt string, args ...any) string {
+		t.Helper()
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		_, err = tx.Exec(ctx, "SET LOCAL enable_seqscan = off")
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, "SET LOCAL enable_bitmapscan = off")
+		require.NoError(t, err)
+		rows, err := tx.Query(ctx, "EXPLAIN (COSTS OFF) "+s.sql(stmt), args...)
+		require.NoError(t, err)
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return strings.Join(lines, "\n")
+	}
+	for _, c := range []struct {
+		stmt  string
+		args  []any
+		index []string
+	}{
+		{"queue_stats_available", nil, []string{"Index Only Scan using instances_pick"}},
+		{"queue_stats_executing", nil, []string{"instances_executing"}},
+		{"stuck_unknown_rate_limits", []any{pgx.NamedArgs{"r_names": []string{"api"}}}, []string{"instances_rate_waiting"}},
+		{"stuck_unknown_machines", []any{pgx.NamedArgs{"machines": []string{"m"}, "steps": []string{"s"},
+			"queues": []string{"q"}}}, []string{"instances_pick"}},
+		{"stuck_overdue_awaits", nil, []string{"instances_await_deadline"}},
+		{"inspect_instance", []any{pgx.NamedArgs{"id": 1, "inbox_after": 0, "inbox_limit": 10,
+			"children_after": 0, "children_limit": 10}},
+			[]string{"instances_pkey", "signals_instance", "instances_parent"}},
+	} {
+		plan := explain(c.stmt, c.args...)
+		require.NotContains(t, plan, "Seq Scan", "%s reads a whole table:\n%s", c.stmt, plan)
+		for _, ix := range c.index {
+			require.Contains(t, plan, ix, "%s:\n%s", c.stmt, plan)
+		}
+	}
+}
