@@ -263,3 +263,20 @@ func TestAwaitThousandWaitersOneProbePerTick(t *testing.T) {
 	time.Sleep(5 * tick)
 	require.Equal(t, idle, probes.n.Load(), "the watcher probed with nobody waiting")
 }
+
+// The path records every step that moved an instance on or finished it.
+func TestInstancePathRecordsTheStepsTaken(t *testing.T) {
+	e := newEnv(t)
+	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{linear("linear5", 0, nil)},
+		Queues: map[string]gendurable.QueueConfig{"work": {}}})
+	start(t, cl)
+	res, err := cl.Insert(context.Background(), linear("linear5", 0, nil).With(path{}), nil)
+	require.NoError(t, err)
+	r, err := cl.Await(context.Background(), res.ID, 5*time.Second, nil)
+	require.NoError(t, err)
+	require.Equal(t, gendurable.AwaitDone, r.Status)
+	require.Equal(t, []string{"s0", "s1", "s2", "s3", "s4"}, r.Instance.Path)
+	d, err := cl.Inspect(context.Background(), res.ID, nil)
+	require.NoError(t, err)
+	require.Equal(t, r.Instance.Path, d.Instance.Path)
+}

@@ -84,9 +84,12 @@ type Instance struct {
 	AwaitNames    []string
 	AwaitDeadline *time.Time
 	ParentID      *int64
-	InsertedAt    time.Time
-	UpdatedAt     time.Time
-	FinalizedAt   *time.Time
+	// Path is the steps taken so far, oldest first (the last 50): each step whose outcome moved
+	// the instance on or finished it. Step is where it is now.
+	Path        []string
+	InsertedAt  time.Time
+	UpdatedAt   time.Time
+	FinalizedAt *time.Time
 }
 
 // Signal is a message in an instance's inbox.

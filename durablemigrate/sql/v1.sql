@@ -62,6 +62,9 @@ CREATE TABLE {schema}.instances (
   pending_children  integer     NOT NULL DEFAULT 0 CHECK (pending_children >= 0),
   spawn_wave        integer,
   join_due          boolean,
+  -- The steps taken so far, oldest first (the last 50): each step whose outcome moved the
+  -- instance on (next, await, spawn) or finished it is appended. The operator's tools show it.
+  path              text[],
   inserted_at       timestamptz NOT NULL DEFAULT now(),
   updated_at        timestamptz NOT NULL DEFAULT now(),
   finalized_at      timestamptz,

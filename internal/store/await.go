@@ -28,7 +28,7 @@ func (s *Store) AwaitProbe(ctx context.Context, db DB, ids []int64, parked []boo
 	var out []Probe
 	for rows.Next() {
 		var want int64
-		in, err := scanInstance(rows, &want)
+		in, err := scanInstance(rows, []any{&want})
 		if err != nil {
 			return nil, err
 		}
@@ -42,9 +42,9 @@ func (s *Store) AwaitProbe(ctx context.Context, db DB, ids []int64, parked []boo
 }
 
 // scanInstance scans the instance columns every inspection statement selects in the same order
-// (see get_instance), after the leading destinations lead. A NULL row (an outer join's miss)
-// leaves the instance zero; lead tells the caller.
-func scanInstance(row pgx.Row, lead ...any) (*durabletype.Instance, error) {
+// (see get_instance), between the destinations lead and trail of the statement's other columns.
+// A NULL row (an outer join's miss) returns a nil instance.
+func scanInstance(row pgx.Row, lead []any, trail ...any) (*durabletype.Instance, error) {
 	var in durabletype.Instance
 	var id *int64
 	var machine, step, queue, status, lockedBy, key *string
@@ -54,7 +54,8 @@ func scanInstance(row pgx.Row, lead ...any) (*durabletype.Instance, error) {
 	var scheduled, inserted, updated *time.Time
 	dest := append(lead, &id, &machine, &step, &queue, &status, &priority, &attempt, &maxAttempts, &scheduled,
 		&lockedBy, &in.LockedUntil, &in.State, &in.Result, &errs, &key, &in.AwaitNames, &in.AwaitDeadline,
-		&in.ParentID, &inserted, &updated, &in.FinalizedAt)
+		&in.ParentID, &inserted, &updated, &in.FinalizedAt, &in.Path)
+	dest = append(dest, trail...)
 	if err := row.Scan(dest...); err != nil {
 		return nil, err
 	}

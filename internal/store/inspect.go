@@ -201,21 +201,15 @@ type Page struct {
 // Inspect reads an instance with a page of its inbox and a page of its children, in one
 // statement; ErrNotFound if there is no such instance.
 func (s *Store) Inspect(ctx context.Context, db DB, id int64, inbox, children Page) (*durabletype.InstanceDetail, error) {
-	var sc instanceScan
 	var inboxSize int64
 	var inboxJSON, countsJSON, childrenJSON []byte
-	dest := append(sc.dest(), &inboxSize, &inboxJSON, &countsJSON, &childrenJSON)
-	err := db.QueryRow(ctx, s.sql("inspect_instance"), pgx.NamedArgs{
+	in, err := scanInstance(db.QueryRow(ctx, s.sql("inspect_instance"), pgx.NamedArgs{
 		"id": id, "inbox_after": inbox.After, "inbox_limit": inbox.Limit,
 		"children_after": children.After, "children_limit": children.Limit,
-	}).Scan(dest...)
+	}), nil, &inboxSize, &inboxJSON, &countsJSON, &childrenJSON)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%w: id %d", durabletype.ErrNotFound, id)
 	}
-	if err != nil {
-		return nil, err
-	}
-	in, err := sc.instance()
 	if err != nil {
 		return nil, err
 	}

@@ -538,40 +538,11 @@ func (s *Store) insertRound(ctx context.Context, db DB, in []InsertRow, idx []in
 
 // GetInstance reads one instance row.
 func (s *Store) GetInstance(ctx context.Context, db DB, id int64) (*durabletype.Instance, error) {
-	in, err := scanInstance(db.QueryRow(ctx, s.sql("get_instance"), id))
+	in, err := scanInstance(db.QueryRow(ctx, s.sql("get_instance"), id), nil)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%w: id %d", durabletype.ErrNotFound, id)
 	}
 	return in, err
-}
-
-// instanceScan receives the instance columns of get_instance and inspect_instance, in order.
-type instanceScan struct {
-	in                   durabletype.Instance
-	status               string
-	priority             int16
-	attempt, maxAttempts int32
-	errs                 []byte
-}
-
-func (sc *instanceScan) dest() []any {
-	in := &sc.in
-	return []any{&in.ID, &in.Machine, &in.Step, &in.Queue, &sc.status, &sc.priority, &sc.attempt,
-		&sc.maxAttempts, &in.ScheduledAt, &in.LockedBy, &in.LockedUntil, &in.State, &in.Result, &sc.errs,
-		&in.CorrelationKey, &in.AwaitNames, &in.AwaitDeadline, &in.ParentID, &in.InsertedAt, &in.UpdatedAt,
-		&in.FinalizedAt}
-}
-
-func (sc *instanceScan) instance() (*durabletype.Instance, error) {
-	in := sc.in
-	in.Status, in.Priority = durabletype.Status(sc.status), int(sc.priority)
-	in.Attempt, in.MaxAttempts = int(sc.attempt), int(sc.maxAttempts)
-	if len(sc.errs) > 0 {
-		if err := json.Unmarshal(sc.errs, &in.Errors); err != nil {
-			return nil, fmt.Errorf("decode error history of %d: %w", in.ID, err)
-		}
-	}
-	return &in, nil
 }
 
 // CountByStatus counts instances by status, for one queue or ("") all.

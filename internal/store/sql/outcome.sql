@@ -81,6 +81,10 @@ SET status           = (CASE u.kind WHEN 3 THEN 'done' WHEN 4 THEN 'failed' WHEN
     rate_limit       = CASE WHEN u.kind IN (2, 5) THEN i.rate_limit ELSE u.rate_limit END,
     weight           = CASE WHEN u.kind IN (2, 5) THEN i.weight ELSE coalesce(u.weight, 1) END,
     finalized_at     = CASE WHEN u.kind IN (3, 4) THEN now() END,
+    -- The step that just ran joins the path when it moved the instance on or finished it.
+    path             = CASE WHEN u.kind IN (1, 3, 4, 6, 7)
+                            THEN (coalesce(i.path, '{}') || i.step)[greatest(cardinality(i.path) - 48, 1):]
+                            ELSE i.path END,
     updated_at       = now()
 FROM unnest(@ids::bigint[], @owners::text[], @kinds::smallint[], @steps::text[], @states::text[],
             @delays::bigint[], @results::text[], @err_kinds::text[], @err_msgs::text[],
