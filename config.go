@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -131,6 +132,8 @@ const (
 	defaultCommitters      = 2
 	defaultMaxCommitBatch  = 1000
 	maxGCBatch             = 10_000
+	// maxCount bounds the counts stored in 32-bit columns (limits, attempts).
+	maxCount = math.MaxInt32
 )
 
 func cfgErr(field, format string, args ...any) error {
@@ -173,13 +176,13 @@ func (c *Config) resolve() (engine.Config, string, error) {
 	if poll < time.Millisecond {
 		return ec, "", cfgErr("PollInterval", "%v: must be at least 1ms", c.PollInterval)
 	}
+	if c.Reaper != nil && c.Reaper.Interval != 0 && c.Reaper.Interval < time.Millisecond {
+		return ec, "", cfgErr("Reaper.Interval", "%v: must be at least 1ms (0 means %v)", c.Reaper.Interval, DefaultReaperInterval)
+	}
 	if c.Reaper == nil || !c.Reaper.Disabled {
 		ec.ReaperInterval = DefaultReaperInterval
 		if c.Reaper != nil && c.Reaper.Interval != 0 {
 			ec.ReaperInterval = c.Reaper.Interval
-		}
-		if ec.ReaperInterval < time.Millisecond {
-			return ec, "", cfgErr("Reaper.Interval", "%v: must be at least 1ms", c.Reaper.Interval)
 		}
 	}
 	if err := c.resolveGC(&ec); err != nil {
@@ -209,8 +212,8 @@ func (c *Config) resolve() (engine.Config, string, error) {
 			if err := checkLimitName("gate", field, name); err != nil {
 				return ec, "", err
 			}
-			if l.Limit < 1 {
-				return ec, "", cfgErr(field+".Limit", "%d: must be at least 1", l.Limit)
+			if l.Limit < 1 || l.Limit > maxCount {
+				return ec, "", cfgErr(field+".Limit", "%d: must be between 1 and %d", l.Limit, maxCount)
 			}
 			shards := l.Shards
 			if shards == 0 {
