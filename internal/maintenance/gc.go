@@ -39,8 +39,9 @@ type GC struct {
 	// refilled buckets are pruned).
 	Rates *store.Rates
 
-	// onBatch, when set, sees every instance batch: rows deleted and the statement's duration.
-	onBatch func(deleted int, took time.Duration)
+	// onBatch, when set, sees every instance batch: the cursor it started from, the rows it
+	// deleted and the statement's duration (tests).
+	onBatch func(from store.GCCursor, deleted int, took time.Duration)
 }
 
 // GCResult is what one sweep did.
@@ -127,7 +128,7 @@ func (g *GC) instances(ctx context.Context, began time.Time, res *GCResult) erro
 			return fmt.Errorf("GC of finished instances: %w", err)
 		}
 		if g.onBatch != nil {
-			g.onBatch(n, time.Since(t0))
+			g.onBatch(cur, n, time.Since(t0))
 		}
 		res.Instances += n
 		res.Batches++

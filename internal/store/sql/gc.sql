@@ -51,9 +51,10 @@ WITH doomed AS (
   LIMIT @batch
   FOR UPDATE OF i SKIP LOCKED
 ), gone AS (
+  -- By primary key, as an array: a join here could become a merge join over the whole primary
+  -- key in a prepared statement's generic plan.
   DELETE FROM {schema}.instances AS i
-  USING doomed
-  WHERE i.id = doomed.id
+  WHERE i.id = ANY (ARRAY(SELECT id FROM doomed))
   RETURNING i.id
 ), last AS (
   SELECT finalized_at, id FROM doomed ORDER BY finalized_at DESC, id DESC LIMIT 1
