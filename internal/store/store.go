@@ -314,8 +314,9 @@ type Released struct {
 	Status  durabletype.Status
 }
 
-// ReleaseExpired releases up to limit claims whose lease has run out, and, when prefix is not
-// empty, claims of that worker-id prefix whose lease ends before now() + slack.
+// ReleaseExpired releases up to limit claims: with prefix empty (the reaper), every claim whose
+// lease has run out; otherwise (startup reclaim) only claims of that worker-id prefix, whose
+// lease ends before now() + slack.
 func (s *Store) ReleaseExpired(ctx context.Context, db DB, limit int, prefix string, slack time.Duration) ([]Released, []Woken, error) {
 	var p *string
 	if prefix != "" {
