@@ -111,8 +111,8 @@ type GCConfig struct {
 	// Interval is the time between sweeps. Default 1m; at least 1ms.
 	Interval time.Duration
 	// Retention is how long a finished instance (done, failed, cancelled) is kept after it
-	// finished: Get, Await and deduplication scopes that include finished instances see it
-	// until then. Default 24h (or Lease, if longer); at least Lease.
+	// finished: Get and deduplication scopes that include finished instances see it until
+	// then. Default 24h (or Lease, if longer); at least Lease.
 	Retention time.Duration
 	// Batch is how many instances one delete statement removes. Default 1,000; 1 to 10,000.
 	Batch int
@@ -330,8 +330,9 @@ func (c *Config) resolveGC(ec *engine.Config) error {
 		retention = max(DefaultGCRetention, ec.Lease)
 	}
 	if retention < ec.Lease {
-		// Shorter than a lease, a finished instance could vanish before those still looking at
-		// it do: a worker whose late outcome is reported stale, an Await told to retry by id.
+		// A floor, not a tuning: a finished instance kept for less than a lease could vanish
+		// before a caller polling for its result reads it, and such a value is most likely a
+		// unit mistake.
 		return cfgErr("GC.Retention", "%v: must be at least Lease (%v) (0 means %v)", g.Retention, ec.Lease, DefaultGCRetention)
 	}
 	batch := g.Batch
