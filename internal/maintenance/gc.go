@@ -39,9 +39,10 @@ type GC struct {
 	// refilled buckets are pruned).
 	Rates *store.Rates
 
-	// onBatch, when set, sees every instance batch: the cursor it started from, the rows it
-	// deleted and the statement's duration (tests).
-	onBatch func(from store.GCCursor, deleted int, took time.Duration)
+	// beforeBatch and afterBatch, when set, see every instance batch (tests): the cursor it
+	// starts from; the rows it deleted and the statement's duration.
+	beforeBatch func(from store.GCCursor)
+	afterBatch  func(deleted int, took time.Duration)
 }
 
 // GCResult is what one sweep did.
@@ -122,13 +123,16 @@ func (g *GC) instances(ctx context.Context, began time.Time, res *GCResult) erro
 	budget := g.budget()
 	var cur store.GCCursor
 	for {
+		if g.beforeBatch != nil {
+			g.beforeBatch(cur)
+		}
 		t0 := time.Now()
 		n, next, err := g.Store.GCInstances(ctx, g.DB, g.Retention, g.Batch, cur)
 		if err != nil {
 			return fmt.Errorf("GC of finished instances: %w", err)
 		}
-		if g.onBatch != nil {
-			g.onBatch(cur, n, time.Since(t0))
+		if g.afterBatch != nil {
+			g.afterBatch(n, time.Since(t0))
 		}
 		res.Instances += n
 		res.Batches++

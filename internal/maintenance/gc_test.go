@@ -183,17 +183,27 @@ func TestGCOneMillionFinishedRows(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, old.QueryRow(ctx, e.q(`SELECT count(*) FROM {schema}.signals`)).Scan(new(int)))
 	var times []time.Duration
-	var plansChecked int
+	var firstBuffers, lastBuffers []int
+	full := doomed / 1000
 	g := e.gc(time.Hour, 1000)
-	g.onBatch = func(from store.GCCursor, _ int, took time.Duration) {
-		times = append(times, took)
-		// The plan of every batch, with the cursor it started from.
+	plans := 0
+	g.beforeBatch = func(from store.GCCursor) {
+		i := plans
+		plans++
+		// The plan of every batch, with the cursor it starts from.
 		var raw []byte
 		require.NoError(t, e.pool.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+e.st.Statement("gc_instances"),
 			e.st.GCInstancesArgs(time.Hour, 1000, from)).Scan(&raw))
 		requireIndexPlan(t, raw)
-		plansChecked++
+		// The pages the batch touches (deterministic, unlike its time on a shared machine): the
+		// first ten batches and the last ten full ones, run and rolled back before they run.
+		if i < 10 {
+			firstBuffers = append(firstBuffers, batchBuffers(t, e, from))
+		} else if i >= full-10 && i < full {
+			lastBuffers = append(lastBuffers, batchBuffers(t, e, from))
+		}
 	}
+	g.afterBatch = func(_ int, took time.Duration) { times = append(times, took) }
 	var swept durabletype.Event
 	g.Emit = func(ev durabletype.Event) { swept = ev }
 	sweepStart := time.Now()
@@ -202,17 +212,21 @@ func TestGCOneMillionFinishedRows(t *testing.T) {
 	t.Logf("sweep: %d rows in %d batches, %v", res.Instances, res.Batches, time.Since(sweepStart))
 	require.Equal(t, doomed, res.Instances)
 	require.Equal(t, doomed/1000+1, res.Batches, "full batches, then the short one that ends the sweep")
-	require.Equal(t, res.Batches, plansChecked)
+	require.Equal(t, res.Batches, plans, "every batch's plan was checked")
 	require.Equal(t, durabletype.EventGCSwept, swept.Name)
 	require.Equal(t, doomed, swept.Count)
 	require.Positive(t, swept.Duration)
 	requireIndexPlan(t, explainGeneric(t, e))
 
-	// Flat: the median of the last ten full batches against the first ten.
-	full := times[:len(times)-1]
-	first, last := median(full[:10]), median(full[len(full)-10:])
-	t.Logf("per batch of 1,000: first ten median %v, last ten median %v, slowest %v", first, last, slices.Max(full))
-	require.Less(t, last, 3*first+5*time.Millisecond, "batches got slower as the sweep went on")
+	// Flat: the last ten full batches against the first ten, in pages touched and in time.
+	require.Len(t, lastBuffers, 10)
+	fb, lb := medianInt(firstBuffers), medianInt(lastBuffers)
+	t.Logf("pages per batch of 1,000: first ten median %d, last ten median %d", fb, lb)
+	require.Less(t, lb, fb+fb/2, "batches touched more pages as the sweep went on")
+	ft := times[:full]
+	first, last := median(ft[:10]), median(ft[full-10:])
+	t.Logf("time per batch of 1,000: first ten median %v, last ten median %v, slowest %v", first, last, slices.Max(ft))
+	require.Less(t, last, 4*first+10*time.Millisecond, "batches got slower as the sweep went on")
 
 	require.Equal(t, total-doomed, e.count(t, `SELECT count(*) FROM {schema}.instances`))
 	require.Equal(t, 500, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE finalized_at > now() - interval '1 hour'`), "young rows kept")
@@ -226,6 +240,27 @@ func TestGCOneMillionFinishedRows(t *testing.T) {
 	res, err = g.Sweep(ctx)
 	require.NoError(t, err)
 	require.Zero(t, res.Instances)
+}
+
+// batchBuffers runs one GC batch from cur under EXPLAIN (ANALYZE, BUFFERS) and rolls it back:
+// the shared buffers it touched.
+func batchBuffers(t *testing.T, e *gcEnv, cur store.GCCursor) int {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	var raw []byte
+	require.NoError(t, tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+e.st.Statement("gc_instances"),
+		e.st.GCInstancesArgs(time.Hour, 1000, cur)).Scan(&raw))
+	top := planNodes(t, raw)[0]
+	return int(top["Shared Hit Blocks"].(float64) + top["Shared Read Blocks"].(float64))
+}
+
+func medianInt(xs []int) int {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
 
 func median(ds []time.Duration) time.Duration {
