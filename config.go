@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -41,8 +42,12 @@ type Config struct {
 	// of discovery latency for rows made due by time (scheduled, backoff) or by other nodes.
 	// Default 1s. Queues can override it.
 	PollInterval time.Duration
-	// Reaper configures the sweep that releases expired claims. Nil: enabled with defaults.
+	// Reaper configures the sweep that releases expired claims and fires await deadlines. Nil:
+	// enabled with defaults.
 	Reaper *ReaperConfig
+	// GC configures the sweep that deletes finished instances past their retention, prunes idle
+	// rate-limit buckets and reconciles gate counters. Nil: enabled with defaults.
+	GC *GCConfig
 	// MaxPayloadBytes caps an encoded state, result or argument document. Default 1 MiB.
 	MaxPayloadBytes int
 	// MaxChildren caps the children one Spawn may start. Default 100,000.
@@ -106,17 +111,38 @@ type ReaperConfig struct {
 	Interval time.Duration
 }
 
+// GCConfig configures GC. At least one node of a cluster must run it (duplicates are safe:
+// sweeps skip each other's rows).
+type GCConfig struct {
+	// Disabled turns GC off on this node.
+	Disabled bool
+	// Interval is the time between sweeps. Default 1m; at least 1ms.
+	Interval time.Duration
+	// Retention is how long a finished instance (done, failed, cancelled) is kept after it
+	// finished: Get and deduplication scopes that include finished instances see it until
+	// then. Default 24h (or Lease, if longer); at least Lease.
+	Retention time.Duration
+	// Batch is how many instances one delete statement removes. Default 1,000; 1 to 10,000.
+	Batch int
+}
+
 // Defaults.
 const (
 	DefaultLease           = 30 * time.Second
 	DefaultPollInterval    = time.Second
 	DefaultReaperInterval  = 5 * time.Second
+	DefaultGCInterval      = time.Minute
+	DefaultGCRetention     = 24 * time.Hour
+	DefaultGCBatch         = 1000
 	DefaultConcurrency     = 10
 	DefaultMaxPayloadBytes = 1 << 20
 	DefaultMaxChildren     = 100_000
 	DefaultAwaitTick       = 25 * time.Millisecond
 	defaultCommitters      = 2
 	defaultMaxCommitBatch  = 1000
+	maxGCBatch             = 10_000
+	// maxCount bounds the counts stored in 32-bit columns (limits, attempts).
+	maxCount = math.MaxInt32
 )
 
 func cfgErr(field, format string, args ...any) error {
@@ -159,14 +185,17 @@ func (c *Config) resolve() (engine.Config, string, error) {
 	if poll < time.Millisecond {
 		return ec, "", cfgErr("PollInterval", "%v: must be at least 1ms", c.PollInterval)
 	}
+	if c.Reaper != nil && c.Reaper.Interval != 0 && c.Reaper.Interval < time.Millisecond {
+		return ec, "", cfgErr("Reaper.Interval", "%v: must be at least 1ms (0 means %v)", c.Reaper.Interval, DefaultReaperInterval)
+	}
 	if c.Reaper == nil || !c.Reaper.Disabled {
 		ec.ReaperInterval = DefaultReaperInterval
 		if c.Reaper != nil && c.Reaper.Interval != 0 {
 			ec.ReaperInterval = c.Reaper.Interval
 		}
-		if ec.ReaperInterval < time.Millisecond {
-			return ec, "", cfgErr("Reaper.Interval", "%v: must be at least 1ms", c.Reaper.Interval)
-		}
+	}
+	if err := c.resolveGC(&ec); err != nil {
+		return ec, "", err
 	}
 	ec.MaxPayload = c.MaxPayloadBytes
 	if ec.MaxPayload == 0 {
@@ -192,8 +221,8 @@ func (c *Config) resolve() (engine.Config, string, error) {
 			if err := checkLimitName("gate", field, name); err != nil {
 				return ec, "", err
 			}
-			if l.Limit < 1 {
-				return ec, "", cfgErr(field+".Limit", "%d: must be at least 1", l.Limit)
+			if l.Limit < 1 || l.Limit > maxCount {
+				return ec, "", cfgErr(field+".Limit", "%d: must be between 1 and %d", l.Limit, maxCount)
 			}
 			shards := l.Shards
 			if shards == 0 {
@@ -296,6 +325,43 @@ func (c *Config) resolve() (engine.Config, string, error) {
 	ec.Committers = defaultCommitters
 	ec.MaxCommitBatch = defaultMaxCommitBatch
 	return ec, schema, nil
+}
+
+// resolveGC validates the GC options (also on a node that disables GC: an invalid value is a
+// mistake either way) and fills ec's GC fields; GCInterval stays 0 when GC is disabled.
+func (c *Config) resolveGC(ec *engine.Config) error {
+	g := c.GC
+	if g == nil {
+		g = &GCConfig{}
+	}
+	interval := g.Interval
+	if interval == 0 {
+		interval = DefaultGCInterval
+	}
+	if interval < time.Millisecond {
+		return cfgErr("GC.Interval", "%v: must be at least 1ms (0 means %v)", g.Interval, DefaultGCInterval)
+	}
+	retention := g.Retention
+	if retention == 0 {
+		retention = max(DefaultGCRetention, ec.Lease)
+	}
+	if retention < ec.Lease {
+		// A floor, not a tuning: a finished instance kept for less than a lease could vanish
+		// before a caller polling for its result reads it, and such a value is most likely a
+		// unit mistake.
+		return cfgErr("GC.Retention", "%v: must be at least Lease (%v) (0 means %v)", g.Retention, ec.Lease, DefaultGCRetention)
+	}
+	batch := g.Batch
+	if batch == 0 {
+		batch = DefaultGCBatch
+	}
+	if batch < 1 || batch > maxGCBatch {
+		return cfgErr("GC.Batch", "%d: must be between 1 and %d (0 means %d)", g.Batch, maxGCBatch, DefaultGCBatch)
+	}
+	if !g.Disabled {
+		ec.GCInterval, ec.GCRetention, ec.GCBatch = interval, retention, batch
+	}
+	return nil
 }
 
 // checkLimitName validates the name of a gate or rate limit: a durable name without ':' (the

@@ -3,6 +3,7 @@ package gendurable_test
 import (
 	"context"
 	"errors"
+	"math"
 	"runtime"
 	"strings"
 	"testing"
@@ -14,8 +15,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Not parallel: it counts the process's goroutines.
-func TestInvalidConfigFailsBeforeAnySideEffect(t *testing.T) {
+// Every invalid option is a *ConfigError naming it, returned by NewClient before any goroutine
+// starts or any query is sent. Not parallel: it counts the process's goroutines.
+func TestConfigInvalidFieldsFailBeforeAnySideEffect(t *testing.T) {
 	// A pool to a server that does not exist: any query would fail loudly.
 	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
 	require.NoError(t, err)
@@ -47,6 +49,34 @@ func TestInvalidConfigFailsBeforeAnySideEffect(t *testing.T) {
 		{gendurable.Config{Machines: []gendurable.Machine{noop, noop}}, "Machines[1]"},
 		{gendurable.Config{Machines: []gendurable.Machine{gendurable.Job[counter]{Name: "nope"}}}, "Machines[0]"},
 		{gendurable.Config{Hooks: []func(gendurable.Event){nil}}, "Hooks[0]"},
+		{gendurable.Config{Reaper: &gendurable.ReaperConfig{Interval: time.Microsecond}}, "Reaper.Interval"},
+		{gendurable.Config{Reaper: &gendurable.ReaperConfig{Disabled: true, Interval: -time.Second}}, "Reaper.Interval"},
+		{gendurable.Config{GC: &gendurable.GCConfig{Interval: -time.Second}}, "GC.Interval"},
+		{gendurable.Config{GC: &gendurable.GCConfig{Interval: time.Microsecond}}, "GC.Interval"},
+		{gendurable.Config{GC: &gendurable.GCConfig{Retention: -time.Hour}}, "GC.Retention"},
+		{gendurable.Config{GC: &gendurable.GCConfig{Retention: 10 * time.Second}}, "GC.Retention"},
+		{gendurable.Config{Lease: 2 * time.Minute, GC: &gendurable.GCConfig{Retention: time.Minute}}, "GC.Retention"},
+		{gendurable.Config{GC: &gendurable.GCConfig{Batch: -1}}, "GC.Batch"},
+		{gendurable.Config{GC: &gendurable.GCConfig{Batch: 10_001}}, "GC.Batch"},
+		{gendurable.Config{GC: &gendurable.GCConfig{Disabled: true, Batch: -1}}, "GC.Batch"},
+		{gendurable.Config{MaxChildren: -1}, "MaxChildren"},
+		{gendurable.Config{Lease: time.Second, Heartbeat: time.Second / 2}, "Heartbeat"},
+		{gendurable.Config{Queues: map[string]gendurable.QueueConfig{"bad\x00": {}}}, "Queues[bad\x00]"},
+		{gendurable.Config{Queues: map[string]gendurable.QueueConfig{strings.Repeat("q", 129): {}}}, "Queues[" + strings.Repeat("q", 129) + "]"},
+		{gendurable.Config{Machines: []gendurable.Machine{gendurable.Job[counter]{Name: "j", Perform: perform, Queue: "bad\x01"}}}, "Machines[0]"},
+		{gendurable.Config{Machines: []gendurable.Machine{gendurable.Job[counter]{Name: "j", Perform: perform, MaxAttempts: -1}}}, "Machines[0]"},
+		{gendurable.Config{Machines: []gendurable.Machine{gendurable.FSM[counter]{Name: "f", Start: "a", Steps: oneStep, Queue: strings.Repeat("q", 129)}}}, "Machines[0]"},
+		{gendurable.Config{Machines: []gendurable.Machine{gendurable.FSM[counter]{Name: "f", Start: "a", Steps: oneStep, MaxAttempts: math.MaxInt32 + 1}}}, "Machines[0]"},
+		{gendurable.Config{Machines: []gendurable.Machine{gendurable.FSM[counter]{Name: "", Start: "a", Steps: oneStep}}}, "Machines[0]"},
+		{gendurable.Config{ConcurrencyLimits: map[string]gendurable.ConcurrencyLimit{"a:b": {Limit: 1}}}, "ConcurrencyLimits[a:b]"},
+		{gendurable.Config{ConcurrencyLimits: map[string]gendurable.ConcurrencyLimit{"x": {Limit: 0}}}, "ConcurrencyLimits[x].Limit"},
+		{gendurable.Config{ConcurrencyLimits: map[string]gendurable.ConcurrencyLimit{"x": {Limit: math.MaxInt32 + 1}}}, "ConcurrencyLimits[x].Limit"},
+		{gendurable.Config{ConcurrencyLimits: map[string]gendurable.ConcurrencyLimit{"x": {Limit: 2, Shards: 3}}}, "ConcurrencyLimits[x].Shards"},
+		{gendurable.Config{ConcurrencyLimits: map[string]gendurable.ConcurrencyLimit{"x": {Limit: 5000, Shards: 1001}}}, "ConcurrencyLimits[x].Shards"},
+		{gendurable.Config{RateLimits: map[string]gendurable.Rate{"": {Allowed: 1, Period: time.Second}}}, "RateLimits[]"},
+		{gendurable.Config{RateLimits: map[string]gendurable.Rate{"r": {Allowed: 1, Period: -time.Second}}}, "RateLimits[r].Period"},
+		{gendurable.Config{RateLimits: map[string]gendurable.Rate{"r": {Allowed: -1, Period: time.Second}}}, "RateLimits[r].Allowed"},
+		{gendurable.Config{RateLimits: map[string]gendurable.Rate{"r": {Allowed: 1, Period: time.Second, Burst: -1}}}, "RateLimits[r].Burst"},
 	}
 	before := runtime.NumGoroutine()
 	for _, c := range cases {
@@ -59,7 +89,26 @@ func TestInvalidConfigFailsBeforeAnySideEffect(t *testing.T) {
 	}
 	require.LessOrEqual(t, runtime.NumGoroutine(), before, "no goroutine started")
 	require.Equal(t, int32(0), pool.Stat().TotalConns(), "no connection made")
+
+	// Valid edges: a disabled component with valid options, a lease longer than the default
+	// retention (the default retention follows it), GC's extremes.
+	for _, cfg := range []gendurable.Config{
+		{GC: &gendurable.GCConfig{Disabled: true}, Reaper: &gendurable.ReaperConfig{Disabled: true}},
+		{Lease: 48 * time.Hour},
+		{GC: &gendurable.GCConfig{Interval: time.Millisecond, Retention: gendurable.DefaultLease, Batch: 1}},
+		{GC: &gendurable.GCConfig{Batch: 10_000}},
+	} {
+		_, err := gendurable.NewClient(pool, &cfg)
+		require.NoError(t, err)
+	}
+	require.Equal(t, int32(0), pool.Stat().TotalConns(), "no connection made")
 }
+
+var (
+	perform = func(*gendurable.Ctx, counter) error { return nil }
+	oneStep = map[string]gendurable.StepFunc[counter]{
+		"a": func(*gendurable.Ctx, counter) (gendurable.Outcome, error) { return gendurable.Done(nil), nil }}
+)
 
 func TestStartRefusesAnUnmigratedSchema(t *testing.T) {
 	t.Parallel()

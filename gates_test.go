@@ -272,7 +272,7 @@ func TestReconcilerRepairsLeakedCounters(t *testing.T) {
 	var swept atomic.Int64
 	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{job},
 		ConcurrencyLimits: map[string]gendurable.ConcurrencyLimit{"api": {Limit: 4, Shards: 2}},
-		Reaper:            &gendurable.ReaperConfig{Interval: 50 * time.Millisecond},
+		GC:                &gendurable.GCConfig{Interval: 50 * time.Millisecond},
 		Hooks: []func(gendurable.Event){func(ev gendurable.Event) {
 			if ev.Name == gendurable.EventGCSwept {
 				swept.Add(int64(ev.Gates))

@@ -91,14 +91,28 @@ func (m FSM[S]) def() (*engine.MachineDef, error) {
 	if !steps[m.Start] {
 		return nil, fmt.Errorf("machine %q: start step %q is not in Steps", m.Name, m.Start)
 	}
-	if m.MaxAttempts < 0 {
-		return nil, fmt.Errorf("machine %q: MaxAttempts %d is negative", m.Name, m.MaxAttempts)
+	if err := checkMachineOpts("machine", m.Name, m.Queue, m.MaxAttempts); err != nil {
+		return nil, err
 	}
 	return &engine.MachineDef{
 		Name: m.Name, Start: m.Start, Steps: steps,
 		Queue: orDefault(m.Queue, DefaultQueue), MaxAttempts: orDefaultInt(m.MaxAttempts, DefaultMaxAttempts),
 		Run: m.run,
 	}, nil
+}
+
+// checkMachineOpts validates the options an FSM and a Job share: the queue their instances go to
+// (empty: DefaultQueue) and MaxAttempts (0: DefaultMaxAttempts).
+func checkMachineOpts(what, name, queue string, maxAttempts int) error {
+	if queue != "" {
+		if err := checkName("queue name", queue); err != nil {
+			return fmt.Errorf("%s %q: %w", what, name, err)
+		}
+	}
+	if maxAttempts < 0 || maxAttempts > maxCount {
+		return fmt.Errorf("%s %q: MaxAttempts %d must be between 1 and %d (0 means %d)", what, name, maxAttempts, maxCount, DefaultMaxAttempts)
+	}
+	return nil
 }
 
 func (m FSM[S]) run(call *engine.Call) engine.Outcome {
@@ -346,8 +360,8 @@ func (j Job[A]) def() (*engine.MachineDef, error) {
 	if j.Perform == nil {
 		return nil, fmt.Errorf("job %q has no Perform function", j.Name)
 	}
-	if j.MaxAttempts < 0 {
-		return nil, fmt.Errorf("job %q: MaxAttempts %d is negative", j.Name, j.MaxAttempts)
+	if err := checkMachineOpts("job", j.Name, j.Queue, j.MaxAttempts); err != nil {
+		return nil, err
 	}
 	return &engine.MachineDef{
 		Name: j.Name, Start: JobStep, Steps: map[string]bool{JobStep: true},

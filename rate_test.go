@@ -182,7 +182,7 @@ func TestBucketGCPrunesRefilledAndUnconfiguredBuckets(t *testing.T) {
 	var buckets atomic.Int64
 	cl := e.client(t, &gendurable.Config{
 		RateLimits: map[string]gendurable.Rate{"api": {Allowed: 10, Period: time.Second}},
-		Reaper:     &gendurable.ReaperConfig{Interval: 50 * time.Millisecond},
+		GC:         &gendurable.GCConfig{Interval: 50 * time.Millisecond},
 		Hooks: []func(gendurable.Event){func(ev gendurable.Event) {
 			if ev.Name == gendurable.EventGCSwept {
 				buckets.Add(int64(ev.Buckets))

@@ -39,8 +39,9 @@ const (
 	// EventConcurrencyContended: a pick lost a race with another pick for a concurrency key or a
 	// gate's last slot; it was retried. Err carries the refused statement's error.
 	EventConcurrencyContended EventName = "concurrency.contended"
-	// EventGCSwept: the maintenance sweep repaired or removed gate counters (Gates) or pruned
-	// rate-limit buckets (Buckets).
+	// EventGCSwept: a GC sweep ran (every sweep, also one that found nothing). Count = finished
+	// instances deleted, Buckets = rate-limit buckets pruned, Gates = gate counters repaired or
+	// removed, Duration = the sweep's time.
 	EventGCSwept EventName = "gc.swept"
 	// EventRateLimitThrottled: a pick's window held rate-limited rows their bucket could not
 	// afford yet (they stay available). Count = rows.
@@ -49,7 +50,8 @@ const (
 	// claimed none of that bucket's rows. Count = buckets.
 	EventRateLimitContended EventName = "rate_limit.contended"
 	// EventRateLimitUnknown: runnable rows name a rate limit this node's configuration does not;
-	// they stall until it does. Key = the limit, Count = rows (the maintenance sweep reports it).
+	// they stall until it does. Key = the limit, Count = rows (the reaper of a node that runs
+	// queues reports it).
 	EventRateLimitUnknown EventName = "rate_limit.unknown"
 	// EventAwaitTimeout: parked instances reached their await deadline and were woken without
 	// the signal. Count = instances.
@@ -77,8 +79,8 @@ type Event struct {
 	Outcome string
 	Count   int
 	Failed  int
-	// Gates is how many gate counters a maintenance sweep repaired or removed; Buckets how many
-	// rate-limit buckets it pruned.
+	// Gates is how many gate counters a GC sweep repaired or removed; Buckets how many rate-limit
+	// buckets it pruned.
 	Gates   int
 	Buckets int
 	// Key is the rate limit an event is about.

@@ -41,8 +41,13 @@ type Config struct {
 	Lease          time.Duration
 	Heartbeat      time.Duration
 	ReaperInterval time.Duration // 0: this node runs no reaper
-	MaxPayload     int
-	MaxChildren    int
+	// GCInterval is the time between GC sweeps (0: this node runs no GC); GCRetention how long a
+	// finished instance is kept; GCBatch how many one statement deletes.
+	GCInterval  time.Duration
+	GCRetention time.Duration
+	GCBatch     int
+	MaxPayload  int
+	MaxChildren int
 	// Gates is the concurrency-gate configuration (nil or empty: every key is K = 1).
 	Gates *store.Gates
 	// Rates is the rate-limit configuration (nil or empty: none).
@@ -171,7 +176,8 @@ func (e *Engine) workerPrefix(queue string) string {
 }
 
 // Start reclaims what dead predecessors left, then starts the schedulers, the committer, the
-// heartbeat and (unless disabled) the reaper.
+// heartbeat and (unless disabled on this node) the reaper and GC. A component this node does not
+// run logs one line.
 func (e *Engine) Start(ctx context.Context) error {
 	e.mu.Lock()
 	if e.running || e.stopped {
@@ -220,12 +226,22 @@ func (e *Engine) Start(ctx context.Context) error {
 	if e.cfg.ReaperInterval > 0 {
 		reaper := &maintenance.Reaper{
 			Store: e.store, DB: e.pool, Interval: e.cfg.ReaperInterval, Logger: e.log,
-			Emit: e.Emit, Wake: e.Wake, Gates: e.cfg.Gates, Rates: e.cfg.Rates,
+			Emit: e.Emit, Wake: e.Wake, Rates: e.cfg.Rates, ReportStalls: len(e.cfg.Queues) > 0,
 		}
 		e.bg.Add(1)
 		go func() { defer e.bg.Done(); reaper.Run(e.bgStop) }()
 	} else {
 		e.log.Info("gendurable: reaper disabled on this node", "client", e.cfg.Name)
+	}
+	if e.cfg.GCInterval > 0 {
+		gc := &maintenance.GC{
+			Store: e.store, DB: e.pool, Interval: e.cfg.GCInterval, Retention: e.cfg.GCRetention,
+			Batch: e.cfg.GCBatch, Logger: e.log, Emit: e.Emit, Gates: e.cfg.Gates, Rates: e.cfg.Rates,
+		}
+		e.bg.Add(1)
+		go func() { defer e.bg.Done(); gc.Run(e.bgStop) }()
+	} else {
+		e.log.Info("gendurable: GC disabled on this node", "client", e.cfg.Name)
 	}
 	return nil
 }

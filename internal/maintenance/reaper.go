@@ -1,7 +1,15 @@
 // Package maintenance holds the sweepers every cluster needs at least one node to run: the
-// reaper (expired leases) and, later, GC. Duplicates are safe: every sweep claims its rows with
-// ordered FOR NO KEY UPDATE SKIP LOCKED, so concurrent sweepers never wait on, deadlock with or
-// double-process each other.
+// reaper (expired leases, await deadlines) and GC (finished instances, idle rate-limit buckets,
+// gate reconciliation). Duplicates are safe: every sweep claims its rows with ordered
+// SKIP LOCKED, so concurrent sweepers never wait on, deadlock with or double-process each other.
+//
+// The split follows what each needs from its cadence. The reaper's work is latency: a crashed
+// worker's rows, and timed awaits, wait for it (default every 5s). GC's work is housekeeping
+// whose delay costs space, not progress: a finished row kept a minute longer, a refilled bucket
+// (a missing bucket is a full one), a gate counter that drifted (the reaper and every outcome
+// credit slots themselves; the reconciler is the safety net, and a drift errs on the strict
+// side). Moving gate reconciliation and bucket pruning into GC keeps the reaper's sweep short
+// and its guarantees unchanged.
 package maintenance
 
 import (
@@ -27,11 +35,11 @@ type Reaper struct {
 	Emit     func(durabletype.Event)
 	// Wake nudges the local scheduler of a queue that has rows runnable again.
 	Wake func(queue string)
-	// Gates is the concurrency-gate configuration the reconciler checks counters against (nil:
-	// none configured; counters of gates no longer configured are still cleaned up).
-	Gates *store.Gates
-	// Rates is the rate-limit configuration buckets are pruned against (nil: none).
-	Rates *store.Rates
+	// Rates is the rate-limit configuration of this node, for the report of rows stalled on
+	// limits it does not configure; ReportStalls says whether to make it (a node that runs
+	// queues: the stall is its own picks').
+	Rates        *store.Rates
+	ReportStalls bool
 }
 
 // Run sweeps every Interval until stop is closed.
@@ -53,7 +61,7 @@ func (r *Reaper) Run(stop <-chan struct{}) {
 }
 
 // Sweep releases every expired claim and fires every due await deadline, a batch per
-// statement, and returns how many rows it changed.
+// statement, reports rows stalled on unknown rate limits, and returns how many rows it changed.
 func (r *Reaper) Sweep(ctx context.Context) (int, error) {
 	n, err := r.releaseExpired(ctx)
 	if err != nil {
@@ -63,25 +71,12 @@ func (r *Reaper) Sweep(ctx context.Context) (int, error) {
 	if err != nil {
 		return n + fired, err
 	}
-	gates := r.Gates
-	if gates == nil {
-		gates = &store.Gates{}
-	}
-	repaired, removed, err := r.Store.ReconcileGates(ctx, r.DB, gates)
-	if err != nil {
-		return n + fired, err
+	if !r.ReportStalls {
+		return n + fired, nil
 	}
 	rates := r.Rates
 	if rates == nil {
 		rates = &store.Rates{}
-	}
-	buckets, err := r.Store.GCBuckets(ctx, r.DB, rates)
-	if err != nil {
-		return n + fired, err
-	}
-	if repaired+removed+buckets > 0 {
-		r.Logger.Info("gendurable: maintenance swept", "gates_repaired", repaired, "gates_removed", removed, "buckets", buckets)
-		r.Emit(durabletype.Event{Name: durabletype.EventGCSwept, Gates: repaired + removed, Buckets: buckets})
 	}
 	unknown, err := r.Store.RateUnknown(ctx, r.DB, rates)
 	if err != nil {
@@ -92,7 +87,7 @@ func (r *Reaper) Sweep(ctx context.Context) (int, error) {
 			"limit", name, "rows", count)
 		r.Emit(durabletype.Event{Name: durabletype.EventRateLimitUnknown, Key: name, Count: count})
 	}
-	return n + fired + repaired + removed + buckets, nil
+	return n + fired, nil
 }
 
 // FireAwaitDeadlines wakes every parked instance whose await deadline is within horizon of now

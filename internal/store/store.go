@@ -20,6 +20,7 @@ import (
 	"github.com/gendurable/gendurable/internal/ident"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 //go:embed sql/*.sql
@@ -313,8 +314,9 @@ type Released struct {
 	Status  durabletype.Status
 }
 
-// ReleaseExpired releases up to limit claims whose lease has run out, and, when prefix is not
-// empty, claims of that worker-id prefix whose lease ends before now() + slack.
+// ReleaseExpired releases up to limit claims: with prefix empty (the reaper), every claim whose
+// lease has run out; otherwise (startup reclaim) only claims of that worker-id prefix, whose
+// lease ends before now() + slack.
 func (s *Store) ReleaseExpired(ctx context.Context, db DB, limit int, prefix string, slack time.Duration) ([]Released, []Woken, error) {
 	var p *string
 	if prefix != "" {
@@ -745,3 +747,42 @@ func (s *Store) RateUnknown(ctx context.Context, db DB, r *Rates) (map[string]in
 	})
 	return out, err
 }
+
+// GCCursor is where a GC sweep's next batch starts: after the (finalized_at, id) of the last row
+// the previous batch deleted. The zero value starts at the beginning.
+type GCCursor struct {
+	At time.Time
+	ID int64
+}
+
+// GCInstances deletes up to batch finished instances whose finalized_at is older than retention,
+// after cur in (finalized_at, id) order, with their inboxes (see gc.sql). It returns how many it
+// deleted and the cursor for the next batch.
+func (s *Store) GCInstances(ctx context.Context, db DB, retention time.Duration, batch int, cur GCCursor) (int, GCCursor, error) {
+	args := s.GCInstancesArgs(retention, batch, cur)
+	var n int64
+	var at *time.Time
+	var id *int64
+	if err := db.QueryRow(ctx, s.sql("gc_instances"), args).Scan(&n, &at, &id); err != nil {
+		return 0, cur, err
+	}
+	if at != nil && id != nil {
+		cur = GCCursor{At: *at, ID: *id}
+	}
+	return int(n), cur, nil
+}
+
+// GCInstancesArgs are the arguments of one GC batch (GCInstances; tests EXPLAIN the statement
+// with them).
+func (s *Store) GCInstancesArgs(retention time.Duration, batch int, cur GCCursor) pgx.NamedArgs {
+	args := pgx.NamedArgs{"retention_ms": retention.Milliseconds(), "batch": batch,
+		"after_at": pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}, "after_id": int64(0)}
+	if !cur.At.IsZero() {
+		args["after_at"], args["after_id"] = cur.At, cur.ID
+	}
+	return args
+}
+
+// Statement returns the text of a named statement as this Store runs it (for EXPLAIN in tests
+// and tools).
+func (s *Store) Statement(name string) string { return s.sql(name) }

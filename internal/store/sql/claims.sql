@@ -39,9 +39,10 @@ WHERE NOT EXISTS (
 
 -- Release expired claims: the reaper's sweep ($2 NULL: every claim whose lease has run out)
 -- and a starting scheduler's reclaim of its dead predecessor ($2 the worker-id prefix shared
--- with the predecessor: also claims whose last heartbeat is older than $3 ms allows, i.e.
--- locked_until < now() + $3; a live worker with the same prefix keeps its leases fresher than
--- that, so a name collision can never release a live claim).
+-- with the predecessor: only claims of that prefix, once their last heartbeat is older than $3 ms
+-- allows, i.e. locked_until < now() + $3; a live worker with the same prefix keeps its leases
+-- fresher than that, so a name collision can never release a live claim). Other nodes' expired
+-- claims are the reaper's: a node that runs no reaper releases nothing but its own.
 --
 -- A released row becomes available again (the crashed try counts as an attempt) or, with no
 -- attempts left, failed; either way the error history says the lease was lost. A gate slot it
@@ -60,9 +61,9 @@ WITH expired AS (
   SELECT id, locked_by, concurrency_key, concurrency_shard
   FROM {schema}.instances
   WHERE status = 'executing'
-    AND (locked_until < now()
-         OR (starts_with(locked_by, $2::text)
-             AND locked_until < now() + $3::bigint * interval '1 millisecond'))
+    AND (CASE WHEN $2::text IS NULL THEN locked_until < now()
+              ELSE starts_with(locked_by, $2::text)
+                   AND locked_until < now() + $3::bigint * interval '1 millisecond' END)
   ORDER BY id
   LIMIT $1
   FOR NO KEY UPDATE SKIP LOCKED

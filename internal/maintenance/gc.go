@@ -1,0 +1,174 @@
+package maintenance
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/gendurable/gendurable/durabletype"
+	"github.com/gendurable/gendurable/internal/store"
+)
+
+// bucketBatch is how many buckets one gc_buckets statement deletes at most (see buckets.sql).
+const bucketBatch = 1000
+
+// GC collects what no longer carries information: finished instances past their retention (with
+// their inboxes), rate-limit buckets that have refilled or whose limit is gone, and gate counters
+// that disagree with the executing rows or the configuration (reconciled, or removed). At least
+// one node of a cluster runs it; duplicates are safe (every statement claims its rows with
+// ordered FOR UPDATE SKIP LOCKED).
+type GC struct {
+	Store *store.Store
+	DB    store.DB
+	// Interval is the time between sweeps.
+	Interval time.Duration
+	// Retention is how long a finished instance is kept after finalized_at.
+	Retention time.Duration
+	// Batch is how many instances one statement deletes at most.
+	Batch int
+	// Budget bounds one sweep's instance deletion: past it the sweep stops after the batch in
+	// hand, and the next sweep carries on. Zero: Interval.
+	Budget time.Duration
+	Logger *slog.Logger
+	Emit   func(durabletype.Event)
+	// Gates is the concurrency-gate configuration the reconciler checks counters against (nil:
+	// none configured; counters of gates no longer configured are still cleaned up).
+	Gates *store.Gates
+	// Rates is the rate-limit configuration buckets are pruned against (nil: none; then only
+	// refilled buckets are pruned).
+	Rates *store.Rates
+
+	// beforeBatch and afterBatch, when set, see every instance batch (tests): the cursor it
+	// starts from; the rows it deleted and the statement's duration.
+	beforeBatch func(from store.GCCursor)
+	afterBatch  func(deleted int, took time.Duration)
+}
+
+// GCResult is what one sweep did.
+type GCResult struct {
+	// Instances is how many finished instances it deleted, in Batches statements.
+	Instances int
+	Batches   int
+	// Buckets is how many rate-limit buckets it pruned.
+	Buckets int
+	// Gates is how many gate counters it repaired or removed.
+	Gates    int
+	Duration time.Duration
+}
+
+// Run sweeps every Interval until stop is closed. Closing stop also cancels a sweep in progress.
+func (g *GC) Run(stop <-chan struct{}) {
+	ctx, cancel := context.WithCancel(context.Background())
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		select {
+		case <-stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	defer func() { cancel(); <-watched }()
+	t := time.NewTicker(g.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			// The budget bounds the deletion; the rest of a sweep is a few bounded statements.
+			sctx, scancel := context.WithTimeout(ctx, g.budget()+30*time.Second)
+			if _, err := g.Sweep(sctx); err != nil && ctx.Err() == nil {
+				g.Logger.Warn("gendurable: GC sweep failed", "error", err)
+			}
+			scancel()
+		}
+	}
+}
+
+func (g *GC) budget() time.Duration {
+	if g.Budget > 0 {
+		return g.Budget
+	}
+	return g.Interval
+}
+
+// Sweep deletes finished instances past retention, a batch per statement until a short batch
+// (or the budget runs out), then prunes buckets and reconciles gate counters. It emits gc.swept
+// with what it did.
+func (g *GC) Sweep(ctx context.Context) (GCResult, error) {
+	began := time.Now()
+	var res GCResult
+	err := g.instances(ctx, began, &res)
+	if err == nil {
+		err = g.buckets(ctx, &res)
+	}
+	if err == nil {
+		err = g.gates(ctx, &res)
+	}
+	res.Duration = time.Since(began)
+	if res.Instances+res.Buckets+res.Gates > 0 {
+		g.Logger.Info("gendurable: GC swept", "instances", res.Instances, "buckets", res.Buckets,
+			"gates", res.Gates, "duration", res.Duration)
+	}
+	// Every sweep that ran reports, even one that found nothing: the event is also the sign
+	// that some node collects.
+	g.Emit(durabletype.Event{Name: durabletype.EventGCSwept, Count: res.Instances, Buckets: res.Buckets,
+		Gates: res.Gates, Duration: res.Duration})
+	return res, err
+}
+
+func (g *GC) instances(ctx context.Context, began time.Time, res *GCResult) error {
+	budget := g.budget()
+	var cur store.GCCursor
+	for {
+		if g.beforeBatch != nil {
+			g.beforeBatch(cur)
+		}
+		t0 := time.Now()
+		n, next, err := g.Store.GCInstances(ctx, g.DB, g.Retention, g.Batch, cur)
+		if err != nil {
+			return fmt.Errorf("GC of finished instances: %w", err)
+		}
+		if g.afterBatch != nil {
+			g.afterBatch(n, time.Since(t0))
+		}
+		res.Instances += n
+		res.Batches++
+		cur = next
+		if n < g.Batch || time.Since(began) >= budget {
+			return nil
+		}
+	}
+}
+
+func (g *GC) buckets(ctx context.Context, res *GCResult) error {
+	rates := g.Rates
+	if rates == nil {
+		rates = &store.Rates{}
+	}
+	for {
+		n, err := g.Store.GCBuckets(ctx, g.DB, rates)
+		if err != nil {
+			return fmt.Errorf("GC of rate-limit buckets: %w", err)
+		}
+		res.Buckets += n
+		if n < bucketBatch {
+			return nil
+		}
+	}
+}
+
+func (g *GC) gates(ctx context.Context, res *GCResult) error {
+	gates := g.Gates
+	if gates == nil {
+		gates = &store.Gates{}
+	}
+	repaired, removed, err := g.Store.ReconcileGates(ctx, g.DB, gates)
+	if err != nil {
+		return fmt.Errorf("reconcile gate counters: %w", err)
+	}
+	res.Gates += repaired + removed
+	return nil
+}

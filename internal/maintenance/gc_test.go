@@ -1,0 +1,349 @@
+package maintenance
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable/durabledbtest"
+	"github.com/gendurable/gendurable/durabletype"
+	"github.com/gendurable/gendurable/internal/store"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+)
+
+func TestMain(m *testing.M) { durabledbtest.Main(m) }
+
+// gcEnv is one test's schema, pool and statements.
+type gcEnv struct {
+	pool   *pgxpool.Pool
+	schema string
+	st     *store.Store
+}
+
+func newGCEnv(t *testing.T) *gcEnv {
+	t.Helper()
+	pool := durabledbtest.Pool(t, 4)
+	schema := durabledbtest.Schema(t, pool)
+	st, err := store.New(schema)
+	require.NoError(t, err)
+	return &gcEnv{pool: pool, schema: schema, st: st}
+}
+
+func (e *gcEnv) q(s string) string { return strings.ReplaceAll(s, "{schema}", `"`+e.schema+`"`) }
+
+func (e *gcEnv) exec(t *testing.T, sql string, args ...any) {
+	t.Helper()
+	_, err := e.pool.Exec(context.Background(), e.q(sql), args...)
+	require.NoError(t, err)
+}
+
+func (e *gcEnv) count(t *testing.T, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, e.pool.QueryRow(context.Background(), e.q(sql), args...).Scan(&n))
+	return n
+}
+
+// oldFinished inserts n finished rows (done, failed, cancelled in turn) finalized two days ago,
+// one millisecond apart, in one statement.
+const oldFinished = `
+INSERT INTO {schema}.instances (machine, step, queue, status, max_attempts, state, finalized_at, inserted_at, updated_at)
+SELECT 'm', 's', 'q', (ARRAY['done', 'failed', 'cancelled']::{schema}.status[])[1 + g % 3], 1, '{}'::jsonb,
+       now() - interval '2 days' + g * interval '1 millisecond', now() - interval '3 days', now() - interval '2 days'
+FROM generate_series(1, $1::integer) AS g`
+
+func (e *gcEnv) gc(retention time.Duration, batch int) *GC {
+	return &GC{Store: e.st, DB: e.pool, Interval: time.Minute, Retention: retention, Batch: batch,
+		Budget: 10 * time.Minute, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Emit: func(durabletype.Event) {}}
+}
+
+// planNodes flattens an EXPLAIN (FORMAT JSON) plan.
+func planNodes(t *testing.T, raw []byte) []map[string]any {
+	t.Helper()
+	var doc []map[string]any
+	require.NoError(t, json.Unmarshal(raw, &doc))
+	var out []map[string]any
+	var walk func(n map[string]any)
+	walk = func(n map[string]any) {
+		out = append(out, n)
+		if kids, ok := n["Plans"].([]any); ok {
+			for _, k := range kids {
+				walk(k.(map[string]any))
+			}
+		}
+	}
+	walk(doc[0]["Plan"].(map[string]any))
+	return out
+}
+
+// requireIndexPlan checks that a GC batch's plan reads instances through instances_finalized and
+// never scans the table.
+func requireIndexPlan(t *testing.T, raw []byte) {
+	t.Helper()
+	usesIndex := false
+	for _, n := range planNodes(t, raw) {
+		if n["Relation Name"] == "instances" && n["Node Type"] != "ModifyTable" {
+			// An index scan without a condition reads the whole index: as bad as a table scan.
+			require.Equal(t, "Index Scan", n["Node Type"], "a GC batch scans the instances table:\n%s", raw)
+			require.NotEmpty(t, n["Index Cond"], "a GC batch reads a whole index of instances:\n%s", raw)
+		}
+		if n["Index Name"] == "instances_finalized" {
+			usesIndex = true
+		}
+	}
+	require.True(t, usesIndex, "a GC batch does not use instances_finalized:\n%s", raw)
+}
+
+// explainGeneric explains the GC statement as a prepared statement's generic plan (the plan a
+// pooled connection settles on after a few executions), with the named parameters made
+// positional.
+func explainGeneric(t *testing.T, e *gcEnv) []byte {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := e.pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	sql := e.st.Statement("gc_instances")
+	for i, p := range []string{"retention_ms", "after_at", "after_id", "batch"} {
+		sql = regexp.MustCompile(`@`+p+`\b`).ReplaceAllLiteralString(sql, fmt.Sprintf("$%d", i+1))
+	}
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "SET LOCAL plan_cache_mode = force_generic_plan")
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "PREPARE gd_gc_generic (bigint, timestamptz, bigint, bigint) AS "+sql, pgx.QueryExecModeSimpleProtocol)
+	require.NoError(t, err)
+	defer func() { _, _ = conn.Exec(ctx, "DEALLOCATE gd_gc_generic") }()
+	var raw []byte
+	require.NoError(t, tx.QueryRow(ctx, "EXPLAIN (FORMAT JSON) EXECUTE gd_gc_generic (3600000, '-infinity', 0, 1000)",
+		pgx.QueryExecModeSimpleProtocol).Scan(&raw))
+	return raw
+}
+
+// A million finished rows: every batch reads them through the finalized index, the last batch
+// costs what the first did, and nothing young, live or still needed by a live parent's join is
+// deleted. Inboxes of deleted instances go with them.
+func TestGCOneMillionFinishedRows(t *testing.T) {
+	if testing.Short() {
+		t.Skip("inserts a million rows")
+	}
+	const million = 1_000_000
+	e := newGCEnv(t)
+	ctx := context.Background()
+	began := time.Now()
+	e.exec(t, oldFinished, million)
+	// Young finished rows, live rows (with signals) and a fan-out: a live parent on its second
+	// wave, a finished parent, and children whose parent row is gone.
+	e.exec(t, `INSERT INTO {schema}.instances (machine, step, queue, status, max_attempts, state, finalized_at)
+		SELECT 'm', 's', 'q', 'done', 1, '{}', now() FROM generate_series(1, 500)`)
+	e.exec(t, `INSERT INTO {schema}.instances (machine, step, queue, status, max_attempts, state, signalled)
+		SELECT 'm', 's', 'q', (ARRAY['available', 'awaiting']::{schema}.status[])[1 + g % 2], 1, '{}', true
+		FROM generate_series(1, 500) AS g`)
+	e.exec(t, `INSERT INTO {schema}.signals (instance_id, name)
+		SELECT id, 'x' FROM {schema}.instances WHERE status IN ('available', 'awaiting')
+		UNION ALL
+		SELECT id, 'late' FROM {schema}.instances WHERE status = 'failed' AND id % 100 = 2`)
+	e.exec(t, `WITH live AS (
+		  INSERT INTO {schema}.instances (machine, step, queue, status, max_attempts, state, spawn_wave, pending_children, join_due)
+		  VALUES ('parent', 'join', 'q', 'joining', 1, '{}', 2, 1, true) RETURNING id
+		), gone AS (
+		  INSERT INTO {schema}.instances (machine, step, queue, status, max_attempts, state, spawn_wave, finalized_at)
+		  VALUES ('parent', 'join', 'q', 'done', 1, '{}', 1, now() - interval '2 days') RETURNING id
+		)
+		INSERT INTO {schema}.instances (machine, step, queue, status, max_attempts, state, parent_id, parent_wave, finalized_at)
+		SELECT 'child', 's', 'q', 'done', 1, ('{"keep":' || (w = 2 AND p = 'live')::text || '}')::jsonb, pid, w, now() - interval '2 days'
+		FROM (SELECT id AS pid, 'live' AS p FROM live UNION ALL SELECT id, 'gone' FROM gone
+		      UNION ALL SELECT -1, 'missing') AS ps, generate_series(1, 2) AS w, generate_series(1, 5)`)
+	e.exec(t, `ANALYZE {schema}.instances`)
+	e.exec(t, `ANALYZE {schema}.signals`)
+	total := e.count(t, `SELECT count(*) FROM {schema}.instances`)
+	keptChildren := 5 // the live parent's second wave
+	doomed := million + 1 + 3*2*5 - keptChildren
+	t.Logf("set-up: %d rows in %v", total, time.Since(began))
+
+	requireIndexPlan(t, explainGeneric(t, e))
+	// A transaction elsewhere holds a snapshot older than every delete (an analytics query, a
+	// forgotten session): the deleted rows stay visible to it, so no scan can skip their index
+	// entries as dead. Only the cursor keeps a batch from stepping over the sweep's own work.
+	old, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = old.Rollback(ctx) }()
+	_, err = old.Exec(ctx, "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+	require.NoError(t, err)
+	require.NoError(t, old.QueryRow(ctx, e.q(`SELECT count(*) FROM {schema}.signals`)).Scan(new(int)))
+	var times []time.Duration
+	var firstBuffers, lastBuffers []int
+	full := doomed / 1000
+	g := e.gc(time.Hour, 1000)
+	plans := 0
+	g.beforeBatch = func(from store.GCCursor) {
+		i := plans
+		plans++
+		// The plan of every batch, with the cursor it starts from.
+		var raw []byte
+		require.NoError(t, e.pool.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+e.st.Statement("gc_instances"),
+			e.st.GCInstancesArgs(time.Hour, 1000, from)).Scan(&raw))
+		requireIndexPlan(t, raw)
+		// The pages the batch touches (deterministic, unlike its time on a shared machine): the
+		// first ten batches and the last ten full ones, run and rolled back before they run.
+		if i < 10 {
+			firstBuffers = append(firstBuffers, batchBuffers(t, e, from))
+		} else if i >= full-10 && i < full {
+			lastBuffers = append(lastBuffers, batchBuffers(t, e, from))
+		}
+	}
+	g.afterBatch = func(_ int, took time.Duration) { times = append(times, took) }
+	var swept durabletype.Event
+	g.Emit = func(ev durabletype.Event) { swept = ev }
+	sweepStart := time.Now()
+	res, err := g.Sweep(ctx)
+	require.NoError(t, err)
+	t.Logf("sweep: %d rows in %d batches, %v", res.Instances, res.Batches, time.Since(sweepStart))
+	require.Equal(t, doomed, res.Instances)
+	require.Equal(t, doomed/1000+1, res.Batches, "full batches, then the short one that ends the sweep")
+	require.Equal(t, res.Batches, plans, "every batch's plan was checked")
+	require.Equal(t, durabletype.EventGCSwept, swept.Name)
+	require.Equal(t, doomed, swept.Count)
+	require.Positive(t, swept.Duration)
+	requireIndexPlan(t, explainGeneric(t, e))
+
+	// Flat: the last ten full batches against the first ten, in pages touched and in time.
+	require.Len(t, lastBuffers, 10)
+	fb, lb := medianInt(firstBuffers), medianInt(lastBuffers)
+	t.Logf("pages per batch of 1,000: first ten median %d, last ten median %d", fb, lb)
+	require.Less(t, lb, fb+fb/2, "batches touched more pages as the sweep went on")
+	ft := times[:full]
+	first, last := median(ft[:10]), median(ft[full-10:])
+	t.Logf("time per batch of 1,000: first ten median %v, last ten median %v, slowest %v", first, last, slices.Max(ft))
+	require.Less(t, last, 4*first+10*time.Millisecond, "batches got slower as the sweep went on")
+
+	require.Equal(t, total-doomed, e.count(t, `SELECT count(*) FROM {schema}.instances`))
+	require.Equal(t, 500, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE finalized_at > now() - interval '1 hour'`), "young rows kept")
+	require.Equal(t, 500, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status IN ('available', 'awaiting') AND machine = 'm'`), "live rows kept")
+	require.Equal(t, keptChildren, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE machine = 'child'`))
+	require.Equal(t, keptChildren, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE state = '{"keep":true}'`),
+		"only the children the live parent's join still reads are kept")
+	require.Equal(t, 500, e.count(t, `SELECT count(*) FROM {schema}.signals`), "the live rows' inboxes are kept, the others' gone")
+
+	// Nothing more to do.
+	res, err = g.Sweep(ctx)
+	require.NoError(t, err)
+	require.Zero(t, res.Instances)
+}
+
+// batchBuffers runs one GC batch from cur under EXPLAIN (ANALYZE, BUFFERS) and rolls it back:
+// the shared buffers it touched.
+func batchBuffers(t *testing.T, e *gcEnv, cur store.GCCursor) int {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	var raw []byte
+	require.NoError(t, tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+e.st.Statement("gc_instances"),
+		e.st.GCInstancesArgs(time.Hour, 1000, cur)).Scan(&raw))
+	top := planNodes(t, raw)[0]
+	return int(top["Shared Hit Blocks"].(float64) + top["Shared Read Blocks"].(float64))
+}
+
+func medianInt(xs []int) int {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// A sweep stops once its budget is spent (after the batch in hand) and the next one carries on.
+func TestGCSweepStopsAtItsBudget(t *testing.T) {
+	t.Parallel()
+	e := newGCEnv(t)
+	e.exec(t, oldFinished, 250)
+	g := e.gc(time.Hour, 100)
+	g.Budget = time.Nanosecond
+	res, err := g.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Batches)
+	require.Equal(t, 100, res.Instances)
+	g.Budget = time.Minute
+	res, err = g.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 150, res.Instances)
+	require.Equal(t, 2, res.Batches)
+}
+
+// Sweepers racing on their own connections delete every row exactly once and never deadlock.
+func TestGCRacingSweepersDeleteEachRowOnce(t *testing.T) {
+	t.Parallel()
+	const rows, sweepers = 60_000, 4
+	e := newGCEnv(t)
+	ctx := context.Background()
+	e.exec(t, oldFinished, rows)
+	e.exec(t, `INSERT INTO {schema}.signals (instance_id, name) SELECT id, 'late' FROM {schema}.instances WHERE id % 7 = 0`)
+	e.exec(t, `ANALYZE {schema}.instances`)
+	var before int
+	require.NoError(t, e.pool.QueryRow(ctx, `SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()`).Scan(&before))
+
+	conns := make([]*pgx.Conn, sweepers)
+	pids := make([]int64, sweepers)
+	for i := range conns {
+		c, err := pgx.Connect(ctx, e.pool.Config().ConnConfig.ConnString())
+		require.NoError(t, err)
+		conns[i], pids[i] = c, int64(c.PgConn().PID())
+	}
+	deleted := make([]int, sweepers)
+	batches := make([]int, sweepers)
+	errs := make([]error, sweepers)
+	var wg sync.WaitGroup
+	startGate := make(chan struct{})
+	for i := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			g := e.gc(time.Hour, 250)
+			g.DB = conns[i]
+			<-startGate
+			res, err := g.Sweep(ctx)
+			deleted[i], batches[i], errs[i] = res.Instances, res.Batches, err
+		}()
+	}
+	close(startGate)
+	wg.Wait()
+	for i, c := range conns {
+		require.NoError(t, errs[i])
+		require.NoError(t, c.Close(ctx))
+	}
+	sum := 0
+	for _, n := range deleted {
+		sum += n
+	}
+	t.Logf("deleted per sweeper: %v, batches: %v", deleted, batches)
+	require.Equal(t, rows, sum, "every row deleted exactly once")
+	require.Zero(t, e.count(t, `SELECT count(*) FROM {schema}.instances`))
+	require.Zero(t, e.count(t, `SELECT count(*) FROM {schema}.signals`))
+	// A backend flushes its statistics when it exits: once the sweepers' backends are gone, a
+	// deadlock any of them hit is counted.
+	deadline := time.Now().Add(10 * time.Second)
+	for e.count(t, `SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)`, pids) > 0 {
+		require.True(t, time.Now().Before(deadline), "the sweepers' backends did not exit")
+		time.Sleep(10 * time.Millisecond)
+	}
+	var after int
+	require.NoError(t, e.pool.QueryRow(ctx, `SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()`).Scan(&after))
+	require.Equal(t, before, after, "sweepers deadlocked")
+}
