@@ -18,6 +18,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/gendurable/gendurable"
@@ -227,7 +228,7 @@ func (t *Telemetry) span(ev gendurable.Event) {
 		s.span.SetAttributes(PanicKey.Bool(ev.Panic))
 		if ev.Err != nil {
 			s.span.RecordError(ev.Err, trace.WithTimestamp(ev.At))
-			s.span.SetStatus(codes.Error, ev.Err.Error())
+			s.span.SetStatus(codes.Error, summary(ev.Err))
 		} else {
 			s.span.SetStatus(codes.Error, "step error")
 		}
@@ -252,6 +253,16 @@ func (t *Telemetry) span(ev gendurable.Event) {
 			s.span.SetStatus(codes.Error, "the outcome's commit was given up")
 		})
 	}
+}
+
+// summary is an error's first line, at most 256 bytes: a span status, not a report (a panic's
+// error carries its stack, which the span's exception event keeps).
+func summary(err error) string {
+	msg, _, _ := strings.Cut(err.Error(), "\n")
+	if len(msg) > 256 {
+		msg = strings.ToValidUTF8(msg[:256], "")
+	}
+	return msg
 }
 
 // end settles the span of key: sets the outcome, lets set adjust it, and ends it at ev.At.
