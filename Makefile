@@ -1,6 +1,10 @@
 # gendurable's tasks. `make help` lists them.
 GO       ?= go
-LINT     := $(GO) tool -modfile=tools/go.mod golangci-lint
+ROOT     := $(CURDIR)
+LINT     := $(GO) tool -modfile=$(ROOT)/tools/go.mod golangci-lint
+# The contrib modules (adapters with heavy dependencies), each with its own go.mod: every target
+# that vets, tests, lints or tidies the root module does the same in each of them.
+CONTRIB  := $(patsubst %/go.mod,%,$(wildcard contrib/*/go.mod))
 # The tests' Postgres: DATABASE_URL, else 127.0.0.1:5432, else a throwaway cluster (see README).
 TESTFLAGS ?=
 
@@ -12,20 +16,33 @@ help: ## list the targets
 demo: ## run the demo: an order-processing workflow over a few thousand instances
 	$(GO) run ./cmd/gendurable demo
 
-test: ## vet and run every test against a real Postgres
+test: ## vet and run every test (contrib modules included) against a real Postgres
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 15m $(TESTFLAGS) ./...
+	@set -e; for dir in $(CONTRIB); do \
+		echo "cd $$dir && $(GO) vet ./... && $(GO) test -count=1 ./..."; \
+		(cd $$dir && $(GO) vet ./... && $(GO) test -count=1 -timeout 10m $(TESTFLAGS) ./...); \
+	done
 
 test/race: ## the tests under the race detector
 	$(GO) test -count=1 -race -timeout 20m $(TESTFLAGS) ./...
+	@set -e; for dir in $(CONTRIB); do \
+		echo "cd $$dir && $(GO) test -count=1 -race ./..."; \
+		(cd $$dir && $(GO) test -count=1 -race -timeout 10m $(TESTFLAGS) ./...); \
+	done
 
 lint: ## gofmt, go vet and golangci-lint (pinned in tools/go.mod)
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); echo 'gofmt needed'; exit 1)
 	$(LINT) run ./...
+	@set -e; for dir in $(CONTRIB); do \
+		echo "cd $$dir && golangci-lint run ./..."; \
+		(cd $$dir && $(LINT) run ./...); \
+	done
 
 bench: ## run the benchmark suite (gendurable bench) on the resolved Postgres
 	$(GO) run ./cmd/gendurable bench
 
-tidy: ## tidy both modules
+tidy: ## tidy every module: the root, the tools and the contrib modules
 	$(GO) mod tidy
 	cd tools && $(GO) mod tidy
+	@set -e; for dir in $(CONTRIB); do echo "cd $$dir && $(GO) mod tidy"; (cd $$dir && $(GO) mod tidy); done

@@ -11,8 +11,8 @@ import (
 )
 
 // Every Go snippet in the guides is compiled code: a region between "docs:begin" and "docs:end"
-// markers in a test or example file (dedented by one tab), or a whole example program. This test
-// keeps the guides identical to that code.
+// markers in a test or example file (dedented by one tab; the contrib modules' tests count too),
+// or a whole example program. This test keeps the guides identical to that code.
 func TestGuidesQuoteCompiledCode(t *testing.T) {
 	t.Parallel()
 	var quotable []string
@@ -21,6 +21,9 @@ func TestGuidesQuoteCompiledCode(t *testing.T) {
 	more, err := filepath.Glob("*/*_test.go")
 	require.NoError(t, err)
 	sources = append(sources, more...)
+	contrib, err := filepath.Glob("contrib/*/*_test.go")
+	require.NoError(t, err)
+	sources = append(sources, contrib...)
 	region := regexp.MustCompile(`(?ms)^[ \t]*// docs:begin \S+\n(.*?)^[ \t]*// docs:end\n`)
 	for _, f := range sources {
 		b, err := os.ReadFile(f)

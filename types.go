@@ -31,7 +31,7 @@ type Event = durabletype.Event
 // EventName names an event.
 type EventName = durabletype.EventName
 
-// The events; docs/operations.md describes each.
+// The events; docs/events.md describes each.
 const (
 	EventSchedulerPicked      = durabletype.EventSchedulerPicked
 	EventSchedulerReclaimed   = durabletype.EventSchedulerReclaimed

@@ -5,7 +5,8 @@ import "time"
 // EventName names an event. The names follow the seed's telemetry events.
 type EventName string
 
-// The events the engine emits. docs/operations.md lists when each fires and what it carries.
+// The events the engine emits. docs/events.md is the catalogue: when each fires and what it
+// carries (a test keeps it complete).
 const (
 	// EventSchedulerPicked: a pick claimed rows. Count = rows, Duration = the pick's round trip.
 	EventSchedulerPicked EventName = "scheduler.picked"
