@@ -1,9 +1,17 @@
 // Command gendurable is gendurable's command-line tool: it migrates a schema, runs the demo and
-// the benchmark suite.
+// the benchmark suite, and operates instances.
 //
-//	gendurable migrate [--database-url URL] [--schema S] [--print]
-//	gendurable demo    [--database-url URL] [--n N] [--keep]
-//	gendurable bench   [--database-url URL] [--scenario NAME]... [--n N] [--json]
+//	gendurable migrate [--print]
+//	gendurable demo    [--n N] [--keep]
+//	gendurable bench   [--scenario NAME]... [--n N] [--json]
+//	gendurable queues  [--live-only] [--json]
+//	gendurable list    [--queue Q] [--machine M] [--status S,..] [--key K] [--since 1h] [--before ID] [--json]
+//	gendurable show    ID | --machine M KEY [--json]
+//	gendurable signal  ID|--machine M KEY NAME [JSON]
+//	gendurable retry   ID|--machine M KEY [--step S]
+//	gendurable cancel  ID|--machine M KEY [--reason R]
+//
+// Every command takes --database-url URL and --schema S.
 //
 // The database is --database-url, else $DATABASE_URL, else a server on 127.0.0.1:5432, else (for
 // demo and bench) a throwaway cluster started from the Postgres binaries on this machine.
@@ -30,9 +38,15 @@ type command struct {
 
 func commands() []command {
 	return []command{
-		{"migrate", "migrate [--database-url URL] [--schema S] [--print]", "create gendurable's schema (or print its SQL)", runMigrate},
-		{"demo", "demo [--database-url URL] [--n N] [--keep]", "run an order-processing workflow over a few thousand instances", runDemo},
-		{"bench", "bench [--database-url URL] [--schema S] [--scenario NAME]... [--n N] [--concurrency C] [--clients K] [--preload N] [--json]", "run the benchmark suite", runBench},
+		{"migrate", "migrate [--print]", "create gendurable's schema (or print its SQL)", runMigrate},
+		{"demo", "demo [--n N] [--keep]", "run an order-processing workflow over a few thousand instances", runDemo},
+		{"bench", "bench [--scenario NAME]... [--n N] [--concurrency C] [--clients K] [--preload N] [--json]", "run the benchmark suite", runBench},
+		{"queues", "queues [--live-only] [--json]", "instances by queue and status, and each queue's lag", runQueues},
+		{"list", "list [--queue Q] [--machine M] [--status S,..] [--key K] [--since 1h] [--limit N] [--before ID] [--json]", "list instances, newest first", runList},
+		{"show", "show ID | show --machine M KEY [--json]", "one instance: state, path, errors, inbox, children", runShow},
+		{"signal", "signal ID|--machine M KEY NAME [JSON]", "send a signal", runSignal},
+		{"retry", "retry ID|--machine M KEY [--step S]", "make a failed or cancelled instance runnable again", runRetry},
+		{"cancel", "cancel ID|--machine M KEY [--reason R]", "cancel a live instance", runCancel},
 	}
 }
 
@@ -71,9 +85,9 @@ func run(ctx context.Context, args []string, out, errOut io.Writer) int {
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "gendurable: durable state machines on Postgres\n\nUsage:")
 	for _, c := range commands() {
-		fmt.Fprintf(w, "  gendurable %-95s %s\n", c.usage, c.summary)
+		fmt.Fprintf(w, "  gendurable %s\n      %s\n", c.usage, c.summary)
 	}
-	fmt.Fprintln(w, "\nThe database is --database-url, else $DATABASE_URL, else 127.0.0.1:5432, else a throwaway cluster (demo, bench).")
+	fmt.Fprintln(w, "\nEvery command takes --database-url URL and --schema S. The database is --database-url, else\n$DATABASE_URL, else 127.0.0.1:5432, else (demo, bench) a throwaway cluster.")
 }
 
 // dbFlags are the flags every command that talks to Postgres takes.

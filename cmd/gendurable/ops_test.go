@@ -1,0 +1,136 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/durabledbtest"
+	"github.com/stretchr/testify/require"
+)
+
+type order struct {
+	N int `json:"n"`
+}
+
+// The operator's commands against a schema holding a done, a failed and a parked instance.
+func TestOperatorCommands(t *testing.T) {
+	pool := durabledbtest.Pool(t, 4)
+	schema := durabledbtest.Schema(t, pool)
+	m := gendurable.FSM[order]{Name: "order", Start: "go", Queue: "orders", Steps: map[string]gendurable.StepFunc[order]{
+		"go": func(ctx *gendurable.Ctx, o order) (gendurable.Outcome, error) {
+			switch o.N {
+			case 1:
+				return gendurable.Stop(errors.New("card declined")), nil
+			case 2:
+				return gendurable.Await([]string{"approve"}, "finish", o), nil
+			}
+			return gendurable.Next("finish", o), nil
+		},
+		"finish": func(ctx *gendurable.Ctx, o order) (gendurable.Outcome, error) { return gendurable.Done(o), nil },
+	}}
+	cl, err := gendurable.NewClient(pool, &gendurable.Config{Schema: schema, Machines: []gendurable.Machine{m},
+		Queues: map[string]gendurable.QueueConfig{"orders": {}}})
+	require.NoError(t, err)
+	require.NoError(t, cl.Start(context.Background()))
+	t.Cleanup(func() { _ = cl.Stop(context.Background()) })
+	ctx := context.Background()
+	var ids []int64
+	for n := range 3 {
+		res, err := cl.Insert(ctx, m.With(order{N: n}), &gendurable.InsertOpts{CorrelationKey: "o-" + strconv.Itoa(n)})
+		require.NoError(t, err)
+		a, err := cl.Await(ctx, res.ID, 5*time.Second, nil)
+		require.NoError(t, err)
+		require.NotEqual(t, gendurable.AwaitBusy, a.Status)
+		ids = append(ids, res.ID)
+	}
+	url := durabledbtest.URL(t)
+	cli := func(args ...string) (int, string, string) {
+		return runCLI(t, append(args, "--database-url", url, "--schema", schema)...)
+	}
+
+	code, out, errOut := cli("queues")
+	require.Equal(t, 0, code, errOut)
+	require.Regexp(t, `orders\s+0\s+0\s+0\s+1\s+0\s+1\s+1\s+0\s+-`, out)
+
+	code, out, _ = cli("list", "--status", "failed")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "card declined")
+	require.Equal(t, 2, strings.Count(out, "\n"), out) // the header and one row
+
+	code, out, _ = cli("list", "--limit", "2", "--json")
+	require.Equal(t, 0, code)
+	var page gendurable.ListPage
+	require.NoError(t, json.Unmarshal([]byte(out), &page))
+	require.Len(t, page.Instances, 2)
+	require.Equal(t, ids[1], page.Next)
+
+	code, out, _ = cli("show", strconv.FormatInt(ids[0], 10))
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "go → finish\n")
+	require.Contains(t, out, `"n": 0`)
+
+	code, out, _ = cli("show", "--machine", "order", "o-2")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "go → [finish]")
+	code, out, _ = cli("show", "--machine", "order", "o-2", "--json")
+	require.Equal(t, 0, code)
+	var shown map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &shown))
+	require.Equal(t, "awaiting", shown["status"])
+	require.Equal(t, map[string]any{"n": 2.0}, shown["state"])
+
+	code, out, _ = cli("signal", "--machine", "order", "o-2", "approve", `{"by":"ops"}`)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "woke it")
+	a, err := cl.Await(ctx, ids[2], 5*time.Second, nil)
+	require.NoError(t, err)
+	require.Equal(t, gendurable.AwaitDone, a.Status)
+
+	code, out, _ = cli("retry", strconv.FormatInt(ids[1], 10), "--step", "finish")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "runnable again")
+	a, err = cl.Await(ctx, ids[1], 5*time.Second, nil)
+	require.NoError(t, err)
+	require.Equal(t, gendurable.AwaitDone, a.Status)
+	require.Len(t, a.Instance.Errors, 1, "the retry keeps the history")
+
+	res, err := cl.Insert(ctx, m.With(order{N: 9}), &gendurable.InsertOpts{Queue: "nobody"})
+	require.NoError(t, err)
+	code, out, _ = cli("cancel", strconv.FormatInt(res.ID, 10), "--reason", "duplicate order")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "cancelled")
+	in, err := cl.Get(ctx, res.ID)
+	require.NoError(t, err)
+	require.Equal(t, gendurable.StatusCancelled, in.Status)
+
+	// Bad input: a clear message and a non-zero exit, nothing changed.
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"show", "abc"}, "not an instance id"},
+		{[]string{"show", "999999999"}, "instance not found"},
+		{[]string{"show"}, "name the instance"},
+		{[]string{"cancel", strconv.FormatInt(res.ID, 10)}, "does not allow"},
+		{[]string{"retry", strconv.FormatInt(ids[0], 10)}, "only failed or cancelled"},
+		{[]string{"list", "--status", "sleeping"}, `"sleeping" is not a status`},
+		{[]string{"list", "--since", "yesterday"}, "--since"},
+		{[]string{"list", "--limit", "5000"}, "Limit"},
+		{[]string{"signal", "1"}, "usage: signal"},
+		{[]string{"signal", strconv.FormatInt(ids[0], 10), "x", "{not json"}, "not JSON"},
+		{[]string{"signal", strconv.FormatInt(ids[0], 10), "x"}, "finished or does not exist"},
+	} {
+		code, _, errOut := cli(tc.args...)
+		require.Equal(t, 1, code, "%v", tc.args)
+		require.Contains(t, errOut, tc.want, "%v", tc.args)
+	}
+	var signals int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM "`+schema+`".signals`).Scan(&signals))
+	require.Zero(t, signals)
+}
