@@ -182,7 +182,8 @@ func (p *Postgres) reconnect(ctx context.Context) *pgx.Conn {
 		if ctx.Err() != nil {
 			return nil
 		}
-		p.log.Warn("gendurable: poke listener could not reconnect; retrying", "client", p.client, "in", wait, "error", err)
+		// The loss was logged as a warning; the retries are detail.
+		p.log.Debug("gendurable: poke listener could not reconnect; retrying", "client", p.client, "in", wait, "error", err)
 		wait = min(wait*2, maxRetry)
 	}
 }
