@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/oracle"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
@@ -206,7 +207,10 @@ func TestKilledWorkerIsRecoveredByAnother(t *testing.T) {
 func TestKillLoopLosesNothing(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	createEffects(t, e)
+	ctx := context.Background()
+	require.NoError(t, oracle.Install(ctx, e.pool, e.schema))
+	deadlocksBefore, err := oracle.Deadlocks(ctx, e.pool)
+	require.NoError(t, err)
 	const n, procs = 300, 3
 	insertLinear(t, e, n)
 	seed := uint64(time.Now().UnixNano())
@@ -238,9 +242,13 @@ func TestKillLoopLosesNothing(t *testing.T) {
 	}
 	t.Logf("killed %d workers; last instance done %v after the last kill", len(killed), time.Since(lastKill))
 	requireAllExact(t, e, n)
+	violations, err := oracle.Check(ctx, e.pool, e.schema, oracle.Opts{N: n, Effects: true, Counter: true,
+		Path: []string{"s0", "s1", "s2", "s3", "s4"}, DeadlocksBefore: deadlocksBefore})
+	require.NoError(t, err)
+	require.Empty(t, violations)
 	// Every repeated effect is explained by a killed process: for each (id, step) with k
 	// effects, at least k-1 came from processes that were killed.
-	rows, err := e.pool.Query(context.Background(), expand(`SELECT id, step, array_agg(pid) FROM {schema}.t_effects GROUP BY 1, 2 HAVING count(*) > 1`, e.schema))
+	rows, err := e.pool.Query(ctx, expand(`SELECT id, step, array_agg(pid) FROM {schema}.t_effects GROUP BY 1, 2 HAVING count(*) > 1`, e.schema))
 	require.NoError(t, err)
 	defer rows.Close()
 	for rows.Next() {

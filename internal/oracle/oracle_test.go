@@ -1,0 +1,68 @@
+package oracle
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/gendurable/gendurable/durabledbtest"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+)
+
+func TestMain(m *testing.M) { durabledbtest.Main(m) }
+
+// The oracle finds each kind of violation it claims to, and none in a clean history.
+func TestOracleFindsEveryViolation(t *testing.T) {
+	pool := durabledbtest.Pool(t, 4)
+	schema := durabledbtest.Schema(t, pool)
+	ctx := context.Background()
+	require.NoError(t, Install(ctx, pool, schema))
+	s := pgx.Identifier{schema}.Sanitize()
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		_, err := pool.Exec(ctx, strings.ReplaceAll(sql, "{s}", s), args...)
+		require.NoError(t, err)
+	}
+	before, err := Deadlocks(ctx, pool)
+	require.NoError(t, err)
+	all := Opts{N: 1, Effects: true, Counter: true, Path: []string{"a", "b"}, DeadlocksBefore: before}
+
+	// A clean history: insert, claim, effect, finish.
+	exec(`INSERT INTO {s}.instances (id, machine, step, queue, max_attempts, state) OVERRIDING SYSTEM VALUE
+		VALUES (1, 'm', 'a', 'q', 3, '{"i": 0, "path": []}')`)
+	exec(`UPDATE {s}.instances SET status = 'executing', locked_by = 'w#1', locked_until = now() + interval '1m' WHERE id = 1`)
+	require.NoError(t, Effect(ctx, pool, schema, 1, "a", 1, 7))
+	exec(`UPDATE {s}.instances SET status = 'available', locked_by = NULL, locked_until = NULL, step = 'b',
+		state = '{"i": 1, "path": ["a"]}' WHERE id = 1`)
+	exec(`UPDATE {s}.instances SET status = 'executing', locked_by = 'w#2', locked_until = now() + interval '1m' WHERE id = 1`)
+	exec(`UPDATE {s}.instances SET locked_until = now() + interval '2m' WHERE id = 1`) // a heartbeat: no transition
+	require.NoError(t, Effect(ctx, pool, schema, 1, "b", 1, 7))
+	exec(`UPDATE {s}.instances SET status = 'done', locked_by = NULL, locked_until = NULL, finalized_at = now(),
+		result = '{"i": 2, "path": ["a", "b"]}' WHERE id = 1`)
+	v, err := Check(ctx, pool, schema, all)
+	require.NoError(t, err)
+	require.Empty(t, v)
+	var logged int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+s+`.t_outcome_log`).Scan(&logged))
+	require.Equal(t, 5, logged, "the heartbeat is not a transition")
+
+	// Now break everything.
+	exec(`UPDATE {s}.instances SET status = 'available', finalized_at = NULL WHERE id = 1`)
+	exec(`UPDATE {s}.instances SET status = 'executing', locked_by = 'w#3', locked_until = now(), step = 'c',
+		state = '{"i": 0, "path": []}' WHERE id = 1`)
+	exec(`UPDATE {s}.instances SET status = 'done', locked_by = NULL, locked_until = NULL,
+		result = '{"path": ["a", "b", "b"]}' WHERE id = 1`) // step c ran with no effect
+	exec(`INSERT INTO {s}.instances (id, machine, step, queue, max_attempts, state, status, locked_by, locked_until)
+		OVERRIDING SYSTEM VALUE VALUES (2, 'm', 'a', 'q', 3, '{}', 'executing', 'w#4', now())`)
+	exec(`INSERT INTO {s}.gates (key, shard, held, capacity) VALUES ('g', 0, 1, 5)`)
+	exec(`INSERT INTO {s}.signals (instance_id, name) VALUES (1, 'late')`)
+	v, err = Check(ctx, pool, schema, all)
+	require.NoError(t, err)
+	var names []string
+	for _, x := range v {
+		names = append(names, x.Invariant)
+	}
+	require.ElementsMatch(t, []string{"I1 complete", "I2 one terminal transition", "I3 no rewind", "I4 no lost effect",
+		"I5 exact path", "I6 nothing executing", "I6 gate counters at zero", "I7 clean inboxes"}, names, "%v", v)
+}
