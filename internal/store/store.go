@@ -54,7 +54,39 @@ func New(schema string) (*Store, error) {
 	for name, text := range stmts {
 		stmts[name] = ident.Expand(text, schema)
 	}
-	return &Store{Schema: schema, stmts: stmts}, nil
+	st := &Store{Schema: schema, stmts: stmts}
+	st.assemblePicks()
+	return st, nil
+}
+
+// assemblePicks builds the admission picks from pick.sql's fragments: pick_gated (gates only),
+// pick_rated (rate limits only) and pick_admitted (both).
+func (s *Store) assemblePicks() {
+	either := func(cond bool, yes, no string) string {
+		if cond {
+			return s.frag(yes)
+		}
+		return s.frag(no)
+	}
+	for _, v := range []struct {
+		name         string
+		gates, rates bool
+	}{{"pick_gated", true, false}, {"pick_rated", false, true}, {"pick_admitted", true, true}} {
+		var parts []string
+		if v.gates {
+			parts = append(parts, s.frag("pa_gate_cfg"))
+		}
+		if v.rates {
+			parts = append(parts, s.frag("pa_rate_cfg"))
+		}
+		parts = append(parts,
+			s.frag("pa_candidates_head")+"\n"+either(v.gates, "pa_gate_filter", "pa_k1_filter")+"\n"+
+				either(v.rates, "pa_rate_filter", "pa_no_rate_filter")+"\n"+s.frag("pa_candidates_tail"),
+			either(v.rates, "pa_rate_ctes", "pa_no_rate_ctes"),
+			either(v.gates, "pa_gate_ctes", "pa_k1_chosen"),
+			either(v.rates, "pa_refused", "pa_no_refused"))
+		s.stmts[v.name] = "WITH " + strings.Join(parts, ",\n") + "\n" + s.frag("pick_claim")
+	}
 }
 
 // parse splits every file into statements named by "-- name: X" lines. A statement runs from its
@@ -212,16 +244,21 @@ type PickResult struct {
 // Pick claims up to limit due rows of queue for the claim token owner.
 func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner string, lease, horizon time.Duration, gates *Gates, rates *Rates) (PickResult, error) {
 	args := pgx.NamedArgs{"queue": queue, "limit": limit, "owner": owner, "lease": lease.Milliseconds(), "horizon": horizon.Milliseconds()}
+	// The statement carries only the admission machinery the configuration can use.
+	hasGates, hasRates := gates != nil && len(gates.Names) > 0, rates != nil && len(rates.Names) > 0
 	stmt := "pick"
-	if (gates != nil && len(gates.Names) > 0) || (rates != nil && len(rates.Names) > 0) {
+	switch {
+	case hasGates && hasRates:
 		stmt = "pick_admitted"
-		if gates == nil {
-			gates = &Gates{}
-		}
-		if rates == nil {
-			rates = &Rates{}
-		}
+	case hasGates:
+		stmt = "pick_gated"
+	case hasRates:
+		stmt = "pick_rated"
+	}
+	if hasGates {
 		args["g_names"], args["g_limits"], args["g_shards"] = gates.Names, gates.Limits, gates.Shards
+	}
+	if hasRates {
 		args["r_names"], args["r_rates"], args["r_bursts"] = rates.Names, rates.Rates, rates.Bursts
 	}
 	// A pick never waits long: the statement's lock_timeout (its own implicit transaction, via
@@ -240,7 +277,7 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 		rows = r
 	} else {
 		b := &pgx.Batch{}
-		b.Queue("SELECT pg_catalog.set_config('lock_timeout', $1, true)", pickLockTimeout)
+		b.Queue(s.sql("pick_settings"), pickLockTimeout)
 		b.Queue(s.sql(stmt), args)
 		br := db.SendBatch(ctx, b)
 		defer func() { _ = br.Close() }()

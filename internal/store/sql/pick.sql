@@ -34,6 +34,16 @@
 -- horizon are due: 0 in production; the test kit's Drain passes a large horizon to collapse
 -- delays). pick_admitted also takes the gates and rate-limit configuration (see there).
 
+-- The settings a pick runs under, local to its implicit transaction (the batch that sends the
+-- pick): a lock wait of at most $1 (see Store.Pick); no JIT (a pick is a few milliseconds of work,
+-- and a row estimate that crosses jit_above_cost would spend tens of milliseconds compiling it);
+-- and a custom plan on every execution (a generic plan of the admission picks, which Postgres may
+-- switch a prepared statement to after five runs, walks every runnable row: seconds per pick).
+-- name: pick_settings
+SELECT pg_catalog.set_config('lock_timeout', $1, true),
+       pg_catalog.set_config('jit', 'off', true),
+       pg_catalog.set_config('plan_cache_mode', 'force_custom_plan', true);
+
 -- fragment: pick_claim
 UPDATE {schema}.instances AS i
 SET status            = 'executing',
@@ -115,19 +125,39 @@ WITH candidates AS MATERIALIZED (
 -- Also: @g_names, @g_limits, @g_shards (gates); @r_names, @r_rates (tokens per second),
 -- @r_bursts (limits).
 
--- name: pick_admitted
-WITH cfg AS (
+-- The pick_admitted family is assembled from the fragments below (Store.New, once): pick_gated
+-- for a client with gates and no rate limits, pick_rated for one with rate limits and no gates,
+-- pick_admitted for one with both. A statement carries only the machinery its configuration can
+-- use: it plans and runs none of what its configuration cannot need.
+--
+--   WITH {{pa_gate_cfg}} | {{pa_rate_cfg}},   (the configuration present)
+--   candidates (... {{pa_gate_filter}} or {{pa_k1_filter}} ... {{pa_rate_filter}} or {{pa_no_rate_filter}}),
+--   {{pa_rate_ctes}} or {{pa_no_rate_ctes}},  (admitted: the rows the rate limits let through)
+--   {{pa_gate_ctes}} or {{pa_k1_chosen}},     (chosen: the rows claimed, with their gate shards)
+--   {{pa_refused}} or {{pa_no_refused}}
+--   {{pick_claim}}
+
+-- fragment: pa_gate_cfg
+cfg AS (
   SELECT * FROM unnest(@g_names::text[], @g_limits::integer[], @g_shards::integer[]) AS g(name, lim, shards)
-), rcfg AS (
+)
+
+-- fragment: pa_rate_cfg
+rcfg AS (
   SELECT * FROM unnest(@r_names::text[], @r_rates::double precision[], @r_bursts::double precision[])
          AS r(name, rate, burst)
-), candidates AS MATERIALIZED (
+)
+
+-- fragment: pa_candidates_head
+candidates AS MATERIALIZED (
   SELECT i.id, i.concurrency_key AS ckey, i.rate_limit AS rkey, i.weight, i.priority, i.scheduled_at
   FROM {schema}.instances AS i
   -- No join here: the scan must stay in the pick index's order so that LIMIT stops it early.
   WHERE i.status = 'available'
     AND i.queue = @queue
     AND i.scheduled_at <= now() + @horizon::bigint * interval '1 millisecond'
+
+-- fragment: pa_gate_filter
     AND (i.concurrency_key IS NULL
          -- A gated key: its gate has a free slot. (NULL: no gate owns the key; then K = 1.)
          OR coalesce((SELECT cfg.lim > coalesce((SELECT sum(g.held) FROM {schema}.gates AS g
@@ -136,15 +166,32 @@ WITH cfg AS (
                      NOT EXISTS (SELECT 1 FROM {schema}.instances AS x
                                  WHERE x.concurrency_key = i.concurrency_key AND x.status = 'executing'
                                    AND x.concurrency_shard IS NULL)))
+
+-- fragment: pa_k1_filter
+    AND (i.concurrency_key IS NULL
+         OR NOT EXISTS (SELECT 1 FROM {schema}.instances AS x
+                        WHERE x.concurrency_key = i.concurrency_key AND x.status = 'executing'
+                          AND x.concurrency_shard IS NULL))
+
+-- fragment: pa_rate_filter
     AND (i.rate_limit IS NULL
          -- A limited row: its bucket holds a token. (NULL: an unknown limit: not a candidate.)
          OR (SELECT coalesce((SELECT least(rc.burst, b.tokens + rc.rate * extract(epoch FROM now() - b.updated_at))
                               FROM {schema}.buckets AS b WHERE b.key = i.rate_limit), rc.burst) >= 1
              FROM rcfg AS rc WHERE rc.name = split_part(i.rate_limit, ':', 1)))
+
+-- fragment: pa_no_rate_filter
+    -- No limit is configured: a row with one stalls (the maintenance sweep reports it).
+    AND i.rate_limit IS NULL
+
+-- fragment: pa_candidates_tail
   ORDER BY i.priority, i.scheduled_at, i.id
   LIMIT @limit
   FOR NO KEY UPDATE OF i SKIP LOCKED
-), balances AS (
+)
+
+-- fragment: pa_rate_ctes
+balances AS (
   -- Each limited key of the window with its bucket's balance now (read once per key).
   SELECT k.rkey, rc.rate, rc.burst,
          coalesce(least(rc.burst, b.tokens + rc.rate * extract(epoch FROM now() - b.updated_at)), rc.burst) AS balance
@@ -160,11 +207,12 @@ WITH cfg AS (
 ), granted AS (
   SELECT id, rkey FROM rated WHERE upto <= balance
 ), rdebit AS (
+  -- A bucket's grants are a prefix of its rows in urgency order, so their weight is the largest
+  -- cumulative weight among them.
   INSERT INTO {schema}.buckets (key, tokens, rate, burst, updated_at)
-  SELECT r.rkey, greatest(r.burst - sum(c.weight), 0), r.rate, r.burst, now()
-  FROM granted AS g
-  JOIN rated AS r ON r.id = g.id
-  JOIN candidates AS c ON c.id = g.id
+  SELECT r.rkey, greatest(r.burst - max(r.upto), 0), r.rate, r.burst, now()
+  FROM rated AS r
+  WHERE r.upto <= r.balance
   GROUP BY r.rkey, r.rate, r.burst
   ORDER BY r.rkey
   ON CONFLICT (key) DO UPDATE
@@ -180,7 +228,15 @@ WITH cfg AS (
   FROM candidates AS c
   WHERE c.rkey IS NULL
      OR EXISTS (SELECT 1 FROM granted AS g JOIN rdebit AS d ON d.key = g.rkey WHERE g.id = c.id)
-), ranked AS (
+)
+
+-- fragment: pa_no_rate_ctes
+admitted AS (
+  SELECT * FROM candidates
+)
+
+-- fragment: pa_gate_ctes
+ranked AS (
   SELECT c.id, c.ckey, cfg.name AS gate, cfg.lim, cfg.shards,
          row_number() OVER (PARTITION BY c.ckey ORDER BY c.priority, c.scheduled_at, c.id) AS rk
   FROM admitted AS c
@@ -225,11 +281,33 @@ WITH cfg AS (
   WHERE w.gkey IS NULL
      OR EXISTS (SELECT 1 FROM debit AS d WHERE d.key = w.gkey AND d.shard = w.shard)
   ORDER BY c.ckey NULLS FIRST, c.id
-), refused AS (
+  -- Never more than the candidates; said here so that the planner claims them by primary key
+  -- instead of hashing the whole table.
+  LIMIT @limit
+)
+
+-- fragment: pa_k1_chosen
+chosen AS MATERIALIZED (
+  -- No gate is configured: every key is K = 1, and a key gets its most urgent admitted row.
+  SELECT c.id, NULL::smallint AS shard
+  FROM admitted AS c
+  WHERE c.ckey IS NULL
+     OR NOT EXISTS (SELECT 1 FROM admitted AS d
+                    WHERE d.ckey = c.ckey AND (d.priority, d.scheduled_at, d.id) < (c.priority, c.scheduled_at, c.id))
+  ORDER BY c.ckey NULLS FIRST, c.id
+  LIMIT @limit -- as in pa_gate_ctes
+)
+
+-- fragment: pa_refused
+refused AS (
   -- n: buckets whose grant another pick's writeback beat this one to; denied: limited rows in
   -- the window their bucket could not afford.
   SELECT (SELECT count(*) FROM (SELECT DISTINCT rkey FROM granted) AS k
           WHERE NOT EXISTS (SELECT 1 FROM rdebit AS d WHERE d.key = k.rkey)) AS n,
          (SELECT count(*) FROM rated) - (SELECT count(*) FROM granted) AS denied
 )
-{{pick_claim}};
+
+-- fragment: pa_no_refused
+refused AS (
+  SELECT 0::bigint AS n, 0::bigint AS denied
+)
