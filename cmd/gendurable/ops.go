@@ -409,12 +409,15 @@ func runSignal(ctx context.Context, args []string, out io.Writer) error {
 	return nil
 }
 
-func runRetry(ctx context.Context, args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("retry", flag.ContinueOnError)
+// runAction runs an action on one instance named by id or by --machine and key: the flags and
+// the opening shared by retry and cancel; extra registers the action's own flags.
+func runAction(ctx context.Context, name string, args []string, out io.Writer, extra func(fs *flag.FlagSet),
+	act func(ctx context.Context, cl *gendurable.Client, id int64) (string, error)) error {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	var db dbFlags
 	db.register(fs, "gendurable")
-	step := fs.String("step", "", "the step to resume at (default: the step it stopped at)")
 	machine := fs.String("machine", "", "with a correlation key instead of an id: the key's machine")
+	extra(fs)
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
 		return err
@@ -428,35 +431,32 @@ func runRetry(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := cl.Retry(ctx, id, &gendurable.RetryOpts{Step: *step}); err != nil {
+	msg, err := act(ctx, cl, id)
+	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "instance %d is runnable again\n", id)
+	fmt.Fprintln(out, msg)
 	return nil
 }
 
+func runRetry(ctx context.Context, args []string, out io.Writer) error {
+	var step *string
+	return runAction(ctx, "retry", args, out,
+		func(fs *flag.FlagSet) {
+			step = fs.String("step", "", "the step to resume at (default: the step it stopped at)")
+		},
+		func(ctx context.Context, cl *gendurable.Client, id int64) (string, error) {
+			return fmt.Sprintf("instance %d is runnable again", id), cl.Retry(ctx, id, &gendurable.RetryOpts{Step: *step})
+		})
+}
+
 func runCancel(ctx context.Context, args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("cancel", flag.ContinueOnError)
-	var db dbFlags
-	db.register(fs, "gendurable")
-	reason := fs.String("reason", "cancelled from the command line", "recorded in the instance's error history")
-	machine := fs.String("machine", "", "with a correlation key instead of an id: the key's machine")
-	pos, err := parseInterspersed(fs, args)
-	if err != nil {
-		return err
-	}
-	cl, done, err := opClient(ctx, &db)
-	if err != nil {
-		return err
-	}
-	defer done()
-	id, err := target(ctx, cl, *machine, pos)
-	if err != nil {
-		return err
-	}
-	if err := cl.Cancel(ctx, id, *reason); err != nil {
-		return err
-	}
-	fmt.Fprintf(out, "instance %d cancelled\n", id)
-	return nil
+	var reason *string
+	return runAction(ctx, "cancel", args, out,
+		func(fs *flag.FlagSet) {
+			reason = fs.String("reason", "cancelled from the command line", "recorded in the instance's error history")
+		},
+		func(ctx context.Context, cl *gendurable.Client, id int64) (string, error) {
+			return fmt.Sprintf("instance %d cancelled", id), cl.Cancel(ctx, id, *reason)
+		})
 }
