@@ -89,7 +89,7 @@ func (h *handler) action(do act) http.HandlerFunc {
 			if status := statusOf(err); status != http.StatusInternalServerError {
 				h.log.InfoContext(r.Context(), "durableui: action failed", "action", name, "id", id, "status", status)
 			}
-			h.failErr(w, r, name, err)
+			h.failErrTo(w, r, name, err, fmt.Sprintf("%sinstances/%d", h.prefix, id))
 			return
 		}
 		h.log.InfoContext(r.Context(), "durableui: action", "action", name, "id", id, "remote", r.RemoteAddr)

@@ -31,6 +31,12 @@ var funcs = template.FuncMap{
 	"cond":    func(a, b gendurable.Status) bool { return a == b },
 	"statusN": func(m map[gendurable.Status]int64, s gendurable.Status) int64 { return m[s] },
 	"kind":    kindText,
+	"plural": func(n int64, one, many string) string {
+		if n == 1 {
+			return one
+		}
+		return many
+	},
 }
 
 // prettyJSON indents a stored JSON document; what is not JSON is shown as it is.

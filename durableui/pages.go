@@ -285,6 +285,7 @@ type instancePage struct {
 	Path    []pathStep
 	Errors  []gendurable.ErrorEntry // newest first
 	Live    bool
+	Parked  bool // awaiting a signal
 	Retry   bool // failed or cancelled
 	Steps   []string
 	Done    string // the action that brought the browser here, if any
@@ -336,7 +337,7 @@ func (h *handler) instance(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	in := &d.Instance
-	p := instancePage{D: d, Live: !in.Status.Terminal(),
+	p := instancePage{D: d, Live: !in.Status.Terminal(), Parked: in.Status == gendurable.StatusAwaiting,
 		Retry: in.Status == gendurable.StatusFailed || in.Status == gendurable.StatusCancelled}
 	for _, s := range in.Path {
 		p.Path = append(p.Path, pathStep{Step: s})

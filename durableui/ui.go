@@ -276,25 +276,35 @@ type failure struct {
 	Status     int
 	StatusText string
 	Message    string
+	Back       string // a page to go back to, or "" for the queues
 }
 
 // fail answers with the error page: the status, and a message for a person.
 func (h *handler) fail(w http.ResponseWriter, r *http.Request, status int, message string) {
+	h.failTo(w, r, status, message, "")
+}
+
+// failTo is fail with a link back to the page the request came from.
+func (h *handler) failTo(w http.ResponseWriter, r *http.Request, status int, message, back string) {
 	if status == http.StatusUnauthorized {
 		w.Header().Set("WWW-Authenticate", `FormToken realm="gendurable dashboard"`)
 	}
 	h.render(w, r, status, "error", http.StatusText(status), "", failure{Status: status,
-		StatusText: http.StatusText(status), Message: message})
+		StatusText: http.StatusText(status), Message: message, Back: back})
 }
 
 // failErr answers for an error of the client: the status that fits it, and its text. Errors
 // the user cannot fix are logged (never with a payload: the client's errors hold none).
 func (h *handler) failErr(w http.ResponseWriter, r *http.Request, what string, err error) {
+	h.failErrTo(w, r, what, err, "")
+}
+
+func (h *handler) failErrTo(w http.ResponseWriter, r *http.Request, what string, err error, back string) {
 	status := statusOf(err)
 	if status == http.StatusInternalServerError {
 		h.log.ErrorContext(r.Context(), "durableui: "+what, "path", r.URL.Path, "err", err)
 	}
-	h.fail(w, r, status, describe(err))
+	h.failTo(w, r, status, describe(err), back)
 }
 
 func statusOf(err error) int {

@@ -374,6 +374,11 @@ func TestActionsSignalRetryAndCancel(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, gendurable.StatusCancelled, in.Status)
 	require.Equal(t, "customer called", in.Errors[len(in.Errors)-1].Error)
+	// Once more: the instance is finished now; the error page leads back to it.
+	code, body, _ = b.post(t, page(parked)+"/cancel", url.Values{"csrf": {tok}}, nil)
+	require.Equal(t, http.StatusConflict, code)
+	require.Contains(t, body, fmt.Sprintf(`<a href="%s">Back to the instance</a>`, page(parked)))
+
 	_, body = b.get(t, page(parked))
 	require.Contains(t, body, `id="retry-form"`, "a cancelled instance can be retried")
 	require.NotContains(t, body, `id="cancel-form"`)
