@@ -2,9 +2,10 @@
 GO       ?= go
 ROOT     := $(CURDIR)
 LINT     := $(GO) tool -modfile=$(ROOT)/tools/go.mod golangci-lint
-# The contrib modules (adapters with heavy dependencies), each with its own go.mod: every target
-# that vets, tests, lints or tidies the root module does the same in each of them.
-CONTRIB  := $(patsubst %/go.mod,%,$(wildcard contrib/*/go.mod))
+# The contrib modules (adapters with heavy dependencies) and e2e (the dashboard's browser tests,
+# which need Chromium), each with its own go.mod: every target that vets, tests, lints or tidies
+# the root module does the same in each of them.
+CONTRIB  := $(patsubst %/go.mod,%,$(wildcard contrib/*/go.mod)) e2e
 # The tests' Postgres: DATABASE_URL, else 127.0.0.1:5432, else a throwaway cluster (see README).
 TESTFLAGS ?=
 

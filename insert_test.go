@@ -307,3 +307,34 @@ func TestInsertTxIsInvisibleUntilCommit(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, gendurable.StatusAvailable, in.Status)
 }
+
+// InsertMany answers each row with the id of that row, whatever the mix of machines and keys:
+// unkeyed rows of several machines, given in an order that is not the machines' order, among
+// keyed ones.
+func TestInsertManyReturnsEachRowsOwnID(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	zeta := gendurable.Job[counter]{Name: "zeta", Perform: func(*gendurable.Ctx, counter) error { return nil }}
+	alpha := gendurable.Job[counter]{Name: "alpha", Perform: func(*gendurable.Ctx, counter) error { return nil }}
+	cl := e.client(t, nil)
+	var params []gendurable.InsertManyParams
+	for i := range 12 {
+		job, opts := zeta, (*gendurable.InsertOpts)(nil)
+		if i%3 == 1 {
+			job = alpha
+		}
+		if i%4 == 0 {
+			opts = &gendurable.InsertOpts{CorrelationKey: fmt.Sprintf("k%02d", 20-i)}
+		}
+		params = append(params, gendurable.InsertManyParams{Input: job.With(counter{N: i}), Opts: opts})
+	}
+	res, err := cl.InsertMany(context.Background(), params)
+	require.NoError(t, err)
+	for i, r := range res {
+		in, err := cl.Get(context.Background(), r.ID)
+		require.NoError(t, err)
+		var c counter
+		require.NoError(t, jsonUnmarshal(in.State, &c))
+		require.Equal(t, i, c.N, "row %d got the id of row %d", i, c.N)
+	}
+}

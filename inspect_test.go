@@ -288,3 +288,44 @@ func childIDs(cs []gendurable.ChildSummary) []int64 {
 	}
 	return out
 }
+
+func TestThroughputCountsRecentlyFinishedByQueue(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	job := choreJob("chore", "a")
+	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{job}})
+	ctx := context.Background()
+
+	a := insertN(t, cl, job, 7, nil)
+	b := insertN(t, cl, job, 2, &gendurable.InsertOpts{Queue: "b"})
+	finish := func(status string, ago time.Duration, ids ...int64) {
+		e.exec(t, `UPDATE {schema}.instances SET status = $2::text::{schema}.status,
+		             finalized_at = now() - ($3::bigint * interval '1 millisecond') WHERE id = ANY($1)`,
+			ids, status, ago.Milliseconds())
+	}
+	finish("done", 10*time.Second, a[0], a[1], a[2])
+	finish("failed", 20*time.Second, a[3])
+	finish("cancelled", 30*time.Second, a[4])
+	finish("done", 5*time.Minute, a[5]) // before the window
+	finish("failed", time.Second, b[0]) // a[6] and b[1] are still available
+
+	got, err := cl.Throughput(ctx, 0)
+	require.NoError(t, err)
+	require.Equal(t, []gendurable.QueueThroughput{
+		{Queue: "a", Done: 3, Failed: 1, Cancelled: 1},
+		{Queue: "b", Failed: 1},
+	}, got)
+
+	got, err = cl.Throughput(ctx, 10*time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, int64(4), got[0].Done)
+
+	got, err = cl.Throughput(ctx, 15*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, []gendurable.QueueThroughput{{Queue: "a", Done: 3}, {Queue: "b", Failed: 1}}, got)
+
+	for _, w := range []time.Duration{-time.Second, 2 * time.Hour} {
+		_, err = cl.Throughput(ctx, w)
+		require.ErrorIs(t, err, gendurable.ErrInvalidInput, "%v", w)
+	}
+}

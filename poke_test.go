@@ -24,6 +24,26 @@ const (
 	pokeBound = 100 * time.Millisecond
 )
 
+// poked waits for the queues to idle (their next poll seconds away), runs try, and requires its
+// latency within bound. A try that misses by less than bound (a loaded machine) is run again, up
+// to three times; a miss by more fails at once: that is a poll's doing, not a poke's.
+func poked(t *testing.T, what string, bound time.Duration, try func() time.Duration) {
+	t.Helper()
+	var seen []time.Duration
+	for range 3 {
+		time.Sleep(idleFor)
+		d := try()
+		if d < bound {
+			return
+		}
+		seen = append(seen, d)
+		if d >= 2*bound {
+			break
+		}
+	}
+	t.Fatalf("%s: not started within %v after an insert (tries: %v)", what, bound, seen)
+}
+
 // startLatency is, by the database clock, how long after its insert instance id's first step
 // started (the effect machine records each step).
 func startLatency(t *testing.T, e *env, id int64) time.Duration {
@@ -54,8 +74,7 @@ func TestPokeLocalStartsAnInsertAtOnce(t *testing.T) {
 	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{effectMachine(e.pool, e.schema, os.Getpid(), 0)},
 		Queues: map[string]gendurable.QueueConfig{"crash": {Concurrency: 4}}, PollInterval: 10 * time.Second})
 	start(t, cl)
-	time.Sleep(idleFor)
-	require.Less(t, startLatency(t, e, insertEffect(t, cl)), pokeBound)
+	poked(t, "Insert", pokeBound, func() time.Duration { return startLatency(t, e, insertEffect(t, cl)) })
 }
 
 // With PokePostgres, an insert on one process (a web node that runs no queue) is started by a
@@ -69,10 +88,14 @@ func TestPokePostgresReachesAnotherProcess(t *testing.T) {
 		Machines: []gendurable.Machine{linear("linear5", 0, nil)}})
 	start(t, web)
 
-	time.Sleep(idleFor)
-	require.Less(t, startLatency(t, e, insertEffect(t, web)), pokeBound, "Insert")
+	poked(t, "Insert", pokeBound, func() time.Duration { return startLatency(t, e, insertEffect(t, web)) })
+	poked(t, "InsertTx", pokeBound, func() time.Duration { return insertTxLatency(t, e, web) })
+}
 
-	time.Sleep(idleFor)
+// insertTxLatency inserts in a transaction, checks that nothing starts before its commit, and
+// returns how long after the commit the instance's first step started.
+func insertTxLatency(t *testing.T, e *env, web *gendurable.Client) time.Duration {
+	t.Helper()
 	ctx := context.Background()
 	tx, err := e.pool.Begin(ctx)
 	require.NoError(t, err)
@@ -89,7 +112,7 @@ func TestPokePostgresReachesAnotherProcess(t *testing.T) {
 	var first time.Time
 	require.NoError(t, e.pool.QueryRow(ctx, expand(`SELECT min(at) FROM {schema}.t_effects WHERE id = $1`, e.schema),
 		res.ID).Scan(&first))
-	require.Less(t, first.Sub(committed), pokeBound, "InsertTx")
+	return first.Sub(committed)
 }
 
 // hop is a moment of a fan-out round trip, recorded by the steps in t_hops.
@@ -146,29 +169,28 @@ func TestFanOutRoundTripWithoutPolling(t *testing.T) {
 				start(t, spokes)
 				start(t, web)
 			}
-			time.Sleep(idleFor)
-			res, err := web.Insert(context.Background(), hub.With(struct{}{}), nil)
-			require.NoError(t, err)
-			r, err := web.Await(context.Background(), res.ID, 5*time.Second, nil)
-			require.NoError(t, err)
-			require.Equal(t, gendurable.AwaitDone, r.Status)
-
-			hop := func(query string) time.Duration {
-				var ms float64
-				require.NoError(t, e.pool.QueryRow(context.Background(), expand(query, e.schema), res.ID).Scan(&ms))
-				return time.Duration(ms * float64(time.Millisecond))
-			}
-			insertToParent := hop(`SELECT extract(epoch FROM h.at - i.inserted_at) * 1000
-				FROM {schema}.t_hops h JOIN {schema}.instances i USING (id) WHERE id = $1 AND what = 'parent'`)
-			spawnToChild := hop(`SELECT extract(epoch FROM max(h.at - i.inserted_at)) * 1000
-				FROM {schema}.t_hops h JOIN {schema}.instances i USING (id) WHERE i.parent_id = $1 AND what = 'child'`)
-			lastChildToJoin := hop(`SELECT extract(epoch FROM
-				(SELECT at FROM {schema}.t_hops WHERE id = $1 AND what = 'join') -
-				(SELECT max(finalized_at) FROM {schema}.instances WHERE parent_id = $1)) * 1000`)
-			t.Logf("insert→parent %v, spawn→child %v, last child→join %v", insertToParent, spawnToChild, lastChildToJoin)
-			require.Less(t, insertToParent, pokeBound, "insert → parent")
-			require.Less(t, spawnToChild, pokeBound, "spawn → children")
-			require.Less(t, lastChildToJoin, pokeBound, "last child → join")
+			// A try's latency is its slowest hop.
+			poked(t, "every hop", pokeBound, func() time.Duration {
+				res, err := web.Insert(context.Background(), hub.With(struct{}{}), nil)
+				require.NoError(t, err)
+				r, err := web.Await(context.Background(), res.ID, 5*time.Second, nil)
+				require.NoError(t, err)
+				require.Equal(t, gendurable.AwaitDone, r.Status)
+				hop := func(query string) time.Duration {
+					var ms float64
+					require.NoError(t, e.pool.QueryRow(context.Background(), expand(query, e.schema), res.ID).Scan(&ms))
+					return time.Duration(ms * float64(time.Millisecond))
+				}
+				insertToParent := hop(`SELECT extract(epoch FROM h.at - i.inserted_at) * 1000
+					FROM {schema}.t_hops h JOIN {schema}.instances i USING (id) WHERE id = $1 AND what = 'parent'`)
+				spawnToChild := hop(`SELECT extract(epoch FROM max(h.at - i.inserted_at)) * 1000
+					FROM {schema}.t_hops h JOIN {schema}.instances i USING (id) WHERE i.parent_id = $1 AND what = 'child'`)
+				lastChildToJoin := hop(`SELECT extract(epoch FROM
+					(SELECT at FROM {schema}.t_hops WHERE id = $1 AND what = 'join') -
+					(SELECT max(finalized_at) FROM {schema}.instances WHERE parent_id = $1)) * 1000`)
+				t.Logf("insert→parent %v, spawn→child %v, last child→join %v", insertToParent, spawnToChild, lastChildToJoin)
+				return max(insertToParent, spawnToChild, lastChildToJoin)
+			})
 		})
 	}
 }
@@ -235,8 +257,7 @@ func TestPokeListenerReconnects(t *testing.T) {
 	lost := insertEffect(t, web)
 	require.Less(t, startLatency(t, e, lost), 2*time.Second, "the reconnect did not wake the queue")
 
-	time.Sleep(idleFor)
-	require.Less(t, startLatency(t, e, insertEffect(t, web)), pokeBound, "pokes after the reconnect")
+	poked(t, "pokes after the reconnect", pokeBound, func() time.Duration { return startLatency(t, e, insertEffect(t, web)) })
 }
 
 // A signal that wakes an instance parked on another node pokes that node: the woken step runs at
@@ -250,20 +271,21 @@ func TestSignalPokesTheParkedInstancesNode(t *testing.T) {
 	web := e.client(t, &gendurable.Config{Name: "web", Poke: pg, AwaitTick: 5 * time.Millisecond})
 	start(t, web)
 	ctx := context.Background()
-	id := insertTask(t, web, "park", 3)
-	r, err := web.Await(ctx, id, 5*time.Second, nil)
-	require.NoError(t, err)
-	require.Equal(t, gendurable.AwaitAwaiting, r.Status)
-
-	time.Sleep(idleFor)
-	began := time.Now()
-	res, err := web.Signal(ctx, gendurable.ByID(id), "go", nil)
-	require.NoError(t, err)
-	require.True(t, res.Woke)
-	r, err = web.Await(ctx, id, 5*time.Second, nil)
-	require.NoError(t, err)
-	require.Equal(t, gendurable.AwaitDone, r.Status)
-	require.Less(t, time.Since(began), pokeBound+50*time.Millisecond, "signal → woken step → answer")
+	poked(t, "signal → woken step → answer", pokeBound+50*time.Millisecond, func() time.Duration {
+		id := insertTask(t, web, "park", 3)
+		r, err := web.Await(ctx, id, 5*time.Second, nil)
+		require.NoError(t, err)
+		require.Equal(t, gendurable.AwaitAwaiting, r.Status)
+		time.Sleep(idleFor) // the worker's pick of the park reset its backoff
+		began := time.Now()
+		res, err := web.Signal(ctx, gendurable.ByID(id), "go", nil)
+		require.NoError(t, err)
+		require.True(t, res.Woke)
+		r, err = web.Await(ctx, id, 5*time.Second, nil)
+		require.NoError(t, err)
+		require.Equal(t, gendurable.AwaitDone, r.Status)
+		return time.Since(began)
+	})
 }
 
 // A listening connection that cannot be opened fails Start with an error that says so, and

@@ -86,3 +86,13 @@ type InstanceDetail struct {
 	// ChildCounts counts all of its children by status (only the statuses that occur).
 	ChildCounts map[Status]int64
 }
+
+// QueueThroughput is how many instances of one queue finished within a recent window, by how
+// they finished, as Client.Throughput reads them.
+type QueueThroughput struct {
+	// Queue is the queue's name.
+	Queue string
+	// Done, Failed and Cancelled count the instances that reached each terminal status within
+	// the window (by finalized_at, database clock).
+	Done, Failed, Cancelled int64
+}

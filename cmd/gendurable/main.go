@@ -10,6 +10,7 @@
 //	gendurable signal  ID|--machine M KEY NAME [JSON]
 //	gendurable retry   ID|--machine M KEY [--step S]
 //	gendurable cancel  ID|--machine M KEY [--reason R]
+//	gendurable ui      [--addr 127.0.0.1:8080] [--read-only] [--token T]
 //
 // Every command takes --database-url URL and --schema S.
 //
@@ -47,6 +48,7 @@ func commands() []command {
 		{"signal", "signal ID|--machine M KEY NAME [JSON]", "send a signal", runSignal},
 		{"retry", "retry ID|--machine M KEY [--step S]", "make a failed or cancelled instance runnable again", runRetry},
 		{"cancel", "cancel ID|--machine M KEY [--reason R]", "cancel a live instance", runCancel},
+		{"ui", "ui [--addr 127.0.0.1:8080] [--read-only] [--token T]", "serve the web dashboard of a schema", runUI},
 	}
 }
 

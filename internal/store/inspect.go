@@ -254,3 +254,39 @@ func (s *Store) Inspect(ctx context.Context, db DB, id int64, inbox, children Pa
 	}
 	return d, nil
 }
+
+// Throughput counts the instances finished in the last window (database clock), by queue and
+// terminal status, in name order; queues with none are left out.
+func (s *Store) Throughput(ctx context.Context, db DB, window time.Duration) ([]durabletype.QueueThroughput, error) {
+	rows, err := db.Query(ctx, s.sql("throughput"), pgx.NamedArgs{"window_ms": window.Milliseconds()})
+	if err != nil {
+		return nil, err
+	}
+	byQueue := map[string]*durabletype.QueueThroughput{}
+	var queue, status string
+	var n int64
+	if _, err := pgx.ForEachRow(rows, []any{&queue, &status, &n}, func() error {
+		q, ok := byQueue[queue]
+		if !ok {
+			q = &durabletype.QueueThroughput{Queue: queue}
+			byQueue[queue] = q
+		}
+		switch durabletype.Status(status) {
+		case durabletype.StatusDone:
+			q.Done = n
+		case durabletype.StatusFailed:
+			q.Failed = n
+		case durabletype.StatusCancelled:
+			q.Cancelled = n
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	out := make([]durabletype.QueueThroughput, 0, len(byQueue))
+	for _, q := range byQueue {
+		out = append(out, *q)
+	}
+	slices.SortFunc(out, func(a, b durabletype.QueueThroughput) int { return cmp.Compare(a.Queue, b.Queue) })
+	return out, nil
+}

@@ -75,6 +75,7 @@ func TestInspectionStatementsUseTheirIndexes(t *testing.T) {
 		{"stuck_unknown_machines", []any{pgx.NamedArgs{"machines": []string{"m"}, "steps": []string{"s"},
 			"queues": []string{"q"}}}, []string{"instances_pick"}},
 		{"stuck_overdue_awaits", nil, []string{"instances_await_deadline"}},
+		{"throughput", []any{pgx.NamedArgs{"window_ms": 60000}}, []string{"instances_finalized"}},
 		{"inspect_instance", []any{pgx.NamedArgs{"id": 1, "inbox_after": 0, "inbox_limit": 10,
 			"children_after": 0, "children_limit": 10}},
 			[]string{"instances_pkey", "signals_instance", "instances_parent"}},

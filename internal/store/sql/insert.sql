@@ -4,7 +4,8 @@
 -- no 65,535-parameter ceiling. Rows are inserted in (machine, correlation_key) order, the order
 -- of the unique index that arbitrates deduplication: two batches racing over the same new keys
 -- wait on each other in the same order and cannot deadlock. Ids are therefore assigned in key
--- order; unkeyed rows follow in input order.
+-- order; unkeyed rows (which take no key lock) follow, in input order whatever their machine, so
+-- that the caller can hand their ids back by position.
 --
 -- Deduplication: a keyed row is not inserted if an instance of the same machine and key exists
 -- in its scope: always the live statuses (enforced by the unique partial index through ON
@@ -41,7 +42,8 @@ WHERE u.correlation_key IS NULL
                OR (e.status = 'done' AND u.scope_mask & 1 <> 0)
                OR (e.status = 'failed' AND u.scope_mask & 2 <> 0)
                OR (e.status = 'cancelled' AND u.scope_mask & 4 <> 0)))
-ORDER BY u.machine, u.correlation_key NULLS LAST, u.ord
+ORDER BY u.correlation_key IS NULL, CASE WHEN u.correlation_key IS NULL THEN u.ord END,
+         u.machine, u.correlation_key, u.ord
 ON CONFLICT (machine, correlation_key)
   WHERE correlation_key IS NOT NULL AND status IN ('available', 'executing', 'awaiting', 'joining')
   DO NOTHING

@@ -1,0 +1,157 @@
+package durableui
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/gendurable/gendurable"
+)
+
+// formSlack is what a form's other fields (CSRF token, name, reason, step, token) may add to
+// its payload.
+const formSlack = 64 << 10
+
+// maxReason caps a cancel reason (it goes into the instance's error history).
+const maxReason = 1000
+
+// act is one action on one instance, called once every check has passed. It returns the
+// query of the page to send the browser back to (what happened, for the message shown there).
+type act func(r *http.Request, id int64) (url.Values, error)
+
+// action wraps an act with the checks every POST passes, in the package's documented order,
+// before anything is read from the form or written to the database.
+func (h *handler) action(do act) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		name := r.URL.Path[strings.LastIndexByte(r.URL.Path, '/')+1:]
+		refuse := func(status int, why, message string) {
+			h.log.WarnContext(r.Context(), "durableui: action refused", "action", name, "path", r.URL.Path,
+				"status", status, "why", why, "remote", r.RemoteAddr)
+			h.fail(w, r, status, message)
+		}
+		if h.opts.ReadOnly {
+			refuse(http.StatusForbidden, "read-only", "This dashboard is read-only: it takes no actions.")
+			return
+		}
+		if err := h.xorigin.Check(r); err != nil {
+			refuse(http.StatusForbidden, "cross-origin", "A page of another site tried to send this form; it was refused.")
+			return
+		}
+		// A payload may be escaped threefold in a URL-encoded form (%XX); its decoded size is
+		// checked by the signal action.
+		r.Body = http.MaxBytesReader(w, r.Body, int64(3*h.opts.MaxPayloadBytes+formSlack))
+		if err := r.ParseForm(); err != nil {
+			if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+				refuse(http.StatusRequestEntityTooLarge, "too large",
+					fmt.Sprintf("The form is too large: a signal's payload may hold at most %d bytes. Nothing was sent.", h.opts.MaxPayloadBytes))
+				return
+			}
+			refuse(http.StatusBadRequest, "malformed form", "The form could not be read: "+err.Error())
+			return
+		}
+		if !h.checkCSRF(r) {
+			refuse(http.StatusForbidden, "csrf",
+				"The form did not carry this session's CSRF token: it was not sent from this dashboard, or the page is stale. Reload the page and try again.")
+			return
+		}
+		if h.opts.Token != "" {
+			tok := r.PostForm.Get("token")
+			if tok == "" {
+				refuse(http.StatusUnauthorized, "no token", "This action needs the dashboard's token: type it into the form's token field.")
+				return
+			}
+			if !h.checkToken(tok) {
+				refuse(http.StatusForbidden, "wrong token", "The token is wrong. Nothing was changed.")
+				return
+			}
+		}
+		if h.opts.Authorize != nil {
+			if err := h.opts.Authorize(r); err != nil {
+				status := http.StatusForbidden
+				if errors.Is(err, ErrUnauthenticated) {
+					status = http.StatusUnauthorized
+				}
+				refuse(status, "authorize", "Not allowed: "+err.Error())
+				return
+			}
+		}
+		id, ok := h.pathID(w, r)
+		if !ok {
+			return
+		}
+		back, err := do(r, id)
+		if err != nil {
+			if status := statusOf(err); status != http.StatusInternalServerError {
+				h.log.InfoContext(r.Context(), "durableui: action failed", "action", name, "id", id, "status", status)
+			}
+			h.failErrTo(w, r, name, err, fmt.Sprintf("%sinstances/%d", h.prefix, id))
+			return
+		}
+		h.log.InfoContext(r.Context(), "durableui: action", "action", name, "id", id, "remote", r.RemoteAddr)
+		back.Set("done", name)
+		http.Redirect(w, r, fmt.Sprintf("%sinstances/%d?%s", h.prefix, id, back.Encode()), http.StatusSeeOther)
+	}
+}
+
+// formError is a field of an action's form that cannot be used as it is.
+type formError struct {
+	status int
+	msg    string
+}
+
+func (e *formError) Error() string { return e.msg }
+
+func (h *handler) signal(r *http.Request, id int64) (url.Values, error) {
+	name := r.PostForm.Get("name")
+	if name == "" {
+		return nil, &formError{http.StatusBadRequest, "A signal needs a name."}
+	}
+	var payload any
+	if raw := strings.TrimSpace(r.PostForm.Get("payload")); raw != "" {
+		if len(raw) > h.opts.MaxPayloadBytes {
+			return nil, &formError{http.StatusRequestEntityTooLarge,
+				fmt.Sprintf("The payload is %d bytes; the limit is %d. Nothing was sent.", len(raw), h.opts.MaxPayloadBytes)}
+		}
+		var doc json.RawMessage
+		if err := json.Unmarshal([]byte(raw), &doc); err != nil {
+			return nil, &formError{http.StatusBadRequest, "The payload is not valid JSON (" + err.Error() + "). Nothing was sent."}
+		}
+		payload = doc
+	}
+	res, err := h.client.Signal(r.Context(), gendurable.ByID(id), name, payload)
+	if err != nil {
+		return nil, err
+	}
+	back := url.Values{"signal": {strconv.FormatInt(res.SignalID, 10)}}
+	if res.Woke {
+		back.Set("woke", "1")
+	}
+	return back, nil
+}
+
+func (h *handler) retry(r *http.Request, id int64) (url.Values, error) {
+	step := strings.TrimSpace(r.PostForm.Get("step"))
+	if err := h.client.Retry(r.Context(), id, &gendurable.RetryOpts{Step: step}); err != nil {
+		return nil, err
+	}
+	return url.Values{}, nil
+}
+
+func (h *handler) cancel(r *http.Request, id int64) (url.Values, error) {
+	reason := strings.TrimSpace(r.PostForm.Get("reason"))
+	if utf8.RuneCountInString(reason) > maxReason {
+		return nil, &formError{http.StatusBadRequest, fmt.Sprintf("The reason is too long: at most %d characters.", maxReason)}
+	}
+	if reason == "" {
+		reason = "cancelled from the dashboard"
+	}
+	if err := h.client.Cancel(r.Context(), id, reason); err != nil {
+		return nil, err
+	}
+	return url.Values{}, nil
+}

@@ -1,0 +1,310 @@
+// Package e2e drives the dashboard (durableui) in a headless Chromium, against a real Postgres.
+// It is its own module so that the browser driver stays out of the core module's dependencies.
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/page"
+	"github.com/chromedp/chromedp"
+	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/durabledbtest"
+	"github.com/gendurable/gendurable/durableui"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+)
+
+// chromium is the browser binary, found (or installed) once by TestMain.
+var chromium string
+
+func TestMain(m *testing.M) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	p, err := chromiumPath(ctx, os.Stderr)
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		os.Exit(1)
+	}
+	chromium = p
+	durabledbtest.Main(m)
+}
+
+// checkout is the machine the pages show: it reserves, charges, parks for a shipping
+// confirmation, then fans out one notification per channel.
+type checkout struct {
+	Order string `json:"order"`
+	Items int    `json:"items"`
+	Total string `json:"total"`
+}
+
+var checkoutFSM = gendurable.FSM[checkout]{
+	Name: "checkout", Start: "reserve", Queue: "default",
+	Steps: map[string]gendurable.StepFunc[checkout]{
+		"reserve": func(ctx *gendurable.Ctx, c checkout) (gendurable.Outcome, error) {
+			return gendurable.Next("charge", c), nil
+		},
+		"charge": func(ctx *gendurable.Ctx, c checkout) (gendurable.Outcome, error) {
+			return gendurable.Next("ship", c), nil
+		},
+		"ship": func(ctx *gendurable.Ctx, c checkout) (gendurable.Outcome, error) {
+			return gendurable.Await([]string{"shipped"}, "notify", c), nil
+		},
+		"notify": func(ctx *gendurable.Ctx, c checkout) (gendurable.Outcome, error) { return gendurable.Done(c), nil },
+	},
+}
+
+var emailJob = gendurable.Job[struct {
+	To string `json:"to"`
+}]{Name: "email", Queue: "mail", Perform: func(*gendurable.Ctx, struct {
+	To string `json:"to"`
+}) error {
+	return nil
+}}
+
+// site is a dashboard over a schema of its own, with rows in every status. The client is not
+// started: rows stay where the test puts them.
+type site struct {
+	pool   *pgxpool.Pool
+	schema string
+	client *gendurable.Client
+	url    string
+	// ids of the instances the pages are about: a parked checkout with children and an inbox,
+	// a failed one, and every parked one.
+	parked, failed int64
+	awaiting       []int64
+}
+
+func (s *site) exec(t *testing.T, q string, args ...any) {
+	t.Helper()
+	_, err := s.pool.Exec(context.Background(), strings.ReplaceAll(q, "{schema}", `"`+s.schema+`"`), args...)
+	require.NoError(t, err)
+}
+
+func newSite(t *testing.T) *site {
+	t.Helper()
+	pool := durabledbtest.Pool(t, 8)
+	s := &site{pool: pool, schema: durabledbtest.Schema(t, pool)}
+	cl, err := gendurable.NewClient(pool, &gendurable.Config{Schema: s.schema,
+		Machines: []gendurable.Machine{checkoutFSM, emailJob}})
+	require.NoError(t, err)
+	s.client = cl
+	ctx := context.Background()
+
+	var params []gendurable.InsertManyParams
+	for i := range 60 {
+		params = append(params, gendurable.InsertManyParams{Input: checkoutFSM.With(checkout{
+			Order: fmt.Sprintf("A-%04d", 1000+i), Items: 1 + i%4, Total: fmt.Sprintf("%d.%02d", 10+i*3, i%100)}),
+			Opts: &gendurable.InsertOpts{CorrelationKey: fmt.Sprintf("order-%d", 1000+i)}})
+	}
+	for i := range 25 {
+		params = append(params, gendurable.InsertManyParams{Input: emailJob.With(struct {
+			To string `json:"to"`
+		}{fmt.Sprintf("customer%d@example.com", i)})})
+	}
+	params = append(params, gendurable.InsertManyParams{Input: checkoutFSM.With(checkout{Order: "B-1", Items: 1, Total: "9.99"}),
+		Opts: &gendurable.InsertOpts{Queue: "payments", RateLimit: "psp"}})
+	res, err := cl.InsertMany(ctx, params)
+	require.NoError(t, err)
+	ids := make([]int64, len(res))
+	for i, r := range res {
+		ids[i] = r.ID
+	}
+	checkouts, emails := ids[:60], ids[60:85]
+	// Checkouts: 30 done (in the last minute, for the throughput), 6 failed, 4 cancelled, 5
+	// awaiting their shipping, 3 executing, the rest available (2 of them waiting for an hour).
+	s.exec(t, `UPDATE {schema}.instances SET status = 'done', step = 'notify', path = '{reserve,charge,ship,notify}',
+	             result = state, finalized_at = now() - (id % 50) * interval '1 second' WHERE id = ANY($1)`, checkouts[:30])
+	s.exec(t, `UPDATE {schema}.instances SET status = 'failed', step = 'charge', path = '{reserve}', attempt = 3, max_attempts = 3,
+	             finalized_at = now() - interval '20 seconds',
+	             errors = jsonb_build_array(
+	               jsonb_build_object('at', now() - interval '3 minutes', 'step', 'charge', 'attempt', 1, 'kind', 'error', 'error', 'psp: card declined (insufficient funds)'),
+	               jsonb_build_object('at', now() - interval '2 minutes', 'step', 'charge', 'attempt', 2, 'kind', 'error', 'error', 'psp: card declined (insufficient funds)'),
+	               jsonb_build_object('at', now() - interval '20 seconds', 'step', 'charge', 'attempt', 3, 'kind', 'error', 'error', 'psp: card declined (insufficient funds)'))
+	           WHERE id = ANY($1)`, checkouts[30:36])
+	s.exec(t, `UPDATE {schema}.instances SET status = 'cancelled', finalized_at = now() - interval '5 minutes',
+	             errors = jsonb_build_array(jsonb_build_object('at', now() - interval '5 minutes', 'step', 'reserve', 'attempt', 0,
+	               'kind', 'cancel', 'error', 'customer asked to cancel'))
+	           WHERE id = ANY($1)`, checkouts[36:40])
+	s.exec(t, `UPDATE {schema}.instances SET status = 'awaiting', step = 'notify', path = '{reserve,charge,ship}',
+	             await_names = '{shipped}', await_deadline = now() + interval '2 days' WHERE id = ANY($1)`, checkouts[40:45])
+	s.exec(t, `UPDATE {schema}.instances SET status = 'executing', step = 'charge', path = '{reserve}', attempt = 1,
+	             locked_by = 'web-1:default#17', locked_until = now() + interval '30 seconds' WHERE id = ANY($1)`, checkouts[45:48])
+	s.exec(t, `UPDATE {schema}.instances SET scheduled_at = now() - interval '95 seconds' WHERE id = ANY($1)`, checkouts[48:50])
+	// Emails: 15 done, 1 failed, the rest available; the first 3 are children of a parked
+	// checkout.
+	s.exec(t, `UPDATE {schema}.instances SET status = 'done', finalized_at = now() - (id % 40) * interval '1 second', result = '{}'
+	           WHERE id = ANY($1)`, emails[:15])
+	s.exec(t, `UPDATE {schema}.instances SET status = 'failed', finalized_at = now(), attempt = 20,
+	             errors = jsonb_build_array(jsonb_build_object('at', now(), 'step', 'perform', 'attempt', 20, 'kind', 'error',
+	               'error', 'smtp: 550 mailbox unavailable'))
+	           WHERE id = $1`, emails[15])
+	s.parked, s.failed, s.awaiting = checkouts[40], checkouts[30], checkouts[40:45]
+	s.exec(t, `UPDATE {schema}.instances SET parent_id = $2, parent_wave = 1 WHERE id = ANY($1)`, emails[:3], s.parked)
+	_, err = cl.Signal(ctx, gendurable.ByID(s.parked), "address-changed", map[string]string{"city": "Lyon", "zip": "69002"})
+	require.NoError(t, err)
+
+	h, err := durableui.New(cl, &durableui.Options{Refresh: -1})
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	s.url = srv.URL
+	return s
+}
+
+func (s *site) status(t *testing.T, id int64) *gendurable.Instance {
+	t.Helper()
+	in, err := s.client.Get(context.Background(), id)
+	require.NoError(t, err)
+	return in
+}
+
+func TestPagesLoad(t *testing.T) {
+	s := newSite(t)
+	ctx := newBrowser(t)
+	for _, p := range []struct {
+		path, name, heading string
+		status              int
+	}{
+		{"/", "dashboard-queues", "Queues", http.StatusOK},
+		{"/instances?limit=20", "dashboard-instances", "Instances", http.StatusOK},
+		{fmt.Sprintf("/instances/%d", s.parked), "dashboard-instance", fmt.Sprintf("Instance %d", s.parked), http.StatusOK},
+		{fmt.Sprintf("/instances/%d", s.failed), "dashboard-instance-failed", fmt.Sprintf("Instance %d", s.failed), http.StatusOK},
+		{"/stuck", "dashboard-stuck", "Stuck instances", http.StatusOK},
+		{"/instances/999999999", "dashboard-not-found", "404 Not Found", http.StatusNotFound},
+	} {
+		resp := get(t, ctx, chromedp.NavigateResponse(s.url+p.path))
+		require.Equal(t, p.status, int(resp.Status), p.path)
+		do(t, ctx, chromedp.WaitVisible(chromedp.CSS("h1")), shoot(t, p.name))
+		h1 := get(t, ctx, chromedp.Text(chromedp.CSS("h1")))
+		require.True(t, strings.HasPrefix(strings.TrimSpace(h1), p.heading), "%s: %q", p.path, h1)
+	}
+	// The stylesheet applied (it is the page's only source of colour): the header is dark.
+	bg := get(t, ctx, chromedp.Evaluate[string](`getComputedStyle(document.querySelector("header.top")).backgroundColor`))
+	require.Equal(t, "rgb(19, 26, 42)", bg)
+}
+
+func TestFilterTheList(t *testing.T) {
+	s := newSite(t)
+	ctx := newBrowser(t)
+	do(t, ctx,
+		chromedp.Navigate(s.url+"/instances"),
+		chromedp.WaitVisible(chromedp.CSS("form.filters")),
+		chromedp.SendKeys(chromedp.CSS(`form.filters input[name="machine"]`), "checkout"),
+		chromedp.Click(chromedp.CSS(`form.filters input[value="failed"]`)),
+	)
+	require.Equal(t, http.StatusOK, load(t, ctx, chromedp.Click(chromedp.CSS(`form.filters button[type="submit"]`), chromedp.NodeVisible)))
+	loc := get(t, ctx, chromedp.Location())
+	require.Contains(t, loc, "machine=checkout")
+	require.Contains(t, loc, "status=failed")
+	statuses := get(t, ctx, chromedp.Evaluate[[]string](
+		`[...document.querySelectorAll("table.instances tbody td:nth-child(5)")].map(e => e.textContent.trim())`))
+	require.Len(t, statuses, 6)
+	for _, st := range statuses {
+		require.Equal(t, "failed", st)
+	}
+	do(t, ctx, shoot(t, "dashboard-instances-filtered"))
+
+	// A malformed filter: 400 and a message naming it.
+	resp := get(t, ctx, chromedp.NavigateResponse(s.url+"/instances?since=last+tuesday"))
+	require.Equal(t, http.StatusBadRequest, int(resp.Status))
+	msg := get(t, ctx, chromedp.Text(chromedp.CSS(".message")))
+	require.Contains(t, msg, `The filter "since" is not valid`)
+}
+
+func TestOpenAnInstanceAndCancelIt(t *testing.T) {
+	s := newSite(t)
+	ctx := newBrowser(t)
+	// The cancel form asks for a confirmation (ui.js): accept it, and note that it was asked.
+	dialogs := make(chan string, 4)
+	events := chromedp.Events(ctx, page.JavascriptDialogOpening)
+	go func() {
+		for ev, err := range events {
+			if err != nil {
+				return
+			}
+			dialogs <- ev.Message
+			_, _ = chromedp.Call(ctx, page.HandleJavaScriptDialog, page.HandleJavaScriptDialogParams{Accept: true})
+		}
+	}()
+	victim := slices.Max(s.awaiting)
+	do(t, ctx,
+		chromedp.Navigate(s.url+"/instances?status=awaiting"),
+		chromedp.WaitVisible(chromedp.CSS("table.instances")),
+	)
+	require.Equal(t, http.StatusOK, load(t, ctx, chromedp.Click(chromedp.CSS(fmt.Sprintf(`table.instances a[href="/instances/%d"]`, victim)))))
+	h1 := get(t, ctx, chromedp.Text(chromedp.CSS("h1")))
+	require.Contains(t, h1, fmt.Sprintf("Instance %d", victim))
+	do(t, ctx, chromedp.SendKeys(chromedp.CSS(`#cancel-form input[name="reason"]`), "duplicate order"))
+	require.Equal(t, http.StatusOK, load(t, ctx, chromedp.Click(chromedp.CSS(`#cancel-form button[type="submit"]`))),
+		"the redirect after the POST lands on the instance")
+	do(t, ctx, chromedp.WaitVisible(chromedp.CSS(".flash")), shoot(t, "dashboard-cancelled"))
+	require.Contains(t, get(t, ctx, chromedp.Text(chromedp.CSS(".flash"))), "Cancelled.")
+	select {
+	case msg := <-dialogs:
+		require.Contains(t, msg, "never run again", "ui.js asked before cancelling")
+	default:
+		t.Fatal("no confirmation dialog: the page's script did not run")
+	}
+	in := s.status(t, victim)
+	require.Equal(t, gendurable.StatusCancelled, in.Status)
+	require.NotNil(t, in.FinalizedAt)
+	require.Equal(t, "duplicate order", in.Errors[len(in.Errors)-1].Error)
+	require.Equal(t, "cancel", in.Errors[len(in.Errors)-1].Kind)
+}
+
+func TestForgedPostsAreRefused(t *testing.T) {
+	s := newSite(t)
+	ctx := newBrowser(t)
+	target := fmt.Sprintf("%s/instances/%d/cancel", s.url, s.parked)
+	// Another site (another origin: localhost, not 127.0.0.1) with a button that posts a cancel
+	// form to the dashboard.
+	evil := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		fmt.Fprintf(w, `<!doctype html><title>Win a prize</title>
+<form id="f" method="post" action="%s"><input type="hidden" name="reason" value="forged"><button>Claim your prize</button></form>`, target)
+	}))
+	t.Cleanup(evil.Close)
+	evilURL := strings.Replace(evil.URL, "127.0.0.1", "localhost", 1)
+
+	// A visit to the dashboard first, so that the browser holds its session cookie.
+	do(t, ctx,
+		chromedp.Navigate(fmt.Sprintf("%s/instances/%d", s.url, s.parked)),
+		chromedp.WaitVisible(chromedp.CSS("#cancel-form")),
+		chromedp.Navigate(evilURL),
+		chromedp.WaitVisible(chromedp.CSS("#f button")),
+	)
+	require.Equal(t, http.StatusForbidden, load(t, ctx, chromedp.Click(chromedp.CSS("#f button"))))
+	do(t, ctx, chromedp.WaitVisible(chromedp.CSS(".message")), shoot(t, "dashboard-forged"))
+	require.Contains(t, get(t, ctx, chromedp.Text(chromedp.CSS(".message"))), "another site")
+	require.Equal(t, gendurable.StatusAwaiting, s.status(t, s.parked).Status)
+
+	// A form built on the dashboard's own origin (an injected script, say) without the CSRF
+	// token: same origin, session cookie sent, and still refused.
+	do(t, ctx,
+		chromedp.Navigate(fmt.Sprintf("%s/instances/%d", s.url, s.parked)),
+		chromedp.WaitVisible(chromedp.CSS("#cancel-form")),
+	)
+	require.Equal(t, http.StatusForbidden, load(t, ctx, chromedp.Evaluate[chromedp.Void](fmt.Sprintf(`(() => {
+		const f = document.createElement("form");
+		f.method = "post";
+		f.action = %q;
+		const reason = document.createElement("input");
+		reason.name = "reason";
+		reason.value = "forged";
+		f.appendChild(reason);
+		document.body.appendChild(f);
+		f.submit();
+	})()`, target))))
+	require.Contains(t, get(t, ctx, chromedp.Text(chromedp.CSS(".message"))), "CSRF token")
+	in := s.status(t, s.parked)
+	require.Equal(t, gendurable.StatusAwaiting, in.Status)
+	require.Empty(t, in.Errors)
+}
