@@ -57,17 +57,22 @@ func HasNUL(b []byte) bool {
 }
 
 // Decode unmarshals a stored document into v. A document stored as a JSON string that itself
-// holds JSON (the double encoding of early versions) is unwrapped first.
+// holds a JSON object or array (the double encoding of early versions) is unwrapped, but only
+// when the string does not decode into v as it is: a string state that happens to read as JSON
+// (a Job[string] carrying a request body, say) stays the string it was.
 func Decode(b []byte, v any) error {
 	b = bytes.TrimSpace(b)
-	if len(b) > 0 && b[0] == '"' {
-		var inner string
-		if err := json.Unmarshal(b, &inner); err == nil {
-			ib := bytes.TrimSpace([]byte(inner))
-			if len(ib) > 0 && (ib[0] == '{' || ib[0] == '[') && json.Valid(ib) {
-				b = ib
-			}
-		}
+	err := json.Unmarshal(b, v)
+	if err == nil || len(b) == 0 || b[0] != '"' {
+		return err
 	}
-	return json.Unmarshal(b, v)
+	var inner string
+	if json.Unmarshal(b, &inner) != nil {
+		return err
+	}
+	ib := bytes.TrimSpace([]byte(inner))
+	if len(ib) == 0 || (ib[0] != '{' && ib[0] != '[') || !json.Valid(ib) {
+		return err
+	}
+	return json.Unmarshal(ib, v)
 }

@@ -51,6 +51,37 @@ func TestDecodeLegacyDoubleEncoding(t *testing.T) {
 	require.Equal(t, "hello", s)
 }
 
+// A string whose text reads as JSON is a string, not a legacy document: it round-trips into a
+// string (regression: it was unwrapped and then failed to decode, so a Job[string] given a
+// request body could never run), and into any it stays a string.
+func TestDecodeStringThatReadsAsJSON(t *testing.T) {
+	for _, text := range []string{`{"a":1}`, `[1,2]`, ` {"n": 3} `, `[]`} {
+		b, err := Encode(text, 0)
+		require.NoError(t, err)
+		var s string
+		require.NoError(t, Decode(b, &s), text)
+		require.Equal(t, text, s)
+		var v any
+		require.NoError(t, Decode(b, &v), text)
+		require.Equal(t, text, v)
+		var list []string
+		b, err = Encode([]string{text}, 0)
+		require.NoError(t, err)
+		require.NoError(t, Decode(b, &list))
+		require.Equal(t, []string{text}, list)
+	}
+	// A target that a string cannot fill still reads the legacy form.
+	var m map[string]int
+	require.NoError(t, Decode([]byte(`"{\"a\": 1}"`), &m))
+	require.Equal(t, map[string]int{"a": 1}, m)
+	var xs []int
+	require.NoError(t, Decode([]byte(`"[1, 2]"`), &xs))
+	require.Equal(t, []int{1, 2}, xs)
+	// A string that is not a legacy document keeps its decode error.
+	require.Error(t, Decode([]byte(`"nope"`), &m))
+	require.Error(t, Decode([]byte(`"{broken"`), &m))
+}
+
 func FuzzDecodeState(f *testing.F) {
 	for _, seed := range []string{`{"n":1}`, `"{\"n\":1}"`, `[1,2]`, `"x"`, `null`, `{"a":"\u0000"}`} {
 		f.Add([]byte(seed))
