@@ -6,13 +6,15 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"strconv"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/gendurable/gendurable/durabletype"
 )
 
-// Encode marshals v and checks it can be stored: at most max bytes (when max > 0) and no NUL
-// character in any string (jsonb rejects \u0000). Errors match ErrPayloadTooLarge or
-// ErrInvalidPayload.
+// Encode marshals v and checks that Postgres's jsonb can store it as it is (see Check). Errors
+// match ErrPayloadTooLarge or ErrInvalidPayload.
 func Encode(v any, max int) ([]byte, error) {
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -24,36 +26,179 @@ func Encode(v any, max int) ([]byte, error) {
 	return b, nil
 }
 
-// Check applies Encode's checks to an already encoded document.
+// MaxDepth is the deepest nesting of arrays and objects a stored document may have:
+// encoding/json refuses to decode a deeper one (so a step could never read it back), and
+// Postgres's jsonb parser runs out of stack not far past it.
+const MaxDepth = 10000
+
+// The limits of Postgres's numeric type, which stores every jsonb number: at most 16,383 digits
+// after the decimal point, the leading digit at most 10^131071, and an exponent whose magnitude
+// stays below 2^30 - 1 whatever the digits.
+const (
+	maxNumericScale    = 16383
+	maxNumericExponent = 131071
+	maxNumericExpInput = 1<<30 - 1
+)
+
+// Check applies Encode's checks to an already encoded document: at most max bytes (when
+// max > 0), and nothing Postgres's jsonb would refuse once it is sent: invalid UTF-8, the escape
+// \u0000, a lone UTF-16 surrogate escape (\ud800 without its pair), a number outside the range
+// of Postgres's numeric, or nesting deeper than MaxDepth. Go's encoder never writes the last
+// three from Go strings and floats; json.RawMessage, json.Number and custom marshalers can. The
+// errors say where, never what: payloads may hold secrets.
 func Check(b []byte, max int) error {
 	if max > 0 && len(b) > max {
 		return fmt.Errorf("%w: %d bytes encoded, the limit is %d", durabletype.ErrPayloadTooLarge, len(b), max)
 	}
-	if HasNUL(b) {
-		return fmt.Errorf("%w: a string holds a NUL character (\\u0000), which Postgres cannot store in jsonb", durabletype.ErrInvalidPayload)
+	if !utf8.Valid(b) {
+		return fmt.Errorf("%w: the document is not valid UTF-8", durabletype.ErrInvalidPayload)
+	}
+	if at, why := scan(b); why != "" {
+		return fmt.Errorf("%w: at byte %d: %s", durabletype.ErrInvalidPayload, at, why)
 	}
 	return nil
 }
 
-// HasNUL reports whether the JSON text b contains the escape \u0000 (an escaped backslash
-// followed by "u0000" is not one).
-func HasNUL(b []byte) bool {
-	for i := 0; ; {
-		j := bytes.Index(b[i:], []byte(`u0000`))
-		if j < 0 {
+const whyNUL = "a string holds a NUL character (\\u0000), which Postgres cannot store in jsonb"
+
+// scan walks a JSON text (as json.Marshal writes it; it tolerates anything without panicking)
+// and returns the offset and the reason of the first thing jsonb would refuse, or "".
+func scan(b []byte) (int, string) {
+	depth := 0
+	for i := 0; i < len(b); {
+		switch c := b[i]; {
+		case c == '"':
+			j, why := scanString(b, i+1)
+			if why != "" {
+				return j, why
+			}
+			i = j
+		case c == '[' || c == '{':
+			depth++
+			if depth > MaxDepth {
+				return i, fmt.Sprintf("nested deeper than %d levels, which cannot be decoded", MaxDepth)
+			}
+			i++
+		case c == ']' || c == '}':
+			depth--
+			i++
+		case c == '-' || (c >= '0' && c <= '9'):
+			j := i + 1
+			for j < len(b) && strings.IndexByte("+-.eE0123456789", b[j]) >= 0 {
+				j++
+			}
+			if !numericFits(b[i:j]) {
+				return i, "a number is outside the range of Postgres's numeric, which jsonb stores numbers in"
+			}
+			i = j
+		default:
+			i++
+		}
+	}
+	return 0, ""
+}
+
+// scanString checks the string whose contents start at b[i] and returns the offset just past its
+// closing quote.
+func scanString(b []byte, i int) (int, string) {
+	for i < len(b) {
+		k := bytes.IndexAny(b[i:], `"\`)
+		if k < 0 {
+			return len(b), ""
+		}
+		i += k
+		if b[i] == '"' {
+			return i + 1, ""
+		}
+		// A backslash escape.
+		if i+1 >= len(b) || b[i+1] != 'u' {
+			i += 2
+			continue
+		}
+		r, ok := hex4(b, i+2)
+		if !ok {
+			i += 2
+			continue
+		}
+		switch {
+		case r == 0:
+			return i, whyNUL
+		case r >= 0xDC00 && r <= 0xDFFF:
+			return i, "a string holds a lone UTF-16 low surrogate escape, which jsonb refuses"
+		case r >= 0xD800 && r <= 0xDBFF:
+			lo, ok := rune(0), false
+			if i+7 < len(b) && b[i+6] == '\\' && b[i+7] == 'u' {
+				lo, ok = hex4(b, i+8)
+			}
+			if !ok || lo < 0xDC00 || lo > 0xDFFF {
+				return i, "a string holds a lone UTF-16 high surrogate escape, which jsonb refuses"
+			}
+			i += 12
+		default:
+			i += 6
+		}
+	}
+	return i, ""
+}
+
+func hex4(b []byte, i int) (rune, bool) {
+	if i+4 > len(b) {
+		return 0, false
+	}
+	var r rune
+	for _, c := range b[i : i+4] {
+		var d byte
+		switch {
+		case c >= '0' && c <= '9':
+			d = c - '0'
+		case c >= 'a' && c <= 'f':
+			d = c - 'a' + 10
+		case c >= 'A' && c <= 'F':
+			d = c - 'A' + 10
+		default:
+			return 0, false
+		}
+		r = r<<4 | rune(d)
+	}
+	return r, true
+}
+
+// numericFits reports whether the JSON number tok fits Postgres's numeric (see the limits
+// above). A token that is not a well-formed number passes: it is not this check's business.
+func numericFits(tok []byte) bool {
+	s := string(tok)
+	s = strings.TrimPrefix(s, "-")
+	mant, exp, hasExp := strings.Cut(strings.ToLower(s), "e")
+	intPart, frac, _ := strings.Cut(mant, ".")
+	var e int64
+	if hasExp {
+		digits := strings.TrimLeft(strings.TrimLeft(exp, "+-"), "0")
+		if len(digits) > 10 {
 			return false
 		}
-		j += i
-		// Count the backslashes right before "u0000": an odd number means an escape.
-		n := 0
-		for k := j - 1; k >= 0 && b[k] == '\\'; k-- {
-			n++
+		if digits != "" {
+			n, err := strconv.ParseInt(digits, 10, 64)
+			if err != nil {
+				return true
+			}
+			e = n
 		}
-		if n%2 == 1 {
-			return true
+		if strings.HasPrefix(exp, "-") {
+			e = -e
 		}
-		i = j + 5
+		if e >= maxNumericExpInput || e <= -maxNumericExpInput {
+			return false
+		}
 	}
+	if scale := int64(len(frac)) - e; scale > maxNumericScale {
+		return false
+	}
+	digits := intPart + frac
+	lead := strings.IndexFunc(digits, func(r rune) bool { return r != '0' })
+	if lead < 0 {
+		return true // zero
+	}
+	return int64(len(intPart)-1-lead)+e <= maxNumericExponent
 }
 
 // Decode unmarshals a stored document into v. A document stored as a JSON string that itself
