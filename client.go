@@ -77,12 +77,13 @@ type InsertOpts struct {
 	Queue string
 	// Priority is 1 (most urgent) to 9; 0 means 5. Lower runs first.
 	Priority int
-	// ScheduledAt makes the instance runnable only from this time on.
+	// ScheduledAt makes the instance runnable only from this time on (microsecond precision,
+	// within Postgres's range: 4714 BC to 294276 AD).
 	ScheduledAt time.Time
 	// In makes the instance runnable only after this delay (measured by the database clock).
 	// It cannot be combined with ScheduledAt.
 	In time.Duration
-	// MaxAttempts overrides the machine's MaxAttempts for this instance.
+	// MaxAttempts overrides the machine's MaxAttempts for this instance (at most 2^31 - 1).
 	MaxAttempts int
 	// CorrelationKey is a business key (an order id, say) that addresses the instance and
 	// deduplicates inserts: while an instance of the same machine with this key is live, an
@@ -95,7 +96,7 @@ type InsertOpts struct {
 	ConcurrencyKey string
 	// RateLimit runs the instance's first step under a token bucket: a limit's name in
 	// Config.RateLimits, or "name:partition" for a bucket per tenant. Weight is the tokens the
-	// step takes (default 1; keep it at or below the limit's Burst).
+	// step takes (default 1, at most 2^31 - 1; keep it at or below the limit's Burst).
 	RateLimit string
 	Weight    int
 	// CorrelationScope adds finished statuses (StatusDone, StatusFailed, StatusCancelled) to the
@@ -242,14 +243,17 @@ func buildRow(input Input, opts *InsertOpts, index, maxPayload int, machine func
 		return bad("Priority", "%d: must be 1 (most urgent) to 9, or 0 for the default 5", opts.Priority)
 	}
 	maxAtt := orDefaultInt(opts.MaxAttempts, orDefaultInt(in.maxAttempts, DefaultMaxAttempts))
-	if maxAtt < 1 {
-		return bad("MaxAttempts", "%d: must be at least 1", opts.MaxAttempts)
+	if maxAtt < 1 || maxAtt > maxCount {
+		return bad("MaxAttempts", "%d: must be 1 to %d", opts.MaxAttempts, maxCount)
 	}
 	if opts.In < 0 {
 		return bad("In", "%v: negative delay", opts.In)
 	}
 	if opts.In != 0 && !opts.ScheduledAt.IsZero() {
 		return bad("In", "set In or ScheduledAt, not both")
+	}
+	if t := opts.ScheduledAt; !t.IsZero() && (t.Before(minTimestamp) || !t.Before(endTimestamp)) {
+		return bad("ScheduledAt", "%v: outside the range Postgres stores (4714 BC to 294276 AD)", t)
 	}
 	key := opts.CorrelationKey
 	if key != "" {
@@ -284,8 +288,8 @@ func buildRow(input Input, opts *InsertOpts, index, maxPayload int, machine func
 			return bad("RateLimit", "%v", err)
 		}
 	}
-	if opts.Weight < 0 || (opts.Weight > 0 && opts.RateLimit == "") {
-		return bad("Weight", "%d: a positive weight, with a RateLimit", opts.Weight)
+	if opts.Weight < 0 || opts.Weight > maxCount || (opts.Weight > 0 && opts.RateLimit == "") {
+		return bad("Weight", "%d: a weight of 1 to %d, with a RateLimit", opts.Weight, maxCount)
 	}
 	*r = store.InsertRow{
 		Machine: in.machine, Step: in.step, State: string(state), Queue: queue, Priority: prio,
@@ -298,6 +302,13 @@ func buildRow(input Input, opts *InsertOpts, index, maxPayload int, machine func
 	}
 	return nil
 }
+
+// The range of Postgres's timestamptz: from 4714-11-24 BC (Julian day 0) up to, not including,
+// 294277-01-01. pgx would wrap a time far outside it into another date without a word.
+var (
+	minTimestamp = time.Date(-4713, time.November, 24, 0, 0, 0, 0, time.UTC)
+	endTimestamp = time.Date(294277, time.January, 1, 0, 0, 0, 0, time.UTC)
+)
 
 // Get reads an instance by id; ErrNotFound if there is none.
 func (c *Client) Get(ctx context.Context, id int64) (*Instance, error) {

@@ -2,7 +2,10 @@ package gendurable_test
 
 import (
 	"context"
+	"math"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/durabletest"
@@ -50,4 +53,77 @@ func TestStringsThatReadAsJSONRoundTrip(t *testing.T) {
 	require.Equal(t, []string{body}, got)
 	kit.RequireDone(ctx, p.ID, nil)
 	require.Equal(t, `[1,2,3]`, joined)
+}
+
+// Counts stored in 32-bit columns and times outside Postgres's range are refused by validation,
+// with the field named, instead of reaching the database (a CHECK violation) or being wrapped
+// into another value on the way (regression: found by FuzzInsertValidate).
+func TestInsertBoundsOfStoredValues(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{noop}})
+	ctx := context.Background()
+	bad := map[string]*gendurable.InsertOpts{
+		"MaxAttempts":          {MaxAttempts: math.MaxInt32 + 1},
+		"MaxAttempts wrapping": {MaxAttempts: 1<<32 + 3},
+		"Weight":               {RateLimit: "r", Weight: math.MaxInt32 + 1},
+		"Weight wrapping":      {RateLimit: "r", Weight: 1<<32 + 1},
+		"ScheduledAt early":    {ScheduledAt: time.Date(-4713, time.November, 23, 23, 59, 59, 0, time.UTC)},
+		"ScheduledAt late":     {ScheduledAt: time.Date(294277, time.January, 1, 0, 0, 0, 0, time.UTC)},
+		"ScheduledAt wrapping": {ScheduledAt: time.Unix(1<<62, 0)},
+	}
+	for name, opts := range bad {
+		_, err := cl.Insert(ctx, noop.With(counter{}), opts)
+		var ie *gendurable.InputError
+		require.ErrorAs(t, err, &ie, name)
+		require.Equal(t, strings.Fields(name)[0], ie.Field, name)
+	}
+	require.Equal(t, 0, e.count(t, `SELECT count(*) FROM {schema}.instances`))
+	// The edges themselves are stored as given.
+	for _, opts := range []*gendurable.InsertOpts{
+		{MaxAttempts: math.MaxInt32, RateLimit: "r", Weight: math.MaxInt32},
+		{ScheduledAt: time.Date(-4713, time.November, 24, 0, 0, 0, 0, time.UTC)},
+		{ScheduledAt: time.Date(294277, time.January, 1, 0, 0, 0, 0, time.UTC).Add(-time.Microsecond)},
+	} {
+		r, err := cl.Insert(ctx, noop.With(counter{}), opts)
+		require.NoError(t, err)
+		in, err := cl.Get(ctx, r.ID)
+		require.NoError(t, err)
+		if !opts.ScheduledAt.IsZero() {
+			require.True(t, opts.ScheduledAt.Equal(in.ScheduledAt), "%v stored as %v", opts.ScheduledAt, in.ScheduledAt)
+		} else {
+			require.Equal(t, math.MaxInt32, in.MaxAttempts)
+			require.Equal(t, math.MaxInt32, e.count(t, `SELECT weight FROM {schema}.instances WHERE id = $1`, r.ID))
+		}
+	}
+}
+
+// A Next's Weight beyond a 32-bit count is an outcome error routed to Handle, not a weight
+// wrapped into another (regression: Weight(2^32+1) ran as weight 1).
+func TestOutcomeWeightBeyondThirtyTwoBits(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var routed error
+	m := gendurable.FSM[counter]{Name: "heavy", Start: "a", MaxAttempts: 1,
+		Steps: map[string]gendurable.StepFunc[counter]{
+			"a": func(_ *gendurable.Ctx, c counter) (gendurable.Outcome, error) {
+				return gendurable.Next("b", c, gendurable.RateLimit("r"), gendurable.Weight(1<<32+1)), nil
+			},
+			"b": func(_ *gendurable.Ctx, c counter) (gendurable.Outcome, error) { return gendurable.Done(nil), nil },
+		},
+		Handle: func(_ *gendurable.Ctx, _ counter, err error) gendurable.Outcome {
+			routed = err
+			return gendurable.Stop(err)
+		},
+	}
+	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{m},
+		RateLimits: map[string]gendurable.Rate{"r": {Allowed: 10, Period: time.Second}}})
+	ctx := context.Background()
+	r, err := cl.Insert(ctx, m.With(counter{}), nil)
+	require.NoError(t, err)
+	durabletest.New(t, cl, nil).Drain(ctx)
+	require.ErrorContains(t, routed, "option Weight")
+	in, err := cl.Get(ctx, r.ID)
+	require.NoError(t, err)
+	require.Equal(t, gendurable.StatusFailed, in.Status)
 }

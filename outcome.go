@@ -124,8 +124,8 @@ func Weight(n int) OutcomeOption {
 		if o.kind != outcomeNext {
 			return fmt.Errorf("option Weight applies to Next only")
 		}
-		if n < 1 {
-			return fmt.Errorf("option Weight: %d is not a positive weight", n)
+		if n < 1 || n > maxCount {
+			return fmt.Errorf("option Weight: %d is not a weight of 1 to %d", n, maxCount)
 		}
 		o.weight = n
 		return nil
