@@ -127,3 +127,17 @@ func TestOutcomeWeightBeyondThirtyTwoBits(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, gendurable.StatusFailed, in.Status)
 }
+
+// A signal by key validates the key as inserts do (regression: a key with a NUL or invalid
+// UTF-8 reached Postgres and came back as a raw 22021; found by FuzzSignal).
+func TestSignalByKeyValidatesTheKey(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cl := e.client(t, nil)
+	for _, key := range []string{"k\x00", "k\xff", strings.Repeat("k", 513)} {
+		_, err := cl.Signal(context.Background(), gendurable.ByKey("m", key), "go", nil)
+		var ie *gendurable.InputError
+		require.ErrorAs(t, err, &ie, "%q", key)
+		require.Equal(t, "target", ie.Field)
+	}
+}
