@@ -2,7 +2,9 @@ package jsonx
 
 import (
 	"encoding/json"
+	"errors"
 	"math"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -88,22 +90,58 @@ func TestDecodeStringThatReadsAsJSON(t *testing.T) {
 	require.Error(t, Decode([]byte(`"{broken"`), &m))
 }
 
+// FuzzDecodeState: Decode never panics on stored bytes; what it decodes re-encodes and decodes
+// to the same value (Decode(Encode(Decode(x))) = Decode(x)); an object stored in the legacy
+// double encoding decodes, into a map, equal to the object form; any text, as a Go string, comes
+// back as the string encoding/json round-trips; and Check never panics. Seeds: testdata/fuzz.
+//
+//	go test -run '^$' -fuzz '^FuzzDecodeState$' -fuzztime 5m -parallel 1 ./internal/jsonx
 func FuzzDecodeState(f *testing.F) {
 	for _, seed := range []string{`{"n":1}`, `"{\"n\":1}"`, `[1,2]`, `"x"`, `null`, `{"a":"\u0000"}`} {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
+		_ = Check(b, 1<<20)
 		var v any
-		if err := Decode(b, &v); err != nil {
+		if err := Decode(b, &v); err == nil {
+			enc, err := json.Marshal(v)
+			if err != nil {
+				t.Fatalf("decoded value does not re-encode: %v", err)
+			}
+			var w any
+			if err := Decode(enc, &w); err != nil {
+				t.Fatalf("re-encoded value does not decode: %v", err)
+			}
+			if !reflect.DeepEqual(v, w) {
+				t.Fatalf("Decode(Encode(Decode(x))) = %#v, Decode(x) = %#v", w, v)
+			}
+		}
+		var obj map[string]any
+		if json.Unmarshal(b, &obj) == nil && obj != nil {
+			legacy, _ := json.Marshal(string(b))
+			var fromLegacy map[string]any
+			if err := Decode(legacy, &fromLegacy); err != nil {
+				t.Fatalf("the legacy form of %q does not decode: %v", b, err)
+			}
+			if !reflect.DeepEqual(obj, fromLegacy) {
+				t.Fatalf("legacy form decodes to %#v, the object to %#v", fromLegacy, obj)
+			}
+		}
+		// Any text as a Go string: Encode then Decode gives what encoding/json round-trips (a
+		// string that reads as JSON stays a string).
+		enc, err := Encode(string(b), 0)
+		if err != nil {
+			if !errors.Is(err, durabletype.ErrInvalidPayload) {
+				t.Fatalf("Encode of a string: %v", err)
+			}
 			return
 		}
-		enc, err := json.Marshal(v)
-		if err != nil {
-			t.Fatalf("decoded value does not re-encode: %v", err)
+		var want, got string
+		if err := json.Unmarshal(enc, &want); err != nil {
+			t.Fatal(err)
 		}
-		var w any
-		if err := Decode(enc, &w); err != nil {
-			t.Fatalf("re-encoded value does not decode: %v", err)
+		if err := Decode(enc, &got); err != nil || got != want {
+			t.Fatalf("string %q came back as %q (%v)", want, got, err)
 		}
 	})
 }
