@@ -241,7 +241,9 @@ func newSmokeMachines() smokeMachines {
 		return gendurable.Await([]string{"never"}, "end", s, gendurable.Timeout(100*time.Millisecond)), nil
 	})
 	m.failing = gendurable.FSM[smokeState]{Name: "failing", Start: "a", MaxAttempts: 1, Steps: map[string]gendurable.StepFunc[smokeState]{
-		"a":       func(*gendurable.Ctx, smokeState) (gendurable.Outcome, error) { return gendurable.Stop(errors.New("no")), nil },
+		"a": func(*gendurable.Ctx, smokeState) (gendurable.Outcome, error) {
+			return gendurable.Stop(errors.New("no")), nil
+		},
 		"recover": done,
 	}}
 	return m
