@@ -56,11 +56,32 @@ func (c *Client) Schema() string { return c.store.Schema }
 // Start checks that the schema is migrated, releases claims a dead predecessor of this client
 // left behind (same name, queue and host, lease gone stale), then starts the queues' schedulers,
 // the heartbeat and the reaper. It never runs DDL: migrate first (Migrate or `gendurable migrate`).
+// It logs a warning if the pool's search_path holds a schema that other roles can create objects
+// in (see the operations guide, "Roles and grants").
 func (c *Client) Start(ctx context.Context) error {
 	if err := durablemigrate.Check(ctx, c.pool, c.store.Schema); err != nil {
 		return err
 	}
+	c.checkSearchPath(ctx)
 	return c.eng.Start(ctx)
+}
+
+// checkSearchPath warns about schemas on the search_path that other roles can create objects
+// in: a function or operator created there can take the place of a built-in that gendurable's
+// statements call (CVE-2018-1058). The check is advice: if it cannot run, Start goes on.
+func (c *Client) checkSearchPath(ctx context.Context) {
+	log := c.eng.Config().Logger
+	schemas, err := c.store.UnsafeSearchPath(ctx, c.pool)
+	if err != nil {
+		log.Debug("gendurable: could not check the search_path", "client", c.eng.Config().Name, "error", err)
+		return
+	}
+	if len(schemas) > 0 {
+		log.Warn("gendurable: the search_path holds schemas that other roles can create objects in; "+
+			"a function or operator created there can replace a built-in in gendurable's statements (CVE-2018-1058): "+
+			"set the runtime role's search_path to '' (see the operations guide, Roles and grants)",
+			"client", c.eng.Config().Name, "schemas", schemas)
+	}
 }
 
 // Stop drains the client: schedulers stop claiming, running steps have until ctx is done to

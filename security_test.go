@@ -298,6 +298,7 @@ func TestSecurityLeastPrivilege(t *testing.T) {
 	start(t, cl)
 	smoke(t, cl, m, sink)
 	require.Equal(t, 0, ownedBy(t, e, role), "the runtime role created objects")
+	require.NotContains(t, sink.logs(), "CVE-2018-1058", "an empty search_path is safe")
 
 	// What the role cannot do, so Start and the engine cannot have done it either.
 	for _, ddl := range []string{
@@ -354,13 +355,27 @@ func TestSecuritySearchPathHijack(t *testing.T) {
 	require.Contains(t, path, evil, "the role's search_path starts with the evil schema")
 
 	m := newSmokeMachines()
-	cl, err := gendurable.NewClient(pool, smokeConfig(e.schema, m))
+	sink := &logSink{}
+	cl, err := gendurable.NewClient(pool, sink.config(smokeConfig(e.schema, m)))
 	require.NoError(t, err)
 	start(t, cl)
 	smoke(t, cl, m, nil)
 	for _, tbl := range tables {
 		require.Equal(t, 0, e.count(t, fmt.Sprintf(`SELECT count(*) FROM %s.%s`, q, pgx.Identifier{tbl}.Sanitize())), tbl)
 	}
+	require.NotContains(t, sink.logs(), "CVE-2018-1058", "only superusers can create objects in the evil schema")
+
+	// Once other roles can create objects there (as in public before Postgres 15), a function or
+	// an operator there can replace a built-in the engine calls: an enum's = decides which rows a
+	// pick claims, bigint * interval a lease. Start says so.
+	_, err = e.pool.Exec(ctx, "GRANT CREATE ON SCHEMA "+q+" TO PUBLIC")
+	require.NoError(t, err)
+	warned := &logSink{}
+	cl2, err := gendurable.NewClient(pool, warned.config(&gendurable.Config{Schema: e.schema, Name: "second"}))
+	require.NoError(t, err)
+	start(t, cl2)
+	require.Contains(t, warned.logs(), "CVE-2018-1058")
+	require.Contains(t, warned.logs(), evil)
 }
 
 // T15c, secrets: a sentinel in the arguments, the state, a signal's payload and a step's error.
