@@ -6,8 +6,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"strconv"
-	"strings"
 	"unicode/utf8"
 
 	"github.com/gendurable/gendurable/durabletype"
@@ -66,7 +64,8 @@ const whyNUL = "a string holds a NUL character (\\u0000), which Postgres cannot 
 func scan(b []byte) (int, string) {
 	depth := 0
 	for i := 0; i < len(b); {
-		switch c := b[i]; {
+		c := b[i]
+		switch {
 		case c == '"':
 			j, why := scanString(b, i+1)
 			if why != "" {
@@ -83,11 +82,12 @@ func scan(b []byte) (int, string) {
 			depth--
 			i++
 		case c == '-' || (c >= '0' && c <= '9'):
-			j := i + 1
-			for j < len(b) && strings.IndexByte("+-.eE0123456789", b[j]) >= 0 {
-				j++
+			j, exp := i+1, false
+			for ; j < len(b) && isNumberByte(b[j]); j++ {
+				exp = exp || b[j] == 'e' || b[j] == 'E'
 			}
-			if !numericFits(b[i:j]) {
+			// Without an exponent, a number shorter than numeric's scale limit always fits.
+			if (exp || j-i > maxNumericScale) && !numericFits(b[i:j]) {
 				return i, "a number is outside the range of Postgres's numeric, which jsonb stores numbers in"
 			}
 			i = j
@@ -98,18 +98,23 @@ func scan(b []byte) (int, string) {
 	return 0, ""
 }
 
+func isNumberByte(c byte) bool {
+	return (c >= '0' && c <= '9') || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-'
+}
+
 // scanString checks the string whose contents start at b[i] and returns the offset just past its
 // closing quote.
 func scanString(b []byte, i int) (int, string) {
 	for i < len(b) {
-		k := bytes.IndexAny(b[i:], `"\`)
+		end := bytes.IndexByte(b[i:], '"')
+		if end < 0 {
+			end = len(b) - i
+		}
+		k := bytes.IndexByte(b[i:i+end], '\\')
 		if k < 0 {
-			return len(b), ""
+			return i + end + 1, "" // no escape before the closing quote
 		}
 		i += k
-		if b[i] == '"' {
-			return i + 1, ""
-		}
 		// A backslash escape.
 		if i+1 >= len(b) || b[i+1] != 'u' {
 			i += 2
@@ -138,7 +143,7 @@ func scanString(b []byte, i int) (int, string) {
 			i += 6
 		}
 	}
-	return i, ""
+	return len(b), ""
 }
 
 func hex4(b []byte, i int) (rune, bool) {
@@ -166,35 +171,58 @@ func hex4(b []byte, i int) (rune, bool) {
 // numericFits reports whether the JSON number tok fits Postgres's numeric (see the limits
 // above). A token that is not a well-formed number passes: it is not this check's business.
 func numericFits(tok []byte) bool {
-	s := string(tok)
-	s = strings.TrimPrefix(s, "-")
-	mant, exp, hasExp := strings.Cut(strings.ToLower(s), "e")
-	intPart, frac, _ := strings.Cut(mant, ".")
+	if len(tok) > 0 && tok[0] == '-' {
+		tok = tok[1:]
+	}
+	mant, exp := tok, []byte(nil)
+	if k := bytes.IndexAny(tok, "eE"); k >= 0 {
+		mant, exp = tok[:k], tok[k+1:]
+	}
+	intPart, frac := mant, []byte(nil)
+	if k := bytes.IndexByte(mant, '.'); k >= 0 {
+		intPart, frac = mant[:k], mant[k+1:]
+	}
 	var e int64
-	if hasExp {
-		digits := strings.TrimLeft(strings.TrimLeft(exp, "+-"), "0")
-		if len(digits) > 10 {
+	if exp != nil {
+		neg := len(exp) > 0 && exp[0] == '-'
+		if len(exp) > 0 && (exp[0] == '-' || exp[0] == '+') {
+			exp = exp[1:]
+		}
+		exp = bytes.TrimLeft(exp, "0")
+		if len(exp) > 10 {
 			return false
 		}
-		if digits != "" {
-			n, err := strconv.ParseInt(digits, 10, 64)
-			if err != nil {
+		for _, c := range exp {
+			if c < '0' || c > '9' {
 				return true
 			}
-			e = n
+			e = e*10 + int64(c-'0')
 		}
-		if strings.HasPrefix(exp, "-") {
+		if neg {
 			e = -e
 		}
 		if e >= maxNumericExpInput || e <= -maxNumericExpInput {
 			return false
 		}
 	}
-	if scale := int64(len(frac)) - e; scale > maxNumericScale {
+	if int64(len(frac))-e > maxNumericScale {
 		return false
 	}
-	digits := intPart + frac
-	lead := strings.IndexFunc(digits, func(r rune) bool { return r != '0' })
+	lead := -1
+	for k, c := range intPart {
+		if c != '0' {
+			lead = k
+			break
+		}
+	}
+	if lead < 0 {
+		for k, c := range frac {
+			if c != '0' {
+				lead = len(intPart) + k
+				break
+			}
+		}
+	}
 	if lead < 0 {
 		return true // zero
 	}
