@@ -355,6 +355,7 @@ func TestBadInput(t *testing.T) {
 		{name: "list a status that is not one", call: list(gendurable.ListOpts{Statuses: []gendurable.Status{"zombie"}}), want: gendurable.ErrInvalidInput},
 		{name: "list a queue of 129 bytes", call: list(gendurable.ListOpts{Queue: strings.Repeat("q", 129)}), want: gendurable.ErrInvalidInput},
 		{name: "list a machine with a newline", call: list(gendurable.ListOpts{Machine: "a\nb"}), want: gendurable.ErrInvalidInput},
+		{name: "list since before 4714 BC", call: list(gendurable.ListOpts{Since: time.Date(-5000, 1, 1, 0, 0, 0, 0, time.UTC)}), want: gendurable.ErrInvalidInput},
 		{name: "list a key with \\u0000", call: list(gendurable.ListOpts{CorrelationKey: "k\x00"}), want: gendurable.ErrInvalidInput},
 		{name: "inspect with inbox limit 1001", call: func() error {
 			_, err := cl.Inspect(ctx, liveID, &gendurable.InspectOpts{InboxLimit: 1001})

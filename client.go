@@ -273,8 +273,8 @@ func buildRow(input Input, opts *InsertOpts, index, maxPayload int, machine func
 	if opts.In != 0 && !opts.ScheduledAt.IsZero() {
 		return bad("In", "set In or ScheduledAt, not both")
 	}
-	if t := opts.ScheduledAt; !t.IsZero() && (t.Before(minTimestamp) || !t.Before(endTimestamp)) {
-		return bad("ScheduledAt", "%v: outside the range Postgres stores (4714 BC to 294276 AD)", t)
+	if err := checkTimestamp(opts.ScheduledAt); err != nil {
+		return bad("ScheduledAt", "%v", err)
 	}
 	key := opts.CorrelationKey
 	if key != "" {
@@ -330,6 +330,14 @@ var (
 	minTimestamp = time.Date(-4713, time.November, 24, 0, 0, 0, 0, time.UTC)
 	endTimestamp = time.Date(294277, time.January, 1, 0, 0, 0, 0, time.UTC)
 )
+
+// checkTimestamp accepts the zero time (unset) and the times Postgres's timestamptz stores.
+func checkTimestamp(t time.Time) error {
+	if !t.IsZero() && (t.Before(minTimestamp) || !t.Before(endTimestamp)) {
+		return fmt.Errorf("%v: outside the range Postgres stores (4714 BC to 294276 AD)", t)
+	}
+	return nil
+}
 
 // Get reads an instance by id; ErrNotFound if there is none.
 func (c *Client) Get(ctx context.Context, id int64) (*Instance, error) {

@@ -141,3 +141,20 @@ func TestSignalByKeyValidatesTheKey(t *testing.T) {
 		require.Equal(t, "target", ie.Field)
 	}
 }
+
+// List's Since is validated like ScheduledAt (regression: a time before 4714 BC came back as a
+// raw 22008, and one far enough away was wrapped into another date and silently filtered by it).
+func TestListSinceOutsideTimestamptz(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cl := e.client(t, nil)
+	for _, since := range []time.Time{time.Date(-5000, 1, 1, 0, 0, 0, 0, time.UTC), time.Unix(1<<62, 0),
+		time.Date(294277, time.January, 1, 0, 0, 0, 0, time.UTC)} {
+		_, err := cl.List(context.Background(), &gendurable.ListOpts{Since: since})
+		var ie *gendurable.InputError
+		require.ErrorAs(t, err, &ie, "%v", since)
+		require.Equal(t, "Since", ie.Field)
+	}
+	_, err := cl.List(context.Background(), &gendurable.ListOpts{Since: time.Date(-4713, time.November, 24, 0, 0, 0, 0, time.UTC)})
+	require.NoError(t, err)
+}
