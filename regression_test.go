@@ -2,6 +2,7 @@ package gendurable_test
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -157,4 +158,29 @@ func TestListSinceOutsideTimestamptz(t *testing.T) {
 	}
 	_, err := cl.List(context.Background(), &gendurable.ListOpts{Since: time.Date(-4713, time.November, 24, 0, 0, 0, 0, time.UTC)})
 	require.NoError(t, err)
+}
+
+// Retrying a finished instance whose correlation key a newer live instance holds is
+// ErrWrongStatus naming the holder, and changes nothing (regression: a raw 23505 from the unique
+// index).
+func TestRetryWhenTheKeyIsTaken(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{noop}})
+	ctx := context.Background()
+	old, err := cl.Insert(ctx, noop.With(counter{}), &gendurable.InsertOpts{CorrelationKey: "k"})
+	require.NoError(t, err)
+	require.NoError(t, cl.Cancel(ctx, old.ID, "replaced"))
+	live, err := cl.Insert(ctx, noop.With(counter{}), &gendurable.InsertOpts{CorrelationKey: "k"})
+	require.NoError(t, err)
+	require.False(t, live.Duplicate)
+	err = cl.Retry(ctx, old.ID, nil)
+	require.ErrorIs(t, err, gendurable.ErrWrongStatus)
+	require.ErrorContains(t, err, fmt.Sprint(live.ID))
+	in, err := cl.Get(ctx, old.ID)
+	require.NoError(t, err)
+	require.Equal(t, gendurable.StatusCancelled, in.Status)
+	// Once the holder is finished, the retry goes through.
+	require.NoError(t, cl.Cancel(ctx, live.ID, "done with it"))
+	require.NoError(t, cl.Retry(ctx, old.ID, nil))
 }
