@@ -63,9 +63,8 @@ func modelFSM() gendurable.FSM[modelState] {
 		}}
 }
 
-// model is the pure Go model of one instance: what the engine must show after every action.
-type model struct {
-	exists      bool
+// inst is the pure Go model of one instance: what the engine must show after every action.
+type inst struct {
 	id          int64
 	status      gendurable.Status
 	step        string
@@ -77,17 +76,21 @@ type model struct {
 	hasDeadline bool
 }
 
-func (m *model) terminal() bool {
-	return m.status == gendurable.StatusDone || m.status == gendurable.StatusFailed
+func (m *inst) live() bool {
+	switch m.status {
+	case gendurable.StatusAvailable, gendurable.StatusExecuting, gendurable.StatusAwaiting, gendurable.StatusJoining:
+		return true
+	}
+	return false
 }
 
-func (m *model) finish(status gendurable.Status) {
+func (m *inst) finish(status gendurable.Status) {
 	m.status, m.inbox = status, nil
 }
 
 // park applies Await({"go"}, "s1", Timeout): commit the counter, park with a deadline, and wake
 // at once if a "go" is already in the inbox (the park's re-check).
-func (m *model) park(i int) {
+func (m *inst) park(i int) {
 	m.i, m.step, m.attempt, m.status = i, "s1", 0, gendurable.StatusAwaiting
 	m.awaitNames, m.hasDeadline = []string{"go"}, true
 	if slices.Contains(m.inbox, "go") {
@@ -97,12 +100,12 @@ func (m *model) park(i int) {
 
 // consume removes the signals the step saw on Ctx.Awaited: those of the inbox whose names the
 // claimed row awaited.
-func (m *model) consume(awaited []string) {
+func (m *inst) consume(awaited []string) {
 	m.inbox = slices.DeleteFunc(m.inbox, func(n string) bool { return slices.Contains(awaited, n) })
 }
 
 // drainOne runs the one runnable step, as the engine must.
-func (m *model) drainOne() {
+func (m *inst) drainOne() {
 	m.attempt++
 	var awaited []string
 	for _, n := range m.inbox {
@@ -136,6 +139,34 @@ func (m *model) drainOne() {
 	}
 }
 
+// model is every instance of one check, all of one machine and one correlation key, so at most
+// one of them is live at a time (the key's unique index).
+type model struct {
+	all  map[int64]*inst
+	gone []int64 // deleted by GC
+}
+
+// live returns the live instance, or nil.
+func (m *model) live() *inst {
+	for _, in := range m.all {
+		if in.live() {
+			return in
+		}
+	}
+	return nil
+}
+
+// target draws the id an action addresses: one of the check's instances, or one that does not
+// exist.
+func (m *model) target(rt *rapid.T) int64 {
+	ids := []int64{1 << 50}
+	for id := range m.all {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return rapid.SampledFrom(ids).Draw(rt, "id")
+}
+
 // modelEnv is the real side: a client that is never started, drained inline.
 type modelEnv struct {
 	e      *env
@@ -147,12 +178,12 @@ type modelEnv struct {
 	key    string
 }
 
-// TestModelOneInstance is RELIABILITY.md T18: random action sequences on one instance (Insert,
-// Signal, DrainOne, FireTimeouts, CrashReclaim, StaleCommit, GC), run on the real engine in
-// inline Drain mode against Postgres, compared with the pure model after every action. 200
-// checks by default; GD_CHAOS=full runs 10,000 (or set -rapid.checks / RAPID_CHECKS). rapid
-// shrinks a failure to its shortest action list and prints how to replay it (-rapid.seed,
-// -rapid.failfile).
+// TestModelOneInstance is RELIABILITY.md T18: random action sequences on the instances of one
+// machine and one correlation key (Insert, Signal, DrainOne, FireTimeouts, CrashReclaim,
+// StaleCommit, GC, and the operator's Cancel and Retry), run on the real engine in inline Drain
+// mode against Postgres, compared with the pure model after every action. 200 checks by default;
+// GD_CHAOS=full runs 10,000 (or set -rapid.checks / RAPID_CHECKS). rapid shrinks a failure to its
+// shortest action list and prints how to replay it (-rapid.seed, -rapid.failfile).
 func TestModelOneInstance(t *testing.T) {
 	if !rapidChecksSet() {
 		n := 200
@@ -174,50 +205,52 @@ func TestModelOneInstance(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		checks++
 		// Each check starts from an empty schema, with a key of its own.
-		e.exec(t, `DELETE FROM {schema}.instances`)
+		if _, err := pool.Exec(ctx, expand(`DELETE FROM {schema}.instances`, e.schema)); err != nil {
+			rt.Fatal(err)
+		}
 		me.key, me.tokens = fmt.Sprint("check-", checks), nil
-		m := &model{}
+		m := &model{all: map[int64]*inst{}}
 		rt.Repeat(map[string]func(*rapid.T){
 			"Insert": func(rt *rapid.T) {
 				res, err := cl.Insert(ctx, fsm.With(modelState{}), &gendurable.InsertOpts{CorrelationKey: me.key})
 				if err != nil {
 					rt.Fatalf("insert: %v", err)
 				}
-				live := m.exists && !m.terminal()
-				if res.Duplicate != live || (live && res.ID != m.id) {
-					rt.Fatalf("insert: duplicate %v id %d; the model has a live instance: %v (id %d)", res.Duplicate, res.ID, live, m.id)
+				live := m.live()
+				if res.Duplicate != (live != nil) || (live != nil && res.ID != live.id) {
+					rt.Fatalf("insert: duplicate %v id %d; the model's live instance: %+v", res.Duplicate, res.ID, live)
 				}
-				if !live {
-					*m = model{exists: true, id: res.ID, status: gendurable.StatusAvailable, step: "s0"}
+				if live == nil {
+					m.all[res.ID] = &inst{id: res.ID, status: gendurable.StatusAvailable, step: "s0"}
 				}
 			},
 			"Signal": func(rt *rapid.T) {
 				name := rapid.SampledFrom([]string{"go", "note", "stop"}).Draw(rt, "name")
-				byKey := rapid.Bool().Draw(rt, "byKey")
+				var in *inst
 				to := gendurable.ByKey("model", me.key)
-				if !byKey {
-					to = gendurable.ByID(m.id)
-				}
-				if !m.exists && !byKey {
-					to = gendurable.ByID(1 << 50)
+				if rapid.Bool().Draw(rt, "byKey") {
+					in = m.live()
+				} else {
+					id := m.target(rt)
+					to, in = gendurable.ByID(id), m.all[id]
 				}
 				res, err := cl.Signal(ctx, to, name, map[string]string{"n": name})
-				if !m.exists || m.terminal() {
+				if in == nil || !in.live() {
 					if !errors.Is(err, gendurable.ErrNoTarget) {
-						rt.Fatalf("signal %q to a finished or missing instance: %v, want ErrNoTarget", name, err)
+						rt.Fatalf("signal %q to %v, finished or missing: %v, want ErrNoTarget", name, to, err)
 					}
 					return
 				}
 				if err != nil {
 					rt.Fatalf("signal %q: %v", name, err)
 				}
-				wakes := m.status == gendurable.StatusAwaiting && slices.Contains(m.awaitNames, name)
-				m.inbox = append(m.inbox, name)
+				wakes := in.status == gendurable.StatusAwaiting && slices.Contains(in.awaitNames, name)
+				in.inbox = append(in.inbox, name)
 				if wakes {
-					m.status = gendurable.StatusAvailable
+					in.status = gendurable.StatusAvailable
 				}
-				if res.Woke != wakes {
-					rt.Fatalf("signal %q woke %v, the model says %v", name, res.Woke, wakes)
+				if res.Woke != wakes || res.InstanceID != in.id {
+					rt.Fatalf("signal %q went to %d (woke %v), the model says %d (woke %v)", name, res.InstanceID, res.Woke, in.id, wakes)
 				}
 			},
 			"DrainOne": func(rt *rapid.T) {
@@ -226,9 +259,9 @@ func TestModelOneInstance(t *testing.T) {
 					rt.Fatalf("drain: %v", err)
 				}
 				want := 0
-				if m.exists && m.status == gendurable.StatusAvailable {
+				if in := m.live(); in != nil && in.status == gendurable.StatusAvailable {
 					want = 1
-					m.drainOne()
+					in.drainOne()
 				}
 				if res.Steps != want {
 					rt.Fatalf("drain ran %d steps, the model %d", res.Steps, want)
@@ -237,8 +270,8 @@ func TestModelOneInstance(t *testing.T) {
 			"FireTimeouts": func(rt *rapid.T) {
 				n := me.kit.FireTimeouts(ctx)
 				want := 0
-				if m.exists && m.status == gendurable.StatusAwaiting && m.hasDeadline {
-					want, m.status, m.hasDeadline = 1, gendurable.StatusAvailable, false
+				if in := m.live(); in != nil && in.status == gendurable.StatusAwaiting && in.hasDeadline {
+					want, in.status, in.hasDeadline = 1, gendurable.StatusAvailable, false
 				}
 				if n != want {
 					rt.Fatalf("fired %d timeouts, the model %d", n, want)
@@ -252,22 +285,25 @@ func TestModelOneInstance(t *testing.T) {
 				if err != nil {
 					rt.Fatalf("pick: %v", err)
 				}
-				want := 0
-				if m.exists && m.status == gendurable.StatusAvailable {
-					want = 1
+				in := m.live()
+				if in != nil && in.status != gendurable.StatusAvailable {
+					in = nil
 				}
-				if len(res.Rows) != want {
-					rt.Fatalf("the dying worker claimed %d rows, the model %d", len(res.Rows), want)
+				if (len(res.Rows) == 1) != (in != nil) {
+					rt.Fatalf("the dying worker claimed %d rows, the model's runnable instance: %+v", len(res.Rows), in)
 				}
 				me.tokens = append(me.tokens, token)
-				e.exec(t, `UPDATE {schema}.instances SET locked_until = now() - interval '1 second' WHERE locked_by = $1`, token)
+				if _, err := pool.Exec(ctx, expand(`UPDATE {schema}.instances SET locked_until = now() - interval '1 second'
+					WHERE locked_by = $1`, e.schema), token); err != nil {
+					rt.Fatal(err)
+				}
 				if _, err := me.reaper.Sweep(ctx); err != nil {
 					rt.Fatalf("reaper: %v", err)
 				}
-				if want == 1 {
-					m.attempt++
-					if m.attempt >= modelMaxAttempts {
-						m.finish(gendurable.StatusFailed)
+				if in != nil {
+					in.attempt++
+					if in.attempt >= modelMaxAttempts {
+						in.finish(gendurable.StatusFailed)
 					}
 				}
 			},
@@ -278,7 +314,7 @@ func TestModelOneInstance(t *testing.T) {
 					token = rapid.SampledFrom(me.tokens).Draw(rt, "token")
 				}
 				step, state := "s2", `{"i": -1}`
-				applied, _, err := me.st.ApplyOutcomes(ctx, pool, []store.OutcomeRow{{ID: m.id, Owner: token,
+				applied, _, err := me.st.ApplyOutcomes(ctx, pool, []store.OutcomeRow{{ID: m.target(rt), Owner: token,
 					Kind: store.KindNext, Step: &step, State: &state}})
 				if err != nil {
 					rt.Fatalf("stale commit: %v", err)
@@ -291,8 +327,52 @@ func TestModelOneInstance(t *testing.T) {
 				if _, _, err := me.st.GCInstances(ctx, pool, 0, 100, store.GCCursor{}); err != nil {
 					rt.Fatalf("gc: %v", err)
 				}
-				if m.exists && m.terminal() {
-					m.exists = false
+				for id, in := range m.all {
+					if !in.live() {
+						delete(m.all, id)
+						m.gone = append(m.gone, id)
+					}
+				}
+			},
+			"Cancel": func(rt *rapid.T) {
+				id := m.target(rt)
+				err := cl.Cancel(ctx, id, "model")
+				in := m.all[id]
+				switch {
+				case in == nil:
+					if !errors.Is(err, gendurable.ErrNotFound) {
+						rt.Fatalf("cancel of a missing instance: %v, want ErrNotFound", err)
+					}
+				case !in.live():
+					if !errors.Is(err, gendurable.ErrWrongStatus) {
+						rt.Fatalf("cancel of a %s instance: %v, want ErrWrongStatus", in.status, err)
+					}
+				default:
+					if err != nil {
+						rt.Fatalf("cancel: %v", err)
+					}
+					in.finish(gendurable.StatusCancelled)
+					in.hasDeadline = false
+				}
+			},
+			"Retry": func(rt *rapid.T) {
+				id := m.target(rt)
+				err := cl.Retry(ctx, id, nil)
+				in := m.all[id]
+				switch {
+				case in == nil:
+					if !errors.Is(err, gendurable.ErrNotFound) {
+						rt.Fatalf("retry of a missing instance: %v, want ErrNotFound", err)
+					}
+				case (in.status != gendurable.StatusFailed && in.status != gendurable.StatusCancelled) || m.live() != nil:
+					if !errors.Is(err, gendurable.ErrWrongStatus) {
+						rt.Fatalf("retry of a %s instance (live one: %v): %v, want ErrWrongStatus", in.status, m.live() != nil, err)
+					}
+				default:
+					if err != nil {
+						rt.Fatalf("retry: %v", err)
+					}
+					in.status, in.attempt, in.awaitNames, in.hasDeadline, in.result = gendurable.StatusAvailable, 0, nil, false, 0
 				}
 			},
 			"": func(rt *rapid.T) {
@@ -305,19 +385,30 @@ func TestModelOneInstance(t *testing.T) {
 	t.Logf("%d checks, %d actions compared, in %v", checks, actions, time.Since(started).Round(time.Millisecond))
 }
 
-// compare reads the instance and its inbox and fails unless they are what the model says.
+// compare reads every instance of the check and its inbox and fails unless they are what the
+// model says; instances GC deleted must be gone.
 func (me *modelEnv) compare(rt *rapid.T, m *model) {
 	ctx := context.Background()
-	if m.id == 0 {
-		return
-	}
-	in := me.kit.Get(ctx, m.id)
-	if !m.exists {
-		if in != nil {
-			rt.Fatalf("instance %d exists (%s), the model has none", m.id, in.Status)
+	for _, id := range m.gone {
+		if in := me.kit.Get(ctx, id); in != nil {
+			rt.Fatalf("instance %d exists (%s), the model deleted it", id, in.Status)
 		}
-		return
 	}
+	var n int
+	if err := me.e.pool.QueryRow(ctx, expand(`SELECT count(*) FROM {schema}.instances`, me.e.schema)).Scan(&n); err != nil {
+		rt.Fatal(err)
+	}
+	if n != len(m.all) {
+		rt.Fatalf("%d instances, the model has %d", n, len(m.all))
+	}
+	for _, want := range m.all {
+		me.compareOne(rt, want)
+	}
+}
+
+func (me *modelEnv) compareOne(rt *rapid.T, m *inst) {
+	ctx := context.Background()
+	in := me.kit.Get(ctx, m.id)
 	if in == nil {
 		rt.Fatalf("instance %d is gone, the model has it %s", m.id, m.status)
 		return
