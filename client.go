@@ -324,16 +324,13 @@ func buildRow(input Input, opts *InsertOpts, index, maxPayload int, machine func
 	return nil
 }
 
-// The range of Postgres's timestamptz: from 4714-11-24 BC (Julian day 0) up to, not including,
-// 294277-01-01. pgx would wrap a time far outside it into another date without a word.
-var (
-	minTimestamp = time.Date(-4713, time.November, 24, 0, 0, 0, 0, time.UTC)
-	endTimestamp = time.Date(294277, time.January, 1, 0, 0, 0, 0, time.UTC)
-)
-
-// checkTimestamp accepts the zero time (unset) and the times Postgres's timestamptz stores.
+// checkTimestamp accepts the zero time (unset) and the times Postgres's timestamptz stores: from
+// 4714-11-24 BC (Julian day 0) up to, not including, 294277-01-01. pgx would wrap a time far
+// outside that into another date without a word.
 func checkTimestamp(t time.Time) error {
-	if !t.IsZero() && (t.Before(minTimestamp) || !t.Before(endTimestamp)) {
+	first := time.Date(-4713, time.November, 24, 0, 0, 0, 0, time.UTC)
+	end := time.Date(294277, time.January, 1, 0, 0, 0, 0, time.UTC)
+	if !t.IsZero() && (t.Before(first) || !t.Before(end)) {
 		return fmt.Errorf("%v: outside the range Postgres stores (4714 BC to 294276 AD)", t)
 	}
 	return nil
