@@ -56,11 +56,32 @@ func (c *Client) Schema() string { return c.store.Schema }
 // Start checks that the schema is migrated, releases claims a dead predecessor of this client
 // left behind (same name, queue and host, lease gone stale), then starts the queues' schedulers,
 // the heartbeat and the reaper. It never runs DDL: migrate first (Migrate or `gendurable migrate`).
+// It logs a warning if the pool's search_path holds a schema that other roles can create objects
+// in (see the operations guide, "Roles and grants").
 func (c *Client) Start(ctx context.Context) error {
 	if err := durablemigrate.Check(ctx, c.pool, c.store.Schema); err != nil {
 		return err
 	}
+	c.checkSearchPath(ctx)
 	return c.eng.Start(ctx)
+}
+
+// checkSearchPath warns about schemas on the search_path that other roles can create objects
+// in: a function or operator created there can take the place of a built-in that gendurable's
+// statements call (CVE-2018-1058). The check is advice: if it cannot run, Start goes on.
+func (c *Client) checkSearchPath(ctx context.Context) {
+	log := c.eng.Config().Logger
+	schemas, err := c.store.UnsafeSearchPath(ctx, c.pool)
+	if err != nil {
+		log.Debug("gendurable: could not check the search_path", "client", c.eng.Config().Name, "error", err)
+		return
+	}
+	if len(schemas) > 0 {
+		log.Warn("gendurable: the search_path holds schemas that other roles can create objects in; "+
+			"a function or operator created there can replace a built-in in gendurable's statements (CVE-2018-1058): "+
+			"set the runtime role's search_path to '' (see the operations guide, Roles and grants)",
+			"client", c.eng.Config().Name, "schemas", schemas)
+	}
 }
 
 // Stop drains the client: schedulers stop claiming, running steps have until ctx is done to
@@ -77,12 +98,13 @@ type InsertOpts struct {
 	Queue string
 	// Priority is 1 (most urgent) to 9; 0 means 5. Lower runs first.
 	Priority int
-	// ScheduledAt makes the instance runnable only from this time on.
+	// ScheduledAt makes the instance runnable only from this time on (microsecond precision,
+	// within Postgres's range: 4714 BC to 294276 AD).
 	ScheduledAt time.Time
 	// In makes the instance runnable only after this delay (measured by the database clock).
 	// It cannot be combined with ScheduledAt.
 	In time.Duration
-	// MaxAttempts overrides the machine's MaxAttempts for this instance.
+	// MaxAttempts overrides the machine's MaxAttempts for this instance (at most 2^31 - 1).
 	MaxAttempts int
 	// CorrelationKey is a business key (an order id, say) that addresses the instance and
 	// deduplicates inserts: while an instance of the same machine with this key is live, an
@@ -95,7 +117,7 @@ type InsertOpts struct {
 	ConcurrencyKey string
 	// RateLimit runs the instance's first step under a token bucket: a limit's name in
 	// Config.RateLimits, or "name:partition" for a bucket per tenant. Weight is the tokens the
-	// step takes (default 1; keep it at or below the limit's Burst).
+	// step takes (default 1, at most 2^31 - 1; keep it at or below the limit's Burst).
 	RateLimit string
 	Weight    int
 	// CorrelationScope adds finished statuses (StatusDone, StatusFailed, StatusCancelled) to the
@@ -242,14 +264,17 @@ func buildRow(input Input, opts *InsertOpts, index, maxPayload int, machine func
 		return bad("Priority", "%d: must be 1 (most urgent) to 9, or 0 for the default 5", opts.Priority)
 	}
 	maxAtt := orDefaultInt(opts.MaxAttempts, orDefaultInt(in.maxAttempts, DefaultMaxAttempts))
-	if maxAtt < 1 {
-		return bad("MaxAttempts", "%d: must be at least 1", opts.MaxAttempts)
+	if maxAtt < 1 || maxAtt > maxCount {
+		return bad("MaxAttempts", "%d: must be 1 to %d", opts.MaxAttempts, maxCount)
 	}
 	if opts.In < 0 {
 		return bad("In", "%v: negative delay", opts.In)
 	}
 	if opts.In != 0 && !opts.ScheduledAt.IsZero() {
 		return bad("In", "set In or ScheduledAt, not both")
+	}
+	if err := checkTimestamp(opts.ScheduledAt); err != nil {
+		return bad("ScheduledAt", "%v", err)
 	}
 	key := opts.CorrelationKey
 	if key != "" {
@@ -284,8 +309,8 @@ func buildRow(input Input, opts *InsertOpts, index, maxPayload int, machine func
 			return bad("RateLimit", "%v", err)
 		}
 	}
-	if opts.Weight < 0 || (opts.Weight > 0 && opts.RateLimit == "") {
-		return bad("Weight", "%d: a positive weight, with a RateLimit", opts.Weight)
+	if opts.Weight < 0 || opts.Weight > maxCount || (opts.Weight > 0 && opts.RateLimit == "") {
+		return bad("Weight", "%d: a weight of 1 to %d, with a RateLimit", opts.Weight, maxCount)
 	}
 	*r = store.InsertRow{
 		Machine: in.machine, Step: in.step, State: string(state), Queue: queue, Priority: prio,
@@ -295,6 +320,18 @@ func buildRow(input Input, opts *InsertOpts, index, maxPayload int, machine func
 	if !opts.ScheduledAt.IsZero() {
 		t := opts.ScheduledAt
 		r.ScheduledAt = &t
+	}
+	return nil
+}
+
+// checkTimestamp accepts the zero time (unset) and the times Postgres's timestamptz stores: from
+// 4714-11-24 BC (Julian day 0) up to, not including, 294277-01-01. pgx would wrap a time far
+// outside that into another date without a word.
+func checkTimestamp(t time.Time) error {
+	first := time.Date(-4713, time.November, 24, 0, 0, 0, 0, time.UTC)
+	end := time.Date(294277, time.January, 1, 0, 0, 0, 0, time.UTC)
+	if !t.IsZero() && (t.Before(first) || !t.Before(end)) {
+		return fmt.Errorf("%v: outside the range Postgres stores (4714 BC to 294276 AD)", t)
 	}
 	return nil
 }

@@ -161,7 +161,7 @@ func (c *Config) resolve() (engine.Config, string, error) {
 	}
 	schema, err := ident.Schema(c.Schema)
 	if err != nil {
-		return ec, "", &ConfigError{Field: "Schema", Reason: err.Error()}
+		return ec, "", &ConfigError{Field: "Schema", Reason: err.Error(), Err: ErrInvalidIdentifier}
 	}
 
 	ec.Lease = c.Lease

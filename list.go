@@ -19,7 +19,8 @@ type ListOpts struct {
 	Statuses []Status
 	// CorrelationKey selects by key; with Machine it is an index lookup.
 	CorrelationKey string
-	// Since keeps instances inserted at or after this time.
+	// Since keeps instances inserted at or after this time (within Postgres's range: 4714 BC to
+	// 294276 AD).
 	Since time.Time
 	// Before is the paging cursor: instances with a smaller id (ListPage.Next of the previous
 	// page). 0 starts from the newest.
@@ -59,6 +60,9 @@ func (c *Client) List(ctx context.Context, opts *ListOpts) (*ListPage, error) {
 	}
 	if f.Limit < 0 || f.Limit > MaxListLimit {
 		return nil, bad("Limit", "%d: must be 1 to %d, or 0 for %d", opts.Limit, MaxListLimit, DefaultListLimit)
+	}
+	if err := checkTimestamp(f.Since); err != nil {
+		return nil, bad("Since", "%v", err)
 	}
 	if f.Before < 0 {
 		return nil, bad("Before", "%d: a cursor is an instance id", f.Before)

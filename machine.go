@@ -238,7 +238,8 @@ func (m FSM[S]) encode(ctx *Ctx, o Outcome) (engine.Outcome, error) {
 			return engine.Outcome{}, outcomeError{fmt.Errorf("%w: Spawn(…, %q): machine %q has no such step", ErrUnknownStep, o.step, m.Name)}
 		}
 		if limit := ctx.call.MaxChildren; len(o.children) > limit {
-			return engine.Outcome{}, outcomeErrorf("Spawn: %d children, more than Config.MaxChildren (%d)", len(o.children), limit)
+			return engine.Outcome{}, outcomeError{fmt.Errorf("%w: Spawn: %d children, more than Config.MaxChildren (%d)",
+				ErrInvalidInput, len(o.children), limit)}
 		}
 		st, err := stateOf[S](o.state)
 		if err != nil {

@@ -124,8 +124,8 @@ func Weight(n int) OutcomeOption {
 		if o.kind != outcomeNext {
 			return fmt.Errorf("option Weight applies to Next only")
 		}
-		if n < 1 {
-			return fmt.Errorf("option Weight: %d is not a positive weight", n)
+		if n < 1 || n > maxCount {
+			return fmt.Errorf("option Weight: %d is not a weight of 1 to %d", n, maxCount)
 		}
 		o.weight = n
 		return nil
@@ -164,7 +164,8 @@ type Child struct {
 // results and errors on Ctx.Children. All of it commits in the statement that applies the
 // outcome. The parent holds nothing while it waits; a failed child does not fail the parent (the
 // join step decides). A Spawn of no children runs join at once, with no children. At most
-// Config.MaxChildren children per Spawn.
+// Config.MaxChildren children per Spawn: more is an outcome error matching ErrInvalidInput,
+// routed to Handle, and nothing is started.
 func Spawn(children []Child, join string, state any) Outcome {
 	return Outcome{kind: outcomeSpawn, children: children, step: join, state: state}
 }

@@ -80,6 +80,9 @@ func (c *Client) signal(ctx context.Context, db store.DB, t Target, name string,
 		if err := checkName("machine name", t.machine); err != nil {
 			return SignalResult{}, "", bad("target", "%v", err)
 		}
+		if err := checkKey(t.key); err != nil {
+			return SignalResult{}, "", bad("target", "correlation %v", err)
+		}
 	}
 	if err := checkName("signal name", name); err != nil {
 		return SignalResult{}, "", bad("name", "%v", err)

@@ -43,12 +43,15 @@ var (
 	ErrWrongStatus = errors.New("gendurable: the instance's status does not allow this")
 )
 
-// ConfigError says which Config field is invalid and why. It matches ErrInvalidConfig.
+// ConfigError says which Config field is invalid and why. It matches ErrInvalidConfig and,
+// through Err, the more precise sentinel (ErrInvalidIdentifier for a bad Schema).
 type ConfigError struct {
 	// Field is the path of the offending field, such as "Queues[mail].Concurrency".
 	Field string
 	// Reason says what is wrong with it.
 	Reason string
+	// Err is the precise sentinel, if any.
+	Err error
 }
 
 func (e *ConfigError) Error() string {
@@ -57,6 +60,9 @@ func (e *ConfigError) Error() string {
 
 // Is makes errors.Is(err, ErrInvalidConfig) true.
 func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }
+
+// Unwrap returns the precise sentinel, if any.
+func (e *ConfigError) Unwrap() error { return e.Err }
 
 // InputError says which argument of a call is invalid and why. Index is the position in a batch
 // (InsertMany) or -1. It matches ErrInvalidInput and, through Err, the more precise sentinel

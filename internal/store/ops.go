@@ -7,6 +7,7 @@ import (
 
 	"github.com/gendurable/gendurable/durabletype"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // OpRow is an instance as an operator action found it (locked).
@@ -102,7 +103,21 @@ func (s *Store) Retry(ctx context.Context, tx pgx.Tx, id int64, step string, che
 	if step == "" {
 		step = row.Step
 	}
+	var holder int64
+	err = tx.QueryRow(ctx, s.sql("op_key_holder"), id).Scan(&holder)
+	switch {
+	case err == nil:
+		return row, fmt.Errorf("%w: instance %d's correlation key is held by the live instance %d (inserted after it finished)",
+			durabletype.ErrWrongStatus, id, holder)
+	case !errors.Is(err, pgx.ErrNoRows):
+		return row, err
+	}
 	if _, err := tx.Exec(ctx, s.sql("op_retry"), id, step); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "instances_correlation_live" {
+			// A live instance took the key after the check above.
+			return row, fmt.Errorf("%w: instance %d's correlation key is held by a live instance", durabletype.ErrWrongStatus, id)
+		}
 		return row, err
 	}
 	row.Step = step

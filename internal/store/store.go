@@ -823,3 +823,13 @@ func (s *Store) GCInstancesArgs(retention time.Duration, batch int, cur GCCursor
 // Statement returns the text of a named statement as this Store runs it (for EXPLAIN in tests
 // and tools).
 func (s *Store) Statement(name string) string { return s.sql(name) }
+
+// UnsafeSearchPath lists the schemas on the session's search_path in which PUBLIC, or a role
+// other than the current one that is not a superuser, can create objects (see searchpath.sql).
+func (s *Store) UnsafeSearchPath(ctx context.Context, db DB) ([]string, error) {
+	rows, err := db.Query(ctx, s.sql("unsafe_search_path"))
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}

@@ -78,3 +78,16 @@ SET status        = 'available',
     updated_at    = now()
 WHERE id = $1
   AND status IN ('failed', 'cancelled');
+
+-- Retry's conflict: a live instance of the same machine that holds the retried instance's
+-- correlation key (inserted after it finished). Retrying would make two live instances with one
+-- key, which the unique index refuses. Read-only.
+-- $1 id. Returns the holder's id.
+-- name: op_key_holder
+SELECT o.id
+FROM {schema}.instances AS i
+JOIN {schema}.instances AS o ON o.machine = i.machine AND o.correlation_key = i.correlation_key
+WHERE i.id = $1
+  AND o.id <> i.id
+  AND o.status IN ('available', 'executing', 'awaiting', 'joining')
+LIMIT 1;
