@@ -57,10 +57,18 @@ func (e *Engine) Await(ctx context.Context, db store.DB, id int64, parked bool, 
 	defer deadline.Stop()
 	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	// A read that fails for a reason worth retrying (a lost connection, a restarting server) is
+	// tried again at the next tick, until the deadline: the caller gets an answer, or busy, or
+	// (if the database still cannot be read then) an error.
 	probe := func() (store.Probe, bool, error) {
 		p, ok, err := e.probeOne(rctx, db, id, parked)
-		if err != nil && ctx.Err() == nil && rctx.Err() != nil {
+		switch {
+		case err == nil || ctx.Err() != nil:
+			return p, ok, err
+		case rctx.Err() != nil:
 			return store.Probe{}, false, ErrAwaitDeadline
+		case store.Retryable(err):
+			return store.Probe{}, false, nil
 		}
 		return p, ok, err
 	}
@@ -81,7 +89,7 @@ func (e *Engine) Await(ctx context.Context, db store.DB, id int64, parked bool, 
 	var gone <-chan struct{}
 	if w != nil {
 		answer, gone = w.answer, a.gone
-		tick.Stop() // the watcher polls for us
+		tick.Stop() // the watcher polls for us (and retries its failed probes)
 	}
 	for {
 		select {
