@@ -349,8 +349,6 @@ func startChaosWorker(t *testing.T, url, fxURL, schema, name string, extra ...st
 	return w
 }
 
-func (w *chaosWorker) pid() int { return w.cmd.Process.Pid }
-
 // stop ends the worker with SIGTERM (a drain) and returns what it counted.
 func (w *chaosWorker) stop(t *testing.T) chaosStats {
 	t.Helper()
