@@ -17,6 +17,7 @@ import (
 	"github.com/gendurable/gendurable/durabledbtest"
 	"github.com/gendurable/gendurable/internal/devdb"
 	"github.com/gendurable/gendurable/internal/oracle"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -259,6 +260,15 @@ func TestSmokeSuiteThroughPgBouncer(t *testing.T) {
 	b, err := devdb.StartPgBouncer(ctx, durabledbtest.URL(t), devdb.PgBouncerOptions{PoolSize: 10})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, b.Close()) })
+	// The guide's configuration reaches the server through the pooler, statement after statement.
+	documented, err := poolerPool(ctx, b.URL)
+	require.NoError(t, err)
+	for i := range 3 {
+		var n int
+		require.NoError(t, documented.QueryRow(ctx, "SELECT $1::int + 1", i).Scan(&n))
+		require.Equal(t, i+1, n)
+	}
+	documented.Close()
 	modes := []string{"exec"}
 	if chaosFull() {
 		modes = append(modes, "simple") // T10c covers the simple protocol direct in CI
@@ -280,6 +290,20 @@ func TestSmokeSuiteThroughPgBouncer(t *testing.T) {
 			smokeReport(t, "T10a-"+mode, seed, began, before)
 		})
 	}
+}
+
+// poolerPool opens a pool through a transaction pooler, as the operations guide shows.
+func poolerPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	// docs:begin pgbouncer
+	cfg, err := pgxpool.ParseConfig(url) // the pooler's address
+	if err != nil {
+		return nil, err
+	}
+	// No named prepared statements: PgBouncer before 1.21 cannot route them.
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	// docs:end
+	return pool, err
 }
 
 // T10c of the reliability plan: the smoke suite direct to Postgres with
