@@ -90,7 +90,9 @@ func (e *InstanceError) Error() string {
 // done (with its result), failed, cancelled, awaiting (parked on a signal; see UntilTerminal),
 // busy (the timeout passed first: the work goes on, and calling Await again with the id is the
 // whole retry protocol), or not found. An error means no answer: timeout not positive, ctx
-// ended, or the database could not be read.
+// ended, or the database could not be read by the deadline (a read that fails before it, a lost
+// connection or a restarting server, is retried at the next tick). Await returns by timeout plus AwaitTick (at least
+// 100ms) even when the database does not answer: every read it makes is bounded by its deadline.
 //
 // On a started client an outcome this client commits is pushed to its waiters at once, and
 // outcomes committed on other nodes are seen within AwaitTick: one statement per tick reads the
@@ -107,7 +109,9 @@ func (c *Client) Await(ctx context.Context, id int64, timeout time.Duration, opt
 	parked := opts == nil || !opts.UntilTerminal
 	p, err := c.eng.Await(ctx, c.pool, id, parked, timeout)
 	if errors.Is(err, engine.ErrAwaitDeadline) {
-		in, gerr := c.Get(ctx, id)
+		gctx, cancel := context.WithTimeout(ctx, c.eng.AwaitGrace())
+		in, gerr := c.Get(gctx, id)
+		cancel()
 		switch {
 		case errors.Is(gerr, ErrNotFound):
 			return &AwaitResult{Status: AwaitNotFound}, nil

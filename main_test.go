@@ -8,7 +8,12 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv("GD_HELPER") != "" {
+	switch os.Getenv("GD_HELPER") {
+	case "":
+	case "chaos":
+		// The test binary re-executed as a chaos worker (infrastructure-fault tests).
+		os.Exit(chaosWorkerMain())
+	default:
 		// The test binary re-executed as a worker process (crash tests).
 		os.Exit(helperMain())
 	}

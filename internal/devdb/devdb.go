@@ -31,12 +31,15 @@ type DB struct {
 	URL string
 	// Source says where it came from, for logs.
 	Source string
+	// Port is a throwaway cluster's port (0 for the other sources).
+	Port int
 
 	dir    string
 	pgCtl  string
 	data   string
 	runAs  *account
 	logOut io.Writer
+	opts   string // a throwaway cluster's server options, for Start
 }
 
 // Options adjusts Resolve.
@@ -86,7 +89,7 @@ func Resolve(ctx context.Context, opts Options) (*DB, error) {
 	if err != nil {
 		return nil, err
 	}
-	return startCluster(ctx, bin, logw)
+	return startCluster(ctx, bin, logw, nil)
 }
 
 // Close stops and removes a throwaway cluster; for other sources it does nothing.
@@ -94,10 +97,14 @@ func (d *DB) Close() error {
 	if d == nil || d.dir == "" {
 		return nil
 	}
+	// Stopping a server that is already stopped (Stop without Start) fails harmlessly.
 	cmd := exec.Command(d.pgCtl, "-D", d.data, "-m", "immediate", "-w", "stop")
 	cmd.Stdout, cmd.Stderr = d.logOut, d.logOut
 	d.runAs.apply(cmd)
 	err := cmd.Run()
+	if _, serr := os.Stat(filepath.Join(d.data, "postmaster.pid")); os.IsNotExist(serr) {
+		err = nil
+	}
 	if rerr := os.RemoveAll(d.dir); err == nil {
 		err = rerr
 	}
@@ -170,25 +177,42 @@ func isExec(path string) bool {
 // install installs the distribution's postgresql package where that is possible without asking:
 // as root on a Debian-family system.
 func install(ctx context.Context, logw io.Writer) error {
-	if os.Geteuid() != 0 {
-		return errors.New("not root, so not installing packages")
-	}
-	if _, err := os.Stat("/etc/debian_version"); err != nil {
-		return errors.New("not a Debian-family system, so not installing packages")
-	}
-	fmt.Fprintln(logw, "devdb: installing the postgresql package (apt-get install -y postgresql)")
-	for _, args := range [][]string{{"update"}, {"install", "-y", "--no-install-recommends", "postgresql"}} {
-		cmd := exec.CommandContext(ctx, "apt-get", args...)
-		cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
-		cmd.Stdout, cmd.Stderr = logw, logw
-		if err := cmd.Run(); err != nil {
-			return fmt.Errorf("apt-get %s: %w", strings.Join(args, " "), err)
-		}
-	}
-	return nil
+	return installPackage(ctx, logw, "postgresql")
 }
 
-func startCluster(ctx context.Context, bin binaries, logw io.Writer) (*DB, error) {
+// ClusterOptions configures StartCluster.
+type ClusterOptions struct {
+	// Log receives progress lines; nil discards them.
+	Log io.Writer
+	// NoInstall never installs packages.
+	NoInstall bool
+	// Settings are server settings (name → value) on top of the test defaults (fsync off,
+	// max_connections 300, listening on 127.0.0.1 only).
+	Settings map[string]string
+}
+
+// StartCluster starts a private throwaway cluster from this machine's binaries, whatever
+// DATABASE_URL or 127.0.0.1:5432 offer: for tests that stop, restart or reconfigure their server,
+// which they must never do to a shared one. Close stops it and removes its folder.
+func StartCluster(ctx context.Context, opts ClusterOptions) (*DB, error) {
+	logw := opts.Log
+	if logw == nil {
+		logw = io.Discard
+	}
+	bin, err := findBinaries()
+	if err != nil && !opts.NoInstall {
+		if ierr := install(ctx, logw); ierr != nil {
+			return nil, fmt.Errorf("%w (and installing it failed: %w)", err, ierr)
+		}
+		bin, err = findBinaries()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return startCluster(ctx, bin, logw, opts.Settings)
+}
+
+func startCluster(ctx context.Context, bin binaries, logw io.Writer, settings map[string]string) (*DB, error) {
 	acct, err := unprivileged()
 	if err != nil {
 		return nil, err
@@ -220,17 +244,21 @@ func startCluster(ctx context.Context, bin binaries, logw io.Writer) (*DB, error
 		return fail(err)
 	}
 	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=300", port, sock)
-	start := exec.CommandContext(ctx, bin.pgCtl, "-D", data, "-o", opts, "-l", filepath.Join(dir, "postgres.log"), "-w", "-t", "60", "start")
-	start.Stdout, start.Stderr = logw, logw
-	acct.apply(start)
-	if err := start.Run(); err != nil {
-		logText, _ := os.ReadFile(filepath.Join(dir, "postgres.log"))
-		return fail(fmt.Errorf("pg_ctl start: %w\n%s", err, logText))
+	names := make([]string, 0, len(settings))
+	for name := range settings {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		opts += fmt.Sprintf(" -c %s=%s", name, settings[name])
 	}
 	db := &DB{
 		URL:    fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port),
 		Source: "throwaway cluster in " + dir,
-		dir:    dir, pgCtl: bin.pgCtl, data: data, runAs: acct, logOut: logw,
+		dir:    dir, pgCtl: bin.pgCtl, data: data, runAs: acct, logOut: logw, opts: opts, Port: port,
+	}
+	if err := db.Start(ctx); err != nil {
+		return fail(err)
 	}
 	if err := ping(ctx, db.URL); err != nil {
 		_ = db.Close()
@@ -238,6 +266,53 @@ func startCluster(ctx context.Context, bin binaries, logw io.Writer) (*DB, error
 	}
 	fmt.Fprintf(logw, "devdb: Postgres running at 127.0.0.1:%d\n", port)
 	return db, nil
+}
+
+// Start starts the server of a throwaway cluster that Stop stopped (same port, same data),
+// waiting until it accepts connections (after crash recovery, if it was stopped in immediate
+// mode).
+func (d *DB) Start(ctx context.Context) error {
+	if d.dir == "" {
+		return errors.New("devdb: Start: not a throwaway cluster")
+	}
+	return d.pgctl(ctx, "-o", d.opts, "-l", filepath.Join(d.dir, "postgres.log"), "-w", "-t", "60", "start")
+}
+
+// Stop stops the server of a throwaway cluster and keeps its data: mode is pg_ctl's shutdown
+// mode ("smart", "fast", or "immediate": no checkpoint, crash recovery at the next start).
+func (d *DB) Stop(ctx context.Context, mode string) error {
+	if d.dir == "" {
+		return errors.New("devdb: Stop: not a throwaway cluster")
+	}
+	return d.pgctl(ctx, "-m", mode, "-w", "-t", "60", "stop")
+}
+
+// Restart restarts the server of a throwaway cluster (pg_ctl restart in mode), waiting until it
+// accepts connections again.
+func (d *DB) Restart(ctx context.Context, mode string) error {
+	if d.dir == "" {
+		return errors.New("devdb: Restart: not a throwaway cluster")
+	}
+	return d.pgctl(ctx, "-m", mode, "-o", d.opts, "-l", filepath.Join(d.dir, "postgres.log"), "-w", "-t", "60", "restart")
+}
+
+func (d *DB) pgctl(ctx context.Context, args ...string) error {
+	cmd := exec.CommandContext(ctx, d.pgCtl, append([]string{"-D", d.data}, args...)...)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = io.MultiWriter(d.logOut, &out), io.MultiWriter(d.logOut, &out)
+	d.runAs.apply(cmd)
+	if err := cmd.Run(); err != nil {
+		logText, _ := os.ReadFile(filepath.Join(d.dir, "postgres.log"))
+		return fmt.Errorf("pg_ctl %s: %w\n%s\n%s", args[len(args)-1], err, out.String(), tail(string(logText), 2000))
+	}
+	return nil
+}
+
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[len(s)-n:]
 }
 
 func freePort() (int, error) {

@@ -42,13 +42,36 @@ func newAwaiter(e *Engine) *awaiter {
 // ErrAwaitDeadline is returned by Await when timeout passed before the instance settled.
 var ErrAwaitDeadline = errors.New("await deadline passed")
 
+// AwaitGrace bounds the read an Await caller makes of the row at its deadline (to answer busy
+// with it): one await tick, at least 100ms. A caller therefore gets its answer by its timeout
+// plus this grace, even when the database hangs.
+func (e *Engine) AwaitGrace() time.Duration { return max(e.cfg.AwaitTick, 100*time.Millisecond) }
+
 // Await waits until the instance id settles (terminal; or parked, when parked says so) and
 // returns its row as the probe read it, or the probe's Missing answer. It returns
 // ErrAwaitDeadline once timeout has passed, and ctx's error if ctx ends first. On a running
-// engine the watcher answers; otherwise Await polls the row every tick itself.
+// engine the watcher answers; otherwise Await polls the row every tick itself. Its own reads are
+// bounded by the deadline: a hung connection cannot hold the caller past it.
 func (e *Engine) Await(ctx context.Context, db store.DB, id int64, parked bool, timeout time.Duration) (store.Probe, error) {
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
+	rctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	// A read that fails for a reason worth retrying (a lost connection, a restarting server) is
+	// tried again at the next tick, until the deadline: the caller gets an answer, or busy, or
+	// (if the database still cannot be read then) an error.
+	probe := func() (store.Probe, bool, error) {
+		p, ok, err := e.probeOne(rctx, db, id, parked)
+		switch {
+		case err == nil || ctx.Err() != nil:
+			return p, ok, err
+		case rctx.Err() != nil:
+			return store.Probe{}, false, ErrAwaitDeadline
+		case store.Retryable(err):
+			return store.Probe{}, false, nil
+		}
+		return p, ok, err
+	}
 	a := e.awaits
 	var w *waiter
 	if a.watching.Load() {
@@ -57,7 +80,7 @@ func (e *Engine) Await(ctx context.Context, db store.DB, id int64, parked bool, 
 	}
 	// Registered first, read second: a settle between the two is seen by this read, one
 	// after it by the push or the next tick.
-	if p, ok, err := e.probeOne(ctx, db, id, parked); err != nil || ok {
+	if p, ok, err := probe(); err != nil || ok {
 		return p, err
 	}
 	tick := time.NewTicker(e.cfg.AwaitTick)
@@ -66,7 +89,7 @@ func (e *Engine) Await(ctx context.Context, db store.DB, id int64, parked bool, 
 	var gone <-chan struct{}
 	if w != nil {
 		answer, gone = w.answer, a.gone
-		tick.Stop() // the watcher polls for us
+		tick.Stop() // the watcher polls for us (and retries its failed probes)
 	}
 	for {
 		select {
@@ -76,7 +99,7 @@ func (e *Engine) Await(ctx context.Context, db store.DB, id int64, parked bool, 
 			gone, answer = nil, nil
 			tick.Reset(e.cfg.AwaitTick)
 		case <-tick.C:
-			if p, ok, err := e.probeOne(ctx, db, id, parked); err != nil || ok {
+			if p, ok, err := probe(); err != nil || ok {
 				return p, err
 			}
 		case <-deadline.C:

@@ -151,8 +151,8 @@ func (c *committer) fill(batch []*commitReq, maxBatch int) []*commitReq {
 	return batch
 }
 
-// commit applies a batch, retrying failures (a lost connection, a restarting server) with
-// backoff: the outcomes are still owned until their leases run out, and the fence makes a
+// commit applies a batch, retrying failures (a lost connection, a restarting server, a try that
+// ran past StatementTimeout on a hung connection) with backoff: the outcomes are still owned until their leases run out, and the fence makes a
 // retry of a statement that did commit harmless (its rows then report as stale). While
 // stopping, it gives up after a few tries; the reaper then re-runs those steps.
 func (c *committer) commit(batch []*commitReq, stopping bool) {
@@ -163,7 +163,7 @@ func (c *committer) commit(batch []*commitReq, stopping bool) {
 	}
 	backoff := 50 * time.Millisecond
 	for try := 1; ; try++ {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), StatementTimeout(e.cfg.Lease))
 		applied, woken, err := e.store.ApplyOutcomes(ctx, e.pool, rows)
 		cancel()
 		if err == nil {

@@ -65,6 +65,16 @@ type Config struct {
 	AwaitTick time.Duration
 }
 
+// StatementTimeout bounds each statement of the engine's background work whose delay holds up
+// claims (a pick, an outcome commit, a startup reclaim, a reaper sweep): a lease, at least 5s and
+// at most 30s. A statement stuck longer than a lease is on a dead or half-open connection (its
+// claims are presumed lost by then anyway): it fails, its connection is closed, and the work is
+// retried on a fresh one, so a hung connection never holds a worker much past its leases. The
+// floor keeps healthy statements of a loaded database from being cut with short leases.
+func StatementTimeout(lease time.Duration) time.Duration {
+	return min(max(lease, 5*time.Second), 30*time.Second)
+}
+
 // unknownDelay is how long a row whose machine or step this node does not know is put back
 // before any node may claim it again: long enough that a node lacking the code does not spin
 // on it, short enough that a node that has it (after a deploy) is not kept waiting.
@@ -225,7 +235,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	go e.heartbeatLoop()
 	if e.cfg.ReaperInterval > 0 {
 		reaper := &maintenance.Reaper{
-			Store: e.store, DB: e.pool, Interval: e.cfg.ReaperInterval, Logger: e.log,
+			Store: e.store, DB: e.pool, Interval: e.cfg.ReaperInterval, Timeout: StatementTimeout(e.cfg.Lease), Logger: e.log,
 			Emit: e.Emit, Wake: e.Wake, Rates: e.cfg.Rates, ReportStalls: len(e.cfg.Queues) > 0,
 		}
 		e.bg.Add(1)
@@ -263,7 +273,9 @@ func (e *Engine) reclaim(ctx context.Context, queue string) error {
 	slack := e.cfg.Lease - e.staleAfter()
 	total := 0
 	for {
-		rows, _, err := e.store.ReleaseExpired(ctx, e.pool, 1000, e.workerPrefix(queue), slack)
+		sctx, cancel := context.WithTimeout(ctx, StatementTimeout(e.cfg.Lease))
+		rows, _, err := e.store.ReleaseExpired(sctx, e.pool, 1000, e.workerPrefix(queue), slack)
+		cancel()
 		if err != nil {
 			return fmt.Errorf("gendurable: startup reclaim of queue %q: %w", queue, err)
 		}

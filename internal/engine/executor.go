@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"runtime/debug"
 	"slices"
-	"time"
 
 	"github.com/gendurable/gendurable/durabletype"
 	"github.com/gendurable/gendurable/internal/store"
@@ -106,7 +105,7 @@ func (e *Engine) commitInTx(call *Call, row store.OutcomeRow) (applied bool, wok
 	tx := call.tx
 	call.tx = nil
 	ctx := context.WithoutCancel(call.Ctx)
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, StatementTimeout(e.cfg.Lease))
 	defer cancel()
 	ok, woken, err := e.store.ApplyOutcomes(ctx, tx, []store.OutcomeRow{row})
 	if err != nil {

@@ -54,7 +54,7 @@ func newRunner(e *Engine, queue string, qc QueueConfig) *runner {
 		wake:        make(chan struct{}, 1),
 		slotFreed:   make(chan struct{}, 1),
 		work:        make(chan store.Claimed, qc.Concurrency),
-		pickTimeout: 30 * time.Second,
+		pickTimeout: StatementTimeout(e.cfg.Lease),
 	}
 }
 

@@ -31,8 +31,11 @@ type Reaper struct {
 	Store    *store.Store
 	DB       store.DB
 	Interval time.Duration
-	Logger   *slog.Logger
-	Emit     func(durabletype.Event)
+	// Timeout bounds one sweep (default 30s): a sweep stuck on a hung connection gives up and
+	// the next one starts on a fresh connection.
+	Timeout time.Duration
+	Logger  *slog.Logger
+	Emit    func(durabletype.Event)
 	// Wake nudges the local scheduler of a queue that has rows runnable again.
 	Wake func(queue string)
 	// Rates is the rate-limit configuration of this node, for the report of rows stalled on
@@ -51,7 +54,11 @@ func (r *Reaper) Run(stop <-chan struct{}) {
 		case <-stop:
 			return
 		case <-t.C:
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			timeout := r.Timeout
+			if timeout <= 0 {
+				timeout = 30 * time.Second
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
 			if _, err := r.Sweep(ctx); err != nil {
 				r.Logger.Warn("gendurable: reaper sweep failed", "error", err)
 			}

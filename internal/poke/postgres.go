@@ -4,6 +4,8 @@ package poke
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -28,6 +30,9 @@ type Postgres struct {
 	wake     func(string)
 	queues   []string
 	channels map[string]string // channel → queue, for the queues this client runs
+	// check is the channel of the startup self-check, random per transport.
+	check string
+	t     timings
 
 	mu      sync.Mutex
 	pending map[string]struct{}
@@ -43,14 +48,42 @@ const (
 	maxRetry = 5 * time.Second
 )
 
+// timings are the listener's bounds (a struct so that tests can shorten them).
+type timings struct {
+	// idle: a listener that heard nothing for this long pings its connection, so that a
+	// half-open one (a peer or a middlebox gone without a reset) is found and replaced.
+	idle time.Duration
+	// ping bounds that ping; connect bounds opening the listening connection and its LISTENs.
+	ping, connect time.Duration
+	// check is how long the startup self-check waits for its own notification.
+	check time.Duration
+}
+
+var defaultTimings = timings{idle: 30 * time.Second, ping: 5 * time.Second, connect: 10 * time.Second, check: time.Second}
+
 // Open starts the transport: if the client runs queues, it connects and LISTENs on their
 // channels before returning (a failure is returned: Start fails with it); afterwards a broken
 // listening connection is reopened with backoff, and every local queue is poked once it is back,
-// since pokes sent meanwhile were lost.
+// since pokes sent meanwhile were lost. A listener that hears nothing for a while pings its
+// connection, so that a half-open one is replaced too.
+//
+// Right after it starts listening, the transport checks that LISTEN works on this path: it
+// notifies a random channel of its own through the pool and waits up to a second to hear it.
+// Behind a transaction-pooling proxy (PgBouncer in transaction mode) a LISTEN is not kept by the
+// session: the check fails, the transport logs "poke degraded" once, and the queues rely on their
+// poll. Start is not held up by the check.
 func Open(ctx context.Context, st *store.Store, pool *pgxpool.Pool, client, origin string, queues []string,
 	wake func(string), log *slog.Logger) (*Postgres, error) {
+	return open(ctx, st, pool, client, origin, queues, wake, log, defaultTimings)
+}
+
+func open(ctx context.Context, st *store.Store, pool *pgxpool.Pool, client, origin string, queues []string,
+	wake func(string), log *slog.Logger, t timings) (*Postgres, error) {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
 	p := &Postgres{store: st, pool: pool, origin: origin, client: client, log: log, wake: wake, queues: queues,
-		channels: map[string]string{}, pending: map[string]struct{}{}, kick: make(chan struct{}, 1)}
+		channels: map[string]string{}, pending: map[string]struct{}{}, kick: make(chan struct{}, 1),
+		check: "gd.check." + hex.EncodeToString(b[:]), t: t}
 	for _, q := range queues {
 		p.channels[st.PokeChannel(q)] = q
 	}
@@ -108,7 +141,11 @@ func (p *Postgres) chans(queues []string) []string {
 	return out
 }
 
+// listen opens the listening connection and LISTENs on the queues' channels and the
+// self-check's, within the connect bound.
 func (p *Postgres) listen(ctx context.Context) (*pgx.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.t.connect)
+	defer cancel()
 	cfg := p.pool.Config().ConnConfig.Copy()
 	if cfg.RuntimeParams == nil {
 		cfg.RuntimeParams = map[string]string{}
@@ -118,10 +155,11 @@ func (p *Postgres) listen(ctx context.Context) (*pgx.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	chans := make([]string, 0, len(p.channels))
+	chans := make([]string, 0, len(p.channels)+1)
 	for ch := range p.channels {
 		chans = append(chans, ch)
 	}
+	chans = append(chans, p.check)
 	if err := p.store.Listen(ctx, conn, chans); err != nil {
 		_ = conn.Close(context.Background())
 		return nil, err
@@ -138,17 +176,55 @@ func (p *Postgres) receive(ctx context.Context, conn *pgx.Conn) {
 			cancel()
 		}
 	}()
+	checkUntil := p.sendCheck(ctx) // zero: no self-check pending
 	for {
-		n, err := conn.WaitForNotification(ctx)
+		checking := !checkUntil.IsZero()
+		wait := p.t.idle
+		if checking {
+			wait = time.Until(checkUntil)
+		}
+		wctx, cancel := context.WithTimeout(ctx, wait)
+		n, err := conn.WaitForNotification(wctx)
+		cancel()
 		if ctx.Err() != nil {
 			return
+		}
+		if err != nil && errors.Is(err, context.DeadlineExceeded) && !conn.IsClosed() {
+			// Nothing heard for a while (the connection is still usable after such a timeout).
+			if checking {
+				checkUntil = time.Time{}
+				p.log.Warn("gendurable: poke degraded: this client's LISTEN does not hear notifications "+
+					"(a transaction-pooling proxy such as PgBouncer?); pokes from other nodes are lost and "+
+					"its queues find their rows by polling (PollInterval)", "client", p.client, "waited", p.t.check)
+				continue
+			}
+			// A half-open connection (a peer or middlebox gone without a reset) would never
+			// deliver again: make sure this one still answers.
+			pctx, pcancel := context.WithTimeout(ctx, p.t.ping)
+			err = conn.Ping(pctx)
+			pcancel()
+			if err == nil {
+				continue
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			err = fmt.Errorf("the idle listening connection did not answer a ping: %w", err)
 		}
 		if err != nil {
 			p.log.Warn("gendurable: poke listener lost its connection; reconnecting (queues are polled meanwhile)",
 				"client", p.client, "error", err)
+			checkUntil = time.Time{}
 			_ = conn.Close(context.Background())
 			if conn = p.reconnect(ctx); conn == nil {
 				return
+			}
+			continue
+		}
+		if n.Channel == p.check {
+			if checking {
+				checkUntil = time.Time{}
+				p.log.Debug("gendurable: poke self-check passed: LISTEN hears notifications", "client", p.client)
 			}
 			continue
 		}
@@ -159,6 +235,18 @@ func (p *Postgres) receive(ctx context.Context, conn *pgx.Conn) {
 			p.wake(q)
 		}
 	}
+}
+
+// sendCheck notifies the self-check's channel through the pool and returns until when to wait
+// for it (zero if it could not be sent: the sender logs failures to send).
+func (p *Postgres) sendCheck(ctx context.Context) time.Time {
+	sctx, cancel := context.WithTimeout(ctx, p.t.ping)
+	defer cancel()
+	if err := p.store.Notify(sctx, p.pool, []string{p.check}, p.origin); err != nil {
+		p.log.Debug("gendurable: poke self-check not sent", "client", p.client, "error", err)
+		return time.Time{}
+	}
+	return time.Now().Add(p.t.check)
 }
 
 // reconnect reopens the listening connection with backoff until it succeeds (nil once ctx ends),
