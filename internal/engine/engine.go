@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable/durabletype"
+	"github.com/gendurable/gendurable/internal/fault"
 	"github.com/gendurable/gendurable/internal/maintenance"
 	"github.com/gendurable/gendurable/internal/store"
 	"github.com/jackc/pgx/v5"
@@ -440,6 +441,17 @@ func (e *Engine) beat() {
 	if len(ids) == 0 {
 		e.lastBeat = time.Now()
 		return
+	}
+	if fault.Enabled {
+		// A beat about to extend the leases: a hook holding it here is a stalled heartbeat;
+		// an error is a failed one.
+		if err := fault.PointFor(fault.Heartbeat, e.cfg.Name); err != nil {
+			e.log.Warn("gendurable: heartbeat failed", "client", e.cfg.Name, "claims", len(ids), "error", err)
+			if time.Since(e.lastBeat) > e.cfg.Lease {
+				e.cancelAll(ids)
+			}
+			return
+		}
 	}
 	ctx, cancel := context.WithTimeout(e.baseCtx, e.cfg.Heartbeat)
 	lost, err := e.store.Heartbeat(ctx, e.pool, ids, owners, e.cfg.Lease)
