@@ -335,3 +335,103 @@ func TestStaleParkMidAwait(t *testing.T) {
 	require.Equal(t, 0, e.stranded(t))
 	e.check(t, oracle.Opts{N: n}, oracle.Summary{Instances: n, Faults: 2 * n})
 }
+
+// A worker's heartbeat reports a claim lost by the row's id. If the same worker has claimed that
+// row again meanwhile (its late outcome of the old claim still on its way, the reaper released
+// the row, its scheduler picked it again), the report is about the old claim only: the new
+// step, whose claim is valid, must not be cancelled.
+//
+// The interleaving: the beat collects the old claim, then waits at the heartbeat point; the old
+// outcome is held at await_between_stmts (a committer, not the executor slot); the row is
+// released and picked again, and its new step runs; then the beat goes on and finds the old
+// claim gone.
+func TestHeartbeatLostForAnOldClaimSparesTheNewOne(t *testing.T) {
+	defer fault.Quiet()()
+	e := newEnv(t, 16)
+	ctx := context.Background()
+	var runs atomic.Int64
+	cancelled := make(chan error, 1)
+	releaseNew := make(chan struct{})
+	m := gendurable.FSM[kidState]{Name: "kid", Start: "wait", Queue: "q", Steps: map[string]gendurable.StepFunc[kidState]{
+		"wait": func(ctx *gendurable.Ctx, k kidState) (gendurable.Outcome, error) {
+			if runs.Add(1) == 2 { // the second claim: hold the step, watching its context
+				select {
+				case <-ctx.Done():
+					cancelled <- context.Cause(ctx)
+				case <-releaseNew:
+				}
+			}
+			return gendurable.Await([]string{"ping"}, "work", k), nil
+		},
+		"work": func(ctx *gendurable.Ctx, k kidState) (gendurable.Outcome, error) { return gendurable.Done(k), nil },
+	}}
+	var before, between holds
+	defer fault.Set(fault.BeforeOutcome, before.hook("a:"))()
+	defer fault.Set(fault.AwaitBetweenStmts, between.hook("a:"))()
+	var beat atomic.Pointer[gate]
+	defer fault.Set(fault.Heartbeat, func(subject string) error {
+		if g := beat.Swap(nil); g != nil && subject == "a" {
+			close(g.reached)
+			<-g.release
+		}
+		return nil
+	})()
+	a := e.client(t, &gendurable.Config{Name: "a", Machines: []gendurable.Machine{m}, PollInterval: 20 * time.Millisecond,
+		Lease: 3 * time.Second, Heartbeat: 100 * time.Millisecond, Reaper: &gendurable.ReaperConfig{Disabled: true},
+		GC: &gendurable.GCConfig{Disabled: true}, Queues: map[string]gendurable.QueueConfig{"q": {Concurrency: 2}}})
+	start(t, a)
+	// A maintenance-only node: its reaper releases expired claims.
+	maint := e.client(t, &gendurable.Config{Name: "m", Reaper: &gendurable.ReaperConfig{Interval: 10 * time.Millisecond},
+		GC: &gendurable.GCConfig{Disabled: true}})
+
+	h0, h1 := before.arm(), between.arm()
+	var once0, once1, onceNew sync.Once
+	release0 := func() { once0.Do(func() { close(h0.release) }) }
+	release1 := func() { once1.Do(func() { close(h1.release) }) }
+	releaseNewStep := func() { onceNew.Do(func() { close(releaseNew) }) }
+	defer release0()
+	defer release1()
+	defer releaseNewStep()
+	res, err := a.Insert(ctx, m.With(kidState{}), nil)
+	require.NoError(t, err)
+	id := res.ID
+	select {
+	case <-h0.reached: // the first claim's step ran; its park waits
+	case <-time.After(10 * time.Second):
+		t.Fatal("no first claim")
+	}
+	g := newGate()
+	var onceBeat sync.Once
+	defer onceBeat.Do(func() { close(g.release) })
+	beat.Store(g)
+	select {
+	case <-g.reached: // a beat has collected the first claim and waits
+	case <-time.After(10 * time.Second):
+		t.Fatal("no heartbeat")
+	}
+	e.exec(t, `UPDATE {schema}.instances SET locked_until = now() - interval '1 second' WHERE id = $1`, id)
+	start(t, maint)
+	eventually(t, 10*time.Second, "the reaper released the first claim", func() bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE id = $1 AND status = 'available'`, id) == 1
+	})
+	release0() // the late park goes to a committer and waits between its statements
+	select {
+	case <-h1.reached:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the late park never reached await_between_stmts")
+	}
+	eventually(t, 10*time.Second, "A claimed the row again", func() bool { return runs.Load() == 2 })
+	onceBeat.Do(func() { close(g.release) }) // the beat finds the first claim gone
+	select {
+	case cause := <-cancelled:
+		t.Fatalf("the new claim's step was cancelled (%v) by the heartbeat's report on the old claim", cause)
+	case <-time.After(800 * time.Millisecond): // several beats
+	}
+	releaseNewStep()
+	release1()
+	eventually(t, 10*time.Second, "parked by the new claim", func() bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE id = $1 AND status = 'awaiting' AND attempt = 0`, id) == 1
+	})
+	require.Equal(t, 0, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE id = $1 AND errors IS NOT NULL
+		AND jsonb_array_length(errors) > 1`, id), "no step error besides the lease")
+}
