@@ -2,6 +2,7 @@ package races
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -238,3 +239,5 @@ func (e *env) lockWaitQueries(t testing.TB) string {
 		FROM pg_stat_activity a WHERE wait_event_type = 'Lock' AND position($1 in query) > 0`, e.schema).Scan(&s))
 	return s
 }
+
+func errorsIs(err, target error) bool { return errors.Is(err, target) }
