@@ -20,4 +20,3 @@ func parkerFSM() gendurable.FSM[parked] {
 		},
 	}}
 }
-

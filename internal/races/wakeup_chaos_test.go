@@ -59,7 +59,6 @@ func (h *holds) hook(prefix string) fault.Hook {
 	}
 }
 
-
 // T5a: a signal racing a park, in every order of the delivery's two steps (its statement: the
 // row lock, the wake decision and the inbox insert; then its commit) against the park's two (the
 // park UPDATE, then the inbox re-check and commit). The delivery goes through SignalTx so that
