@@ -10,7 +10,7 @@ import (
 
 // A hook sees only its point, runs in the goroutine that reached it, can hold it, and its error
 // comes out of the point; removing it restores the point.
-func TestHooksHoldAndFailAPoint(t *testing.T) {
+func TestChaosHooksHoldAndFailAPoint(t *testing.T) {
 	defer Quiet()()
 	if !Enabled {
 		t.Fatal("not Enabled in a chaos build")

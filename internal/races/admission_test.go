@@ -33,6 +33,8 @@ func stubMachines(e *env, queue string, stepMin, stepMax int, seed uint64) []gen
 // invariants.
 func TestGateNeverOverAdmitsAcrossProcesses(t *testing.T) {
 	t.Parallel()
+	heavy.Lock()
+	defer heavy.Unlock()
 	seed := seedOf(t)
 	rng := rand.New(rand.NewPCG(seed, 3))
 	e := newEnv(t, 8)
@@ -169,6 +171,8 @@ func TestGateNeverOverAdmitsAcrossProcesses(t *testing.T) {
 // it allows). Then a cold key (no bucket) admits at its first pick.
 func TestRateLimitConservationAcrossProcesses(t *testing.T) {
 	t.Parallel()
+	heavy.Lock()
+	defer heavy.Unlock()
 	seed := seedOf(t)
 	e := newEnv(t, 16)
 	ctx := context.Background()

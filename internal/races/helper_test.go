@@ -58,7 +58,8 @@ func helperMain(role string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	pc.MaxConns = 8
+	// Few connections: the tests' Postgres is shared (max_connections 100 by default).
+	pc.MaxConns = 5
 	pc.ConnConfig.RuntimeParams["application_name"] = fmt.Sprintf("gd-races-%s-%d", cfg.Name, os.Getpid())
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
@@ -66,7 +67,9 @@ func helperMain(role string) int {
 		return 2
 	}
 	defer pool.Close()
-	side, err := pgxpool.NewWithConfig(ctx, pc.Copy())
+	sc := pc.Copy()
+	sc.MaxConns = 3
+	side, err := pgxpool.NewWithConfig(ctx, sc)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
@@ -144,6 +147,11 @@ func (w *helperWorker) intn(n int) int {
 	return w.rng.IntN(n)
 }
 
+// fanState is t6fan's state: the correlation keys of the children it spawns.
+type fanState struct {
+	Keys []string `json:"keys"`
+}
+
 // walkState is gatewalk's state: linear5's counter and path, and the concurrency key the
 // instance holds now (the step records its effect under it).
 type walkState struct {
@@ -199,9 +207,6 @@ func (w *helperWorker) machines() []gendurable.Machine {
 		w.sleep(ctx)
 		return nil
 	}}
-	type fanState struct {
-		Keys []string `json:"keys"`
-	}
 	fan := gendurable.FSM[fanState]{Name: "t6fan", Start: "spawn", Queue: w.cfg.Queue, Steps: map[string]gendurable.StepFunc[fanState]{
 		"spawn": func(ctx *gendurable.Ctx, f fanState) (gendurable.Outcome, error) {
 			kids := make([]gendurable.Child, len(f.Keys))

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,6 +26,11 @@ func TestMain(m *testing.M) {
 	}
 	durabledbtest.Main(m)
 }
+
+// heavy serializes the tests that start worker processes: each holds a few dozen connections,
+// and the tests' Postgres (max_connections 100 by default) is shared with every other package's
+// tests.
+var heavy sync.Mutex
 
 // full says whether to run the reliability plan's full sizes (GD_CHAOS=full) instead of CI's.
 func full() bool { return os.Getenv("GD_CHAOS") == "full" }

@@ -151,7 +151,7 @@ func (x *t2) waitStale(client string, n int) {
 // T2: a worker that lost its claim (its lease ran out; another worker took the row over and moved
 // it on) commits its late outcome. The commit must be dropped: the row keeps the new owner's
 // state, outcome.stale fires exactly once, and the new owner's heartbeat still extends its lease.
-func TestStaleWorkerCannotOverwrite(t *testing.T) {
+func TestChaosStaleWorkerCannotOverwrite(t *testing.T) {
 	defer fault.Quiet()()
 	e := newEnv(t, 24)
 	ctx := context.Background()
@@ -206,7 +206,7 @@ func TestStaleWorkerCannotOverwrite(t *testing.T) {
 // T2, terminal variant: the late outcome finishes the instance (Done), which has an inbox and a
 // parent waiting on it. The new owner's Done purges the inbox and settles the parent's join;
 // the late one must do neither again: the join counter drops once per child.
-func TestStaleTerminalOutcomeSettlesTheParentOnce(t *testing.T) {
+func TestChaosStaleTerminalOutcomeSettlesTheParentOnce(t *testing.T) {
 	defer fault.Quiet()()
 	e := newEnv(t, 24)
 	ctx := context.Background()
@@ -288,7 +288,7 @@ func TestStaleTerminalOutcomeSettlesTheParentOnce(t *testing.T) {
 // first statement, and the park's second one (the inbox re-check), which the test holds at
 // await_between_stmts while the new owner parks the row and a signal arrives or not, must
 // neither strand nor double-wake it.
-func TestStaleParkMidAwait(t *testing.T) {
+func TestChaosStaleParkMidAwait(t *testing.T) {
 	defer fault.Quiet()()
 	e := newEnv(t, 24)
 	ctx := context.Background()
@@ -345,7 +345,7 @@ func TestStaleParkMidAwait(t *testing.T) {
 // outcome is held at await_between_stmts (a committer, not the executor slot); the row is
 // released and picked again, and its new step runs; then the beat goes on and finds the old
 // claim gone.
-func TestHeartbeatLostForAnOldClaimSparesTheNewOne(t *testing.T) {
+func TestChaosHeartbeatLostForAnOldClaimSparesTheNewOne(t *testing.T) {
 	defer fault.Quiet()()
 	e := newEnv(t, 16)
 	ctx := context.Background()

@@ -68,7 +68,7 @@ func (h *holds) hook(prefix string) fault.Hook {
 //
 // Nothing but the protocol can wake it: the poll is an hour and no reaper runs; the wake's poke
 // travels by LISTEN/NOTIFY (with the delivery's commit, or the park's).
-func TestParkVersusSignalEveryInterleavingWakes(t *testing.T) {
+func TestChaosParkVersusSignalEveryInterleavingWakes(t *testing.T) {
 	defer fault.Quiet()()
 	e := newEnv(t, 12)
 	ctx := context.Background()
