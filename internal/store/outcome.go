@@ -185,7 +185,7 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []OutcomeRow) (ma
 			args["seen_inst"], args["seen_sig"] = seenInst, seenSig
 		}
 		if len(spawners) > 0 {
-			b.WriteString(", kids AS (\n" + s.frag("outcome_spawn") + "\n)")
+			b.WriteString(", kids AS (\n" + s.frag("outcome_spawn") + "\n  RETURNING 1\n)")
 			children.into(args)
 		}
 		if len(crIDs) > 0 {
@@ -197,6 +197,14 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []OutcomeRow) (ma
 			b.WriteString(", settled AS (\n" + s.frag("outcome_settle") + "\n)")
 		}
 		b.WriteString("\nSELECT id, owner, signalled, kind, NULL::text AS queue FROM upd")
+		if len(spawners) > 0 {
+			// The children go in right after the outcomes, before any join is settled or gate
+			// slot credited: a child whose key belongs to a row another statement is finishing
+			// waits for that statement, and must not hold, while it waits, a parent or counter
+			// that statement is about to lock (see outcome_spawn). Reading kids here makes it
+			// run here; a CTE no branch reads runs after the whole query.
+			b.WriteString("\nUNION ALL SELECT NULL, NULL, NULL, NULL, NULL FROM (SELECT count(*) AS n FROM kids) AS k WHERE k.n < 0")
+		}
 		if settles {
 			b.WriteString("\nUNION ALL SELECT id, NULL, NULL, NULL, queue FROM settled WHERE woke")
 		}
