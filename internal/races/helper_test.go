@@ -167,6 +167,8 @@ type walkState struct {
 //     its concurrency key for its whole run; 10 % of transitions switch the key, 5 % release it.
 //   - t6job (T6): one rate-limited step.
 //   - t6fan (T6): spawns children whose correlation keys collide with the inserters' keys.
+//   - stamp (T12): one step that records its effect.
+//   - timed (T12): parks on a signal that never comes, with a 1 s timeout, then finishes.
 func (w *helperWorker) machines() []gendurable.Machine {
 	pid := os.Getpid()
 	walkSteps := map[string]gendurable.StepFunc[walkState]{}
@@ -217,7 +219,24 @@ func (w *helperWorker) machines() []gendurable.Machine {
 		},
 		"join": func(ctx *gendurable.Ctx, f fanState) (gendurable.Outcome, error) { return gendurable.Done(nil), nil },
 	}}
-	return []gendurable.Machine{walk, job, fan}
+	stamp := gendurable.Job[string]{Name: "stamp", Queue: w.cfg.Queue, Perform: func(ctx *gendurable.Ctx, _ string) error {
+		return oracle.Effect(ctx, w.side, w.cfg.Schema, ctx.ID, ctx.Step, ctx.Attempt, pid)
+	}}
+	timed := gendurable.FSM[walkState]{Name: "timed", Start: "s0", Queue: w.cfg.Queue, Steps: map[string]gendurable.StepFunc[walkState]{
+		"s0": func(ctx *gendurable.Ctx, st walkState) (gendurable.Outcome, error) {
+			if err := oracle.Effect(ctx, w.side, w.cfg.Schema, ctx.ID, ctx.Step, ctx.Attempt, pid); err != nil {
+				return gendurable.Outcome{}, err
+			}
+			return gendurable.Await([]string{"never"}, "s1", st, gendurable.Timeout(time.Second)), nil
+		},
+		"s1": func(ctx *gendurable.Ctx, st walkState) (gendurable.Outcome, error) {
+			if err := oracle.Effect(ctx, w.side, w.cfg.Schema, ctx.ID, ctx.Step, ctx.Attempt, pid); err != nil {
+				return gendurable.Outcome{}, err
+			}
+			return gendurable.Done(st), nil
+		},
+	}}
+	return []gendurable.Machine{walk, job, fan, stamp, timed}
 }
 
 // proc is a worker process.
@@ -227,13 +246,15 @@ type proc struct {
 	done chan struct{}
 }
 
-// startWorker starts a worker process; the test's cleanup kills it if it still runs.
-func startWorker(t testing.TB, cfg workerCfg) *proc {
+// startWorker starts a worker process, with extra environment variables; the test's cleanup
+// kills it if it still runs.
+func startWorker(t testing.TB, cfg workerCfg, extraEnv ...string) *proc {
 	t.Helper()
 	b, err := json.Marshal(cfg)
 	require.NoError(t, err)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "GD_RACES_HELPER=worker", "GD_RACES_CFG="+string(b))
+	cmd.Env = append(cmd.Env, extraEnv...)
 	cmd.Stderr = &prefixWriter{prefix: "[" + cfg.Name + "] ", w: os.Stderr}
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
