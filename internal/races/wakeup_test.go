@@ -83,7 +83,7 @@ var packSet = []string{"a", "b", "c"}
 
 // T5c: the accumulate pattern. Each instance awaits what it still lacks of {a, b, c}; the
 // signals arrive in random order, 20 % of them twice; a tenth of the instances never get their
-// last signal and finish on their await's timeout with a partial pack. Pass: every instance
+// last signal and finish on their await's timeout (3 s) with a partial pack. Pass: every instance
 // finishes with the full set, or with a partial pack on timeout; no instance runs more steps than
 // distinct signals + 2 (no busy loop: the 0.2.0 finding).
 func TestAccumulatePatternUnderRacingSignals(t *testing.T) {
@@ -114,7 +114,7 @@ func TestAccumulatePatternUnderRacingSignals(t *testing.T) {
 			}
 			timeout := time.Minute
 			if p.Short {
-				timeout = 1500 * time.Millisecond
+				timeout = 3 * time.Second
 			}
 			return gendurable.Await(missing, "collect", p, gendurable.Timeout(timeout)), nil
 		},
@@ -182,8 +182,10 @@ func TestAccumulatePatternUnderRacingSignals(t *testing.T) {
 		var p pack3
 		require.NoError(t, rows.Scan(&id, &p))
 		if partial[id] {
+			// It finished on its timeout with what had come by then: on a loaded machine, a
+			// signal may land after the timeout (then it finds the instance done: ErrNoTarget).
 			require.True(t, p.Timeout, "instance %d without its last signal finished on its timeout", id)
-			require.Len(t, p.Got, 2, "instance %d: its partial pack", id)
+			require.Less(t, len(p.Got), 3, "instance %d: a partial pack", id)
 		} else {
 			require.ElementsMatch(t, packSet, p.Got, "instance %d: the whole set: %+v", id, p)
 		}
