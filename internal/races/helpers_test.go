@@ -2,8 +2,6 @@ package races
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -179,41 +177,6 @@ type path struct {
 
 var linearSteps = []string{"s0", "s1", "s2", "s3", "s4"}
 
-// linear5 is the oracle's test machine: each step records its effect (on the side pool, in
-// autocommit), runs body (nil: nothing), and moves on; s4 finishes.
-func linear5(e *env, queue, by string, body func(ctx *gendurable.Ctx) error) gendurable.FSM[path] {
-	steps := map[string]gendurable.StepFunc[path]{}
-	for i, s := range linearSteps {
-		steps[s] = func(ctx *gendurable.Ctx, p path) (gendurable.Outcome, error) {
-			if err := oracle.Effect(ctx, e.side, e.schema, ctx.ID, ctx.Step, ctx.Attempt, os.Getpid()); err != nil {
-				return gendurable.Outcome{}, err
-			}
-			if body != nil {
-				if err := body(ctx); err != nil {
-					return gendurable.Outcome{}, err
-				}
-			}
-			p.I++
-			p.Path = append(p.Path, s)
-			p.By = by
-			if i == len(linearSteps)-1 {
-				return gendurable.Done(p), nil
-			}
-			return gendurable.Next(linearSteps[i+1], p), nil
-		}
-	}
-	return gendurable.FSM[path]{Name: "linear5", Start: "s0", Steps: steps, Queue: queue}
-}
-
-// waitLockWait waits until some backend running a statement in the env's schema waits on a lock
-// (a statement the test expects to block has reached its lock).
-func (e *env) waitLockWait(t testing.TB, what string) {
-	t.Helper()
-	eventually(t, 10*time.Second, what+" waiting on a lock", func() bool {
-		return e.lockWaits(t) > 0
-	})
-}
-
 func (e *env) lockWaits(t testing.TB) int {
 	t.Helper()
 	var n int
@@ -227,23 +190,3 @@ func (e *env) stranded(t testing.TB) int {
 	return e.count(t, `SELECT count(*) FROM {schema}.instances i WHERE status = 'awaiting'
 		AND EXISTS (SELECT 1 FROM {schema}.signals s WHERE s.instance_id = i.id AND s.name = ANY(i.await_names))`)
 }
-
-func must[T any](v T, err error) T {
-	if err != nil {
-		panic(fmt.Sprintf("races: %v", err))
-	}
-	return v
-}
-
-// lockWaitQueries describes the statements of the env's schema that wait on a lock (for
-// failure messages).
-func (e *env) lockWaitQueries(t testing.TB) string {
-	t.Helper()
-	var s string
-	require.NoError(t, e.side.QueryRow(context.Background(), `SELECT coalesce(string_agg(a.pid || ': ' || left(a.query, 60) || ' blocked by ' ||
-		  (SELECT string_agg(b.pid || ' ' || b.state || ' ' || left(b.query, 200), '; ') FROM pg_stat_activity b WHERE b.pid = ANY(pg_blocking_pids(a.pid))), E'\n'), '')
-		FROM pg_stat_activity a WHERE wait_event_type = 'Lock' AND position($1 in query) > 0`, e.schema).Scan(&s))
-	return s
-}
-
-func errorsIs(err, target error) bool { return errors.Is(err, target) }

@@ -2,6 +2,7 @@ package races
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -164,7 +165,7 @@ func TestAccumulatePatternUnderRacingSignals(t *testing.T) {
 				time.Sleep(time.Until(t0.Add(sends[i].at)))
 				// A duplicate may find the instance finished: ErrNoTarget is fine then.
 				if _, err := cl.Signal(ctx, gendurable.ByID(sends[i].id), sends[i].name, nil); err != nil &&
-					!errorsIs(err, gendurable.ErrNoTarget) {
+					!errors.Is(err, gendurable.ErrNoTarget) {
 					t.Error(err)
 				}
 			}
