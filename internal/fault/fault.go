@@ -16,8 +16,8 @@
 //     handles as the failure the point stands for.
 //   - With GD_FAULT_P set (a probability), it draws from a PRNG seeded by GD_FAULT_SEED (else
 //     GD_SEED, else the time; the seed is printed) and, at that probability, sleeps 0-20 ms, or
-//     at the points whose callers recover by themselves (heartbeat, reaper, GC) returns
-//     ErrInjected.
+//     at the points whose callers recover by themselves (heartbeat, the reaper's sweep, GC)
+//     returns ErrInjected.
 //
 // The registry behind this is the package's only state, and it exists only under the tag: a
 // fault point is reached from deep inside the engine, where no test can pass anything in, so

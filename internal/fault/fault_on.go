@@ -25,11 +25,15 @@ type Hook func(subject string) error
 // recovers says whether the callers of the point name recover from an error by themselves, soon
 // and with no help from another component: a failed heartbeat is retried at the next beat (a
 // lease outlasts three), a failed reaper or GC sweep at the next sweep. The random mode injects
-// errors only there; everywhere else it only delays.
-func recovers(name string) bool {
+// errors only there; everywhere else it only delays. (A starting scheduler's reclaim reaches
+// the reaper's point too, with its worker-id prefix as the subject; an error there fails the
+// client's Start, so it is not injected.)
+func recovers(name, subject string) bool {
 	switch name {
-	case Heartbeat, ReaperBetweenSelectUpdate, GCBetweenSelectDelete:
+	case Heartbeat, GCBetweenSelectDelete:
 		return true
+	case ReaperBetweenSelectUpdate:
+		return subject == ""
 	}
 	return false
 }
@@ -79,7 +83,7 @@ func PointFor(name, subject string) error {
 	var delay time.Duration
 	inject := false
 	if r.p > 0 && r.quiet == 0 && r.rng.Float64() < r.p {
-		if recovers(name) && r.rng.IntN(2) == 0 {
+		if recovers(name, subject) && r.rng.IntN(2) == 0 {
 			inject = true
 			r.injected[name]++
 		} else {

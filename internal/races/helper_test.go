@@ -261,14 +261,15 @@ func startWorker(t testing.TB, cfg workerCfg, extraEnv ...string) *proc {
 	require.NoError(t, cmd.Start())
 	p := &proc{cmd: cmd, cfg: cfg, done: make(chan struct{})}
 	t.Cleanup(p.kill)
-	line, err := bufio.NewReader(out).ReadString('\n')
-	require.NoError(t, err, "worker %s did not start", cfg.Name)
-	require.Equal(t, "ready\n", line)
-	go func() {
-		_, _ = io.Copy(io.Discard, out)
+	r := bufio.NewReader(out)
+	line, err := r.ReadString('\n')
+	go func() { // reaps the process however it ends, so that kill never waits forever
+		_, _ = io.Copy(io.Discard, r)
 		_ = cmd.Wait()
 		close(p.done)
 	}()
+	require.NoError(t, err, "worker %s did not start", cfg.Name)
+	require.Equal(t, "ready\n", line)
 	return p
 }
 
