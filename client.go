@@ -164,7 +164,9 @@ func (c *Client) InsertTx(ctx context.Context, tx pgx.Tx, in Input, opts *Insert
 
 // InsertMany inserts many instances in one statement (no parameter-count ceiling) and returns
 // their results in input order. Rows are inserted in correlation-key order, so ids follow key
-// order, and batches racing over the same keys cannot deadlock. If any row is invalid, nothing
+// order, and batches racing over the same keys cannot deadlock. (A keyed row whose key was taken
+// by an instance that finished while the statement ran is inserted by a second statement, so its
+// id comes after the others'.) If any row is invalid, nothing
 // is inserted and the *InputError names the row.
 func (c *Client) InsertMany(ctx context.Context, params []InsertManyParams) ([]InsertResult, error) {
 	return c.insert(ctx, c.pool, params)

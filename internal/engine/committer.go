@@ -156,6 +156,11 @@ func (c *committer) fill(batch []*commitReq, maxBatch int) []*commitReq {
 // retry of a statement that did commit harmless (its rows then report as stale). While
 // stopping, it gives up after a few tries; the reaper then re-runs those steps.
 func (c *committer) commit(batch []*commitReq, stopping bool) {
+	if spawns, rest := splitKeyedSpawns(batch); len(spawns) > 0 && len(rest) > 0 {
+		c.commit(rest, stopping)
+		c.commit(spawns, stopping)
+		return
+	}
 	e := c.e
 	rows := make([]store.OutcomeRow, len(batch))
 	for i, r := range batch {
@@ -198,4 +203,37 @@ func (c *committer) commit(batch []*commitReq, stopping bool) {
 		}
 		backoff = min(backoff*2, 2*time.Second)
 	}
+}
+
+// splitKeyedSpawns separates, in a batch that also finishes instances, the outcomes that spawn
+// children with correlation keys; they are applied in a transaction of their own, after the
+// rest. A child's insert waits for any transaction that is finishing a live instance with the
+// child's key (until it commits, the key may still be taken), and a finishing outcome takes its
+// key out of the live scope at its row's update. Two transactions that each finish one keyed row
+// and insert a child with the other's key (or an InsertMany inserting both keys) would wait on
+// each other: inserts take keys in key order, a batch finishes rows in no key order. A
+// transaction that inserts keyed children therefore finishes nothing.
+func splitKeyedSpawns(batch []*commitReq) (spawns, rest []*commitReq) {
+	finishes := false
+	for _, r := range batch {
+		keyed := false
+		if r.row.Kind == store.KindSpawn {
+			for i := range r.row.Children {
+				if r.row.Children[i].CorrelationKey != "" {
+					keyed = true
+					break
+				}
+			}
+		}
+		if keyed {
+			spawns = append(spawns, r)
+		} else {
+			rest = append(rest, r)
+			finishes = finishes || r.row.Kind.Terminal()
+		}
+	}
+	if !finishes {
+		return nil, batch
+	}
+	return spawns, rest
 }

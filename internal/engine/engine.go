@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable/durabletype"
+	"github.com/gendurable/gendurable/internal/fault"
 	"github.com/gendurable/gendurable/internal/maintenance"
 	"github.com/gendurable/gendurable/internal/store"
 	"github.com/jackc/pgx/v5"
@@ -453,27 +454,53 @@ func (e *Engine) beat() {
 		e.lastBeat = time.Now()
 		return
 	}
+	if fault.Enabled {
+		// A beat about to extend the leases: a hook holding it here is a stalled heartbeat;
+		// an error is a failed one.
+		if err := fault.PointFor(fault.Heartbeat, e.cfg.Name); err != nil {
+			e.log.Warn("gendurable: heartbeat failed", "client", e.cfg.Name, "claims", len(ids), "error", err)
+			if time.Since(e.lastBeat) > e.cfg.Lease {
+				e.cancelAll(ids, owners)
+			}
+			return
+		}
+	}
 	ctx, cancel := context.WithTimeout(e.baseCtx, e.cfg.Heartbeat)
 	lost, err := e.store.Heartbeat(ctx, e.pool, ids, owners, e.cfg.Lease)
 	cancel()
 	if err != nil {
 		e.log.Warn("gendurable: heartbeat failed", "client", e.cfg.Name, "claims", len(ids), "error", err)
 		if time.Since(e.lastBeat) > e.cfg.Lease {
-			e.cancelAll(ids)
+			e.cancelAll(ids, owners)
 		}
 		return
 	}
 	e.lastBeat = time.Now()
 	if len(lost) > 0 {
-		e.cancelAll(lost)
+		// The statement names lost claims by row id; the claim is the one this beat sent for
+		// that id (one per id: flights holds one claim per row).
+		sent := make(map[int64]string, len(ids))
+		for i, id := range ids {
+			sent[id] = owners[i]
+		}
+		lostOwners := make([]string, len(lost))
+		for i, id := range lost {
+			lostOwners[i] = sent[id]
+		}
+		e.cancelAll(lost, lostOwners)
 	}
 }
 
-func (e *Engine) cancelAll(ids []int64) {
+// cancelAll cancels the running steps of the given claims (ids[i] under token owners[i]). A
+// claim is matched by its token, not by its row alone: by the time a beat reports a claim lost,
+// this client may hold a new claim of the same row (the reaper released the old one, and this
+// client's scheduler picked the row again while the old claim's late outcome was still on its
+// way), and that new claim is not lost.
+func (e *Engine) cancelAll(ids []int64, owners []string) {
 	e.mu.Lock()
 	n := 0
-	for _, id := range ids {
-		if f, ok := e.flights[id]; ok && f.state == flightRunning {
+	for i, id := range ids {
+		if f, ok := e.flights[id]; ok && f.owner == owners[i] && f.state == flightRunning {
 			f.cancel(durabletype.ErrLeaseLost)
 			n++
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable/durabletype"
+	"github.com/gendurable/gendurable/internal/fault"
 	"github.com/gendurable/gendurable/internal/store"
 )
 
@@ -174,6 +175,14 @@ func (r *runner) pick(n int) ([]store.Claimed, error) {
 	if err != nil {
 		return nil, err
 	}
+	if fault.Enabled && len(rows) > 0 {
+		// The claims are committed; nothing runs them yet. An error here loses them to this
+		// worker (as a lost reply to the pick would): their leases run out and the reaper
+		// releases them.
+		if err := fault.PointFor(fault.AfterClaimCommit, owner); err != nil {
+			return nil, err
+		}
+	}
 	if len(rows) > 0 {
 		r.e.Emit(durabletype.Event{Name: durabletype.EventSchedulerPicked, Queue: r.queue, Count: len(rows),
 			Duration: time.Since(start)})
@@ -234,6 +243,20 @@ func (r *runner) run(c *store.Claimed) {
 	e := r.e
 	f, ctx := e.track(r.queue, c.Owner, c)
 	out, call := e.execute(ctx, e.pool, r.queue, c)
+	if fault.Enabled {
+		// The step has run; its outcome is not committed yet, and this slot stays taken. An
+		// error drops the outcome, as a worker dying here would: the lease runs out and the
+		// reaper releases the claim.
+		if err := fault.PointFor(fault.BeforeOutcome, c.Owner); err != nil {
+			e.inFlight.Add(-1)
+			if call != nil {
+				call.RollbackTx()
+			}
+			r.release()
+			e.finish(f, &out, false, err)
+			return
+		}
+	}
 	e.inFlight.Add(-1)
 	row := outcomeRow(c, &out)
 	if call != nil && call.tx != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/gendurable/gendurable/internal/fault"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -184,7 +185,7 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []OutcomeRow) (ma
 			args["seen_inst"], args["seen_sig"] = seenInst, seenSig
 		}
 		if len(spawners) > 0 {
-			b.WriteString(", kids AS (\n" + s.frag("outcome_spawn") + "\n)")
+			b.WriteString(", kids AS (\n" + s.frag("outcome_spawn") + "\n  RETURNING 1\n)")
 			children.into(args)
 		}
 		if len(crIDs) > 0 {
@@ -196,6 +197,14 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []OutcomeRow) (ma
 			b.WriteString(", settled AS (\n" + s.frag("outcome_settle") + "\n)")
 		}
 		b.WriteString("\nSELECT id, owner, signalled, kind, NULL::text AS queue FROM upd")
+		if len(spawners) > 0 {
+			// The children go in right after the outcomes, before any join is settled or gate
+			// slot credited: a child whose key belongs to a row another statement is finishing
+			// waits for that statement, and must not hold, while it waits, a parent or counter
+			// that statement is about to lock (see outcome_spawn). Reading kids here makes it
+			// run here; a CTE no branch reads runs after the whole query.
+			b.WriteString("\nUNION ALL SELECT NULL, NULL, NULL, NULL, NULL FROM (SELECT count(*) AS n FROM kids) AS k WHERE k.n < 0")
+		}
 		if settles {
 			b.WriteString("\nUNION ALL SELECT id, NULL, NULL, NULL, queue FROM settled WHERE woke")
 		}
@@ -237,7 +246,23 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []OutcomeRow) (ma
 		})
 		return err
 	}
-	if len(purge) == 0 && len(parked) == 0 && len(spawners) == 0 {
+	if fault.Enabled {
+		for _, k := range crKeys {
+			if err := fault.PointFor(fault.GateBeforeCredit, k); err != nil {
+				return nil, nil, err
+			}
+		}
+	}
+	if fault.Enabled && len(parked) > 0 {
+		// A chaos build sends the park's statements one by one in an explicit transaction, with
+		// the await_between_stmts point between the park and the re-check. The transaction, the
+		// statements and their order are those of the batch below (READ COMMITTED: each
+		// statement takes its own snapshot; locks are held to the commit), so the protocol is
+		// the same; only the window between them can be held open.
+		if err := s.applyParkedStepwise(ctx, db, outs, parked, purge, spawners, stmt, args, scanOutcomes, scanWoken); err != nil {
+			return nil, nil, err
+		}
+	} else if len(purge) == 0 && len(parked) == 0 && len(spawners) == 0 {
 		rows, err := db.Query(ctx, stmt, args)
 		if err != nil {
 			return nil, nil, err
@@ -301,6 +326,55 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []OutcomeRow) (ma
 		}
 	}
 	return applied, woken, nil
+}
+
+// applyParkedStepwise is the outcome batch of ApplyOutcomes for a chaos build when the batch
+// parks rows: the same statements in the same order and one transaction, sent one at a time, with
+// the await_between_stmts fault point between the park and the re-check.
+func (s *Store) applyParkedStepwise(ctx context.Context, db DB, outs []OutcomeRow, parked, purge, spawners []int64,
+	stmt string, args pgx.NamedArgs, scanOutcomes, scanWoken func(pgx.Rows) error) error {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	rows, err := tx.Query(ctx, stmt, args)
+	if err != nil {
+		return err
+	}
+	if err := scanOutcomes(rows); err != nil {
+		return err
+	}
+	if len(purge) > 0 {
+		if _, err := tx.Exec(ctx, s.sql("purge_terminal_inboxes"), purge); err != nil {
+			return err
+		}
+	}
+	if fault.Enabled { // (the only caller is a chaos build's)
+		for _, o := range outs {
+			if o.Kind == KindAwait {
+				if err := fault.PointFor(fault.AwaitBetweenStmts, o.Owner); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	for _, q := range []struct {
+		name string
+		ids  []int64
+	}{{"recheck_parked", parked}, {"recount_spawned", spawners}} {
+		if len(q.ids) == 0 {
+			continue
+		}
+		rows, err := tx.Query(ctx, s.sql(q.name), q.ids)
+		if err != nil {
+			return err
+		}
+		if err := scanWoken(rows); err != nil {
+			return err
+		}
+	}
+	return tx.Commit(ctx)
 }
 
 // childArrays are a batch's spawned children as parallel arrays.

@@ -13,10 +13,12 @@ import (
 	"fmt"
 	"io/fs"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/gendurable/gendurable/durabletype"
+	"github.com/gendurable/gendurable/internal/fault"
 	"github.com/gendurable/gendurable/internal/ident"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -268,6 +270,11 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 	// kept for a row its scan then found already claimed: a deadlock.
 	// (In a caller's transaction, the test kit's Drain, the setting would outlive the pick, and
 	// nothing races the drain: it is left alone there.)
+	if fault.Enabled && stmt == "pick_admitted" && len(rates.Names) > 0 {
+		if err := fault.PointFor(fault.BucketBeforeWriteback, queue); err != nil {
+			return PickResult{}, err
+		}
+	}
 	var rows pgx.Rows
 	if _, inTx := db.(pgx.Tx); inTx {
 		r, err := db.Query(ctx, s.sql(stmt), args)
@@ -390,6 +397,12 @@ func (s *Store) ReleaseExpired(ctx context.Context, db DB, limit int, prefix str
 		return nil
 	}); err != nil {
 		return nil, nil, err
+	}
+	if fault.Enabled {
+		// The claims are released, their row locks held, nothing committed yet.
+		if err := fault.PointFor(fault.ReaperBetweenSelectUpdate, prefix); err != nil {
+			return nil, nil, err
+		}
 	}
 	if len(failed) > 0 {
 		// Instances that failed here are finished: clear their inboxes, with a fresh snapshot
@@ -656,6 +669,15 @@ func (s *Store) DeliverSignal(ctx context.Context, db DB, id int64, machine, key
 	if id != 0 {
 		idArg = &id
 	}
+	if fault.Enabled {
+		subject := machine + "/" + key
+		if id != 0 {
+			subject = strconv.FormatInt(id, 10)
+		}
+		if err := fault.PointFor(fault.DeliverBeforeWake, subject); err != nil {
+			return Delivered{}, false, err
+		}
+	}
 	var d Delivered
 	err := db.QueryRow(ctx, s.sql("deliver_signal"), idArg, machine, key, name, payload).Scan(&d.SignalID, &d.InstanceID, &d.Woke, &d.Queue)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -739,6 +761,12 @@ func (s *Store) ReconcileGates(ctx context.Context, db DB, g *Gates) (repaired, 
 	}
 	if len(keys) == 0 {
 		return 0, 0, tx.Commit(ctx)
+	}
+	if fault.Enabled {
+		// The counters that look wrong are locked; the repair has not read the truth yet.
+		if err := fault.Point(fault.GCBetweenSelectDelete); err != nil {
+			return 0, 0, err
+		}
 	}
 	cfg["keys"], cfg["shards"] = keys, shards
 	var rep, rem int64

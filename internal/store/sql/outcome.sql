@@ -115,7 +115,14 @@ WHERE s.id = c.signal_id
 -- A spawn's children, inserted only for parents whose outcome applied, in (machine,
 -- correlation_key) order like every insert. A child whose key is taken by a live instance of its
 -- machine is not inserted (recount_spawned then counts only the children that were).
--- Locks: the new rows and the unique index's insertion lock on each new key.
+-- Locks: the new rows and the unique index's insertion lock on each new key. A key whose live
+-- instance another transaction is finishing right now (its status leaves the index's scope, not
+-- yet committed) makes the insert wait for that transaction. So the statement inserts the
+-- children right after the outcome_update, before it settles any join (outcome_settle) or
+-- credits any gate slot (outcome_credit): holding a parent or a counter while waiting here
+-- would deadlock with that transaction settling the same parent or crediting the same counter
+-- (ApplyOutcomes makes the main query read this CTE between the two; PostgreSQL runs a
+-- data-modifying CTE no one reads only after the whole query).
 -- @c_parent, @c_machine, @c_step, @c_state, @c_queue, @c_priority, @c_scheduled_at, @c_delay,
 -- @c_max_attempts, @c_key, @c_ord, @c_ckey, @c_rate, @c_weight: one element per child.
 
