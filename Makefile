@@ -20,6 +20,9 @@ demo: ## run the demo: an order-processing workflow over a few thousand instance
 test: ## vet and run every test (contrib modules included) against a real Postgres
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 15m $(TESTFLAGS) ./...
+	# The deterministic race tests drive the named fault points, which exist only under -tags chaos.
+	$(GO) vet -tags chaos ./internal/fault/ ./internal/races/
+	$(GO) test -count=1 -tags chaos -run '^TestChaos' -timeout 10m $(TESTFLAGS) ./internal/fault/ ./internal/races/
 	@set -e; for dir in $(CONTRIB); do \
 		echo "cd $$dir && $(GO) vet ./... && $(GO) test -count=1 ./..."; \
 		(cd $$dir && $(GO) vet ./... && $(GO) test -count=1 -timeout 10m $(TESTFLAGS) ./...); \
