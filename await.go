@@ -3,11 +3,9 @@ package gendurable
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
-	"github.com/gendurable/gendurable/internal/engine"
 	"github.com/gendurable/gendurable/internal/store"
 )
 
@@ -90,9 +88,11 @@ func (e *InstanceError) Error() string {
 // done (with its result), failed, cancelled, awaiting (parked on a signal; see UntilTerminal),
 // busy (the timeout passed first: the work goes on, and calling Await again with the id is the
 // whole retry protocol), or not found. An error means no answer: timeout not positive, ctx
-// ended, or the database could not be read by the deadline (a read that fails before it, a lost
-// connection or a restarting server, is retried at the next tick). Await returns by timeout plus AwaitTick (at least
-// 100ms) even when the database does not answer: every read it makes is bounded by its deadline.
+// ended, or the database could not be read by the deadline (a read that fails before it, on a
+// lost connection or a restarting server, is retried at the next tick). Await returns by
+// timeout plus AwaitTick (at least a second) even when the database does not answer: every read
+// it makes is bounded by its deadline, and the read of the row it answers busy with (made by
+// the watcher for every caller whose deadline came, in one statement) by that grace.
 //
 // On a started client an outcome this client commits is pushed to its waiters at once, and
 // outcomes committed on other nodes are seen within AwaitTick: one statement per tick reads the
@@ -108,18 +108,6 @@ func (c *Client) Await(ctx context.Context, id int64, timeout time.Duration, opt
 	}
 	parked := opts == nil || !opts.UntilTerminal
 	p, err := c.eng.Await(ctx, c.pool, id, parked, timeout)
-	if errors.Is(err, engine.ErrAwaitDeadline) {
-		gctx, cancel := context.WithTimeout(ctx, c.eng.AwaitGrace())
-		in, gerr := c.Get(gctx, id)
-		cancel()
-		switch {
-		case errors.Is(gerr, ErrNotFound):
-			return &AwaitResult{Status: AwaitNotFound}, nil
-		case gerr != nil:
-			return nil, fmt.Errorf("gendurable: await %d: read the instance at the deadline: %w", id, gerr)
-		}
-		return answer(store.Probe{ID: id, Instance: in}, parked), nil
-	}
 	if err != nil {
 		return nil, fmt.Errorf("gendurable: await %d: %w", id, err)
 	}

@@ -199,7 +199,7 @@ func TestAwaitAcrossClientsAndWithoutStart(t *testing.T) {
 type probeCounter struct{ n atomic.Int64 }
 
 func (p *probeCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if strings.Contains(d.SQL, "unnest($1::bigint[], $2::bool[])") && len(d.Args) > 0 {
+	if strings.Contains(d.SQL, "unnest($1::bigint[], $2::bool[], $3::bool[])") && len(d.Args) > 0 {
 		if ids, ok := d.Args[0].([]int64); ok && len(ids) > 1 {
 			p.n.Add(1)
 		}

@@ -115,8 +115,9 @@ func insertSoak(ctx context.Context, cl *gendurable.Client, n int) error {
 }
 
 // T11 of the reliability plan, the bloat soak, on a private cluster with autovacuum at its
-// defaults (the CI variant wakes it every second instead of every minute): open-loop arrivals of a two-step machine at 70% of the capacity measured first
-// (at most 500 instances/s), GC on with a short retention, windows recording throughput, pick
+// defaults (the CI variant wakes it every second instead of every minute): open-loop arrivals
+// of a two-step machine at 70% of the capacity measured first (CI: 40%; at most 500
+// instances/s), GC on with a short retention, windows recording throughput, pick
 // latency (p50, p99, from scheduler.picked) and the engine tables' live and dead tuples and
 // sizes. Pass (relative, as in the plan): the mean throughput of the last 5 windows ≥ 90% of
 // windows 2-6 (window 1 is warm-up); the pick latency's p99 ≤ 2× its early value (the plan
@@ -165,7 +166,14 @@ func TestBloatSoak(t *testing.T) {
 	})
 	capacity := float64(backlog) / time.Since(t0).Seconds()
 	stopClient(t, cal)
-	rate := min(500, 0.7*capacity)
+	// The plan offers 70% of the measured capacity. The CI variant runs while `go test ./...`
+	// tests other packages on the same two cores, so the capacity it measured is not what it
+	// keeps: it offers 40%, enough to churn the tables, with headroom for the neighbours.
+	share := 0.4
+	if full {
+		share = 0.7
+	}
+	rate := min(500, share*capacity)
 	t.Logf("capacity %.0f instances/s (%.0f steps/s); offered load %.0f instances/s", capacity, 2*capacity, rate)
 
 	meter := &soakMeter{}

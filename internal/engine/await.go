@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gendurable/gendurable/durabletype"
 	"github.com/gendurable/gendurable/internal/store"
 )
 
@@ -31,6 +32,9 @@ type awaiter struct {
 type waiter struct {
 	id     int64
 	parked bool // an awaiting row is an answer
+	// final: the waiter's deadline came; the row in any status is its answer (guarded by the
+	// awaiter's lock).
+	final  bool
 	answer chan store.Probe
 }
 
@@ -39,19 +43,22 @@ func newAwaiter(e *Engine) *awaiter {
 		kick: make(chan struct{}, 1), gone: make(chan struct{})}
 }
 
-// ErrAwaitDeadline is returned by Await when timeout passed before the instance settled.
-var ErrAwaitDeadline = errors.New("await deadline passed")
+// ErrAwaitUnread is returned by Await when the row could not be read at the deadline (to answer
+// busy with it) within AwaitGrace: the database did not answer.
+var ErrAwaitUnread = errors.New("the instance could not be read at the await deadline")
 
-// AwaitGrace bounds the read an Await caller makes of the row at its deadline (to answer busy
-// with it): one await tick, at least 100ms. A caller therefore gets its answer by its timeout
-// plus this grace, even when the database hangs.
-func (e *Engine) AwaitGrace() time.Duration { return max(e.cfg.AwaitTick, 100*time.Millisecond) }
+// AwaitGrace bounds the read of the row an Await caller answers busy with at its deadline: a
+// second, or one await tick if longer. The read normally takes milliseconds (on a started
+// engine the watcher makes it for every caller whose deadline came, in one statement); the
+// grace only bounds a database that does not answer.
+func (e *Engine) AwaitGrace() time.Duration { return max(e.cfg.AwaitTick, time.Second) }
 
 // Await waits until the instance id settles (terminal; or parked, when parked says so) and
-// returns its row as the probe read it, or the probe's Missing answer. It returns
-// ErrAwaitDeadline once timeout has passed, and ctx's error if ctx ends first. On a running
-// engine the watcher answers; otherwise Await polls the row every tick itself. Its own reads are
-// bounded by the deadline: a hung connection cannot hold the caller past it.
+// returns its row as the probe read it, or the probe's Missing answer. Once timeout has passed
+// it returns the row as it is then (not settled: busy), read within AwaitGrace, or
+// ErrAwaitUnread; ctx's error if ctx ends first. On a running engine the watcher answers;
+// otherwise Await polls the row every tick itself. Every read is bounded by the deadline (and
+// the last by the grace): a hung connection cannot hold the caller.
 func (e *Engine) Await(ctx context.Context, db store.DB, id int64, parked bool, timeout time.Duration) (store.Probe, error) {
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
@@ -60,17 +67,22 @@ func (e *Engine) Await(ctx context.Context, db store.DB, id int64, parked bool, 
 	// A read that fails for a reason worth retrying (a lost connection, a restarting server) is
 	// tried again at the next tick, until the deadline: the caller gets an answer, or busy, or
 	// (if the database still cannot be read then) an error.
-	probe := func() (store.Probe, bool, error) {
-		p, ok, err := e.probeOne(rctx, db, id, parked)
+	late := false // the deadline passed during a read
+	// probe reports whether the read answered the caller (with p, or with err).
+	probe := func() (p store.Probe, answered bool, err error) {
+		p, ok, err := e.probeOne(rctx, db, id, parked, false)
 		switch {
-		case err == nil || ctx.Err() != nil:
-			return p, ok, err
+		case err == nil:
+			return p, ok, nil
+		case ctx.Err() != nil:
+			return store.Probe{}, true, err
 		case rctx.Err() != nil:
-			return store.Probe{}, false, ErrAwaitDeadline
+			late = true
+			return store.Probe{}, false, err
 		case store.Retryable(err):
-			return store.Probe{}, false, nil
+			return store.Probe{}, false, err
 		}
-		return p, ok, err
+		return store.Probe{}, true, err
 	}
 	a := e.awaits
 	var w *waiter
@@ -80,7 +92,7 @@ func (e *Engine) Await(ctx context.Context, db store.DB, id int64, parked bool, 
 	}
 	// Registered first, read second: a settle between the two is seen by this read, one
 	// after it by the push or the next tick.
-	if p, ok, err := probe(); err != nil || ok {
+	if p, answered, err := probe(); answered {
 		return p, err
 	}
 	tick := time.NewTicker(e.cfg.AwaitTick)
@@ -91,7 +103,7 @@ func (e *Engine) Await(ctx context.Context, db store.DB, id int64, parked bool, 
 		answer, gone = w.answer, a.gone
 		tick.Stop() // the watcher polls for us (and retries its failed probes)
 	}
-	for {
+	for !late {
 		select {
 		case p := <-answer:
 			return p, nil
@@ -99,19 +111,50 @@ func (e *Engine) Await(ctx context.Context, db store.DB, id int64, parked bool, 
 			gone, answer = nil, nil
 			tick.Reset(e.cfg.AwaitTick)
 		case <-tick.C:
-			if p, ok, err := probe(); err != nil || ok {
+			if p, answered, err := probe(); answered {
 				return p, err
 			}
 		case <-deadline.C:
-			return store.Probe{}, ErrAwaitDeadline
+			late = true
 		case <-ctx.Done():
 			return store.Probe{}, context.Cause(ctx)
 		}
 	}
+	return e.finalRead(ctx, db, w, answer, gone, id, parked)
 }
 
-func (e *Engine) probeOne(ctx context.Context, db store.DB, id int64, parked bool) (store.Probe, bool, error) {
-	ps, err := e.store.AwaitProbe(ctx, db, []int64{id}, []bool{parked})
+// finalRead reads the row at the deadline, within AwaitGrace: through the watcher when it runs
+// (one statement for every caller whose deadline came), else itself.
+func (e *Engine) finalRead(ctx context.Context, db store.DB, w *waiter, answer <-chan store.Probe, gone <-chan struct{},
+	id int64, parked bool) (store.Probe, error) {
+	grace := time.NewTimer(e.AwaitGrace())
+	defer grace.Stop()
+	if answer != nil {
+		e.awaits.finalize(w)
+		select {
+		case p := <-answer:
+			return p, nil
+		case <-gone: // the watcher stopped: read the row here
+		case <-grace.C:
+			return store.Probe{}, ErrAwaitUnread
+		case <-ctx.Done():
+			return store.Probe{}, context.Cause(ctx)
+		}
+	}
+	gctx, cancel := context.WithTimeout(ctx, e.AwaitGrace())
+	defer cancel()
+	p, _, err := e.probeOne(gctx, db, id, parked, true)
+	if err != nil {
+		if ctx.Err() != nil {
+			return store.Probe{}, context.Cause(ctx)
+		}
+		return store.Probe{}, fmt.Errorf("%w: %w", ErrAwaitUnread, err)
+	}
+	return p, nil
+}
+
+func (e *Engine) probeOne(ctx context.Context, db store.DB, id int64, parked, final bool) (store.Probe, bool, error) {
+	ps, err := e.store.AwaitProbe(ctx, db, []int64{id}, []bool{parked}, []bool{final})
 	if err != nil {
 		return store.Probe{}, false, fmt.Errorf("read instance %d: %w", id, err)
 	}
@@ -145,6 +188,19 @@ func (a *awaiter) unregister(w *waiter) {
 		delete(a.waiters, w.id)
 	} else {
 		a.waiters[w.id] = ws
+	}
+}
+
+// finalize marks a waiter whose deadline came: the next probe reads its row whatever its
+// status, at once.
+func (a *awaiter) finalize(w *waiter) {
+	a.mu.Lock()
+	w.final = true
+	a.hot[w.id] = struct{}{}
+	a.mu.Unlock()
+	select {
+	case a.kick <- struct{}{}:
+	default:
 	}
 }
 
@@ -186,12 +242,12 @@ func (a *awaiter) watch(stop <-chan struct{}) {
 		case <-t.C:
 			all = true
 		}
-		ids, parked := a.batch(all)
+		ids, parked, final := a.batch(all)
 		if len(ids) == 0 {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(a.e.baseCtx, 10*time.Second)
-		ps, err := a.e.store.AwaitProbe(ctx, a.e.pool, ids, parked)
+		ps, err := a.e.store.AwaitProbe(ctx, a.e.pool, ids, parked, final)
 		cancel()
 		if err != nil {
 			if a.e.baseCtx.Err() == nil {
@@ -205,19 +261,20 @@ func (a *awaiter) watch(stop <-chan struct{}) {
 }
 
 // batch lists the ids to probe: every waited-on id (all), or the pushed ones. An id with
-// waiters of both kinds is probed as parked; answer sorts out who a parked row answers.
-func (a *awaiter) batch(all bool) ([]int64, []bool) {
+// waiters of both kinds is probed as parked, and as final if one of its waiters' deadline came;
+// answer sorts out who a row answers.
+func (a *awaiter) batch(all bool) ([]int64, []bool, []bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var ids []int64
-	var parked []bool
+	var parked, final []bool
 	add := func(id int64, ws []*waiter) {
-		p := false
+		p, f := false, false
 		for _, w := range ws {
-			p = p || w.parked
+			p, f = p || w.parked, f || w.final
 		}
 		ids = append(ids, id)
-		parked = append(parked, p)
+		parked, final = append(parked, p), append(final, f)
 	}
 	if all {
 		for id, ws := range a.waiters {
@@ -231,7 +288,7 @@ func (a *awaiter) batch(all bool) ([]int64, []bool) {
 		}
 	}
 	clear(a.hot)
-	return ids, parked
+	return ids, parked, final
 }
 
 // answer hands each settled row to the waiters it answers and forgets them.
@@ -242,7 +299,9 @@ func (a *awaiter) answer(ps []store.Probe) {
 		ws := a.waiters[p.ID]
 		keep := ws[:0]
 		for _, w := range ws {
-			if !p.Missing && !p.Instance.Status.Terminal() && !w.parked {
+			settled := p.Missing || p.Instance.Status.Terminal() ||
+				(w.parked && p.Instance.Status == durabletype.StatusAwaiting)
+			if !settled && !w.final {
 				keep = append(keep, w)
 				continue
 			}
