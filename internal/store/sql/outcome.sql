@@ -143,7 +143,10 @@ ON CONFLICT (machine, correlation_key)
 -- Only a joining parent counts: a parent that was cancelled or failed meanwhile is left alone,
 -- and its children's completion wakes nobody. A CHECK keeps the count from going below zero.
 -- Used by the outcome statement and by the reaper (release_expired in claims.sql).
--- Locks: each parent row, in parent id order.
+-- Locks: each parent row, in parent id order. The sub-select d takes them: its locking step runs
+-- after its sort. (Left to the join, the order would be the scan's, which is the heap's: every
+-- update that is not HOT moves a parent's row, so two committers settling the same parents
+-- could lock them in opposite orders and deadlock.)
 
 -- fragment: outcome_settle
 UPDATE {schema}.instances AS p
@@ -152,11 +155,13 @@ SET pending_children = p.pending_children - d.n,
                             ELSE p.status END,
     scheduled_at     = CASE WHEN p.pending_children - d.n = 0 THEN now() ELSE p.scheduled_at END,
     updated_at       = now()
-FROM (SELECT parent_id, count(*)::integer AS n
-      FROM finished
-      GROUP BY parent_id
-      ORDER BY parent_id) AS d
-WHERE p.id = d.parent_id
+FROM (SELECT l.id, f.n
+      FROM (SELECT parent_id, count(*)::integer AS n FROM finished GROUP BY parent_id) AS f
+      JOIN {schema}.instances AS l ON l.id = f.parent_id
+      WHERE l.status = 'joining'
+      ORDER BY l.id
+      FOR NO KEY UPDATE OF l) AS d
+WHERE p.id = d.id
   AND p.status = 'joining'
 RETURNING p.id, p.queue, p.status = 'available' AS woke
 
