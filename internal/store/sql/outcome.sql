@@ -169,17 +169,21 @@ RETURNING p.id, p.queue, p.status = 'available' AS woke
 -- shard it debited (@cr_ids, @cr_owners, @cr_keys, @cr_shards: one element per such execution,
 -- as the pick claimed it). A counter never goes below zero here: should it have drifted low, the
 -- reconciler (gates.sql) sets it from the executing rows.
--- Locks: the gate counter rows, in (key, shard) order, like the pick's debit.
+-- Locks: the gate counter rows, in (key, shard) order, like the pick's debit: the sub-select c
+-- takes them after its sort (a join would take them in its scan's order, the heap's).
 
 -- fragment: outcome_credit
 UPDATE {schema}.gates AS g
 SET held = greatest(g.held - c.n, 0)
-FROM (SELECT cr.key, cr.shard, count(*)::integer AS n
-      FROM unnest(@cr_ids::bigint[], @cr_owners::text[], @cr_keys::text[], @cr_shards::smallint[])
-           AS cr(id, owner, key, shard)
-      JOIN upd ON upd.id = cr.id AND upd.owner = cr.owner
-      GROUP BY cr.key, cr.shard
-      ORDER BY cr.key, cr.shard) AS c
+FROM (SELECT l.key, l.shard, x.n
+      FROM (SELECT cr.key, cr.shard, count(*)::integer AS n
+            FROM unnest(@cr_ids::bigint[], @cr_owners::text[], @cr_keys::text[], @cr_shards::smallint[])
+                 AS cr(id, owner, key, shard)
+            JOIN upd ON upd.id = cr.id AND upd.owner = cr.owner
+            GROUP BY cr.key, cr.shard) AS x
+      JOIN {schema}.gates AS l ON l.key = x.key AND l.shard = x.shard
+      ORDER BY l.key, l.shard
+      FOR NO KEY UPDATE OF l) AS c
 WHERE g.key = c.key AND g.shard = c.shard
 
 -- The inboxes of instances that just finished: a terminal outcome clears the whole inbox,
