@@ -55,7 +55,7 @@ func TestKillLoopLosesNothing(t *testing.T) {
 	t.Logf("%d kills; %.0f steps/s under kills, %.0f fault-free; the last instance done %v after the last kill",
 		c.kills, faulted, baseline, tail.Round(time.Millisecond))
 
-	require.Zero(t, unexplainedDuplicates(t, e, c.faulted), "unexplained duplicate effects")
+	require.Zero(t, unexplainedDuplicates(t, e, c.faulted, nil), "unexplained duplicate effects")
 	verdict(t, e, oracle.Opts{N: n + baseN, Effects: true, Counter: true, Path: linearPath, DeadlocksBefore: deadlocksBefore},
 		oracle.Summary{Test: "T1 kill -9 loop", Seed: seed, Instances: n + baseN, Kills: c.kills,
 			Throughput: faulted, Baseline: baseline, Seconds: time.Since(began).Seconds()})
@@ -124,7 +124,7 @@ func TestPausedWorkersLateCommitsAreDropped(t *testing.T) {
 			pausedStale += ev["outcome.stale"]
 		}
 	}
-	require.Zero(t, unexplainedDuplicates(t, e, c.faulted), "unexplained duplicate effects")
+	require.Zero(t, unexplainedDuplicates(t, e, c.faulted, nil), "unexplained duplicate effects")
 	verdict(t, e, oracle.Opts{N: rounds * perRound, Effects: true, Counter: true, Path: linearPath, DeadlocksBefore: deadlocksBefore},
 		oracle.Summary{Test: "T1b pause past the lease", Seed: seed, Instances: rounds * perRound, Pauses: c.pauses,
 			Seconds: time.Since(began).Seconds()})
