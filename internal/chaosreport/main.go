@@ -27,7 +27,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, "chaosreport:", err)
 			return 2
 		}
-		defer f.Close()
+		defer func() { _ = f.Close() }() // read only: nothing to lose
 		inputs = append(inputs, f)
 	}
 	if len(inputs) == 0 {
