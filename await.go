@@ -90,7 +90,10 @@ func (e *InstanceError) Error() string {
 // done (with its result), failed, cancelled, awaiting (parked on a signal; see UntilTerminal),
 // busy (the timeout passed first: the work goes on, and calling Await again with the id is the
 // whole retry protocol), or not found. An error means no answer: timeout not positive, ctx
-// ended, or the database could not be read.
+// ended, or the database could not be read. Await returns within timeout + AwaitTick, however
+// slow the database: at the timeout, one last read of the row decides between busy and a
+// settle that just happened, and if that read cannot finish within AwaitTick the answer is an
+// error (errors.Is context.DeadlineExceeded).
 //
 // On a started client an outcome this client commits is pushed to its waiters at once, and
 // outcomes committed on other nodes are seen within AwaitTick: one statement per tick reads the
@@ -105,16 +108,10 @@ func (c *Client) Await(ctx context.Context, id int64, timeout time.Duration, opt
 		return nil, &InputError{Index: -1, Field: "id", Reason: fmt.Sprintf("%d is not a valid instance id", id)}
 	}
 	parked := opts == nil || !opts.UntilTerminal
-	p, err := c.eng.Await(ctx, c.pool, id, parked, timeout)
-	if errors.Is(err, engine.ErrAwaitDeadline) {
-		in, gerr := c.Get(ctx, id)
-		switch {
-		case errors.Is(gerr, ErrNotFound):
-			return &AwaitResult{Status: AwaitNotFound}, nil
-		case gerr != nil:
-			return nil, fmt.Errorf("gendurable: await %d: read the instance at the deadline: %w", id, gerr)
-		}
-		return answer(store.Probe{ID: id, Instance: in}, parked), nil
+	p, err := c.eng.Await(ctx, c.pool, id, parked, time.Now().Add(timeout))
+	if errors.Is(err, engine.ErrAwaitNoAnswer) {
+		return nil, fmt.Errorf("gendurable: await %d: the timeout passed and the instance could not be read within AwaitTick (%v) after it: %w",
+			id, c.eng.Config().AwaitTick, err)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("gendurable: await %d: %w", id, err)

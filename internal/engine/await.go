@@ -8,13 +8,17 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gendurable/gendurable/durabletype"
 	"github.com/gendurable/gendurable/internal/store"
 )
 
 // awaiter is the await bridge's watcher: every caller waiting for an instance to settle on this
-// node registers here. Each tick, one probe statement reads the rows of every waiter that have
-// settled (none while nobody waits); an outcome this node commits for a waited-on instance is
-// pushed: its id is probed at once instead of at the next tick.
+// node registers here, and the watcher does every read for them, batched. Each tick, one probe
+// statement reads the rows of every waiter that have settled (none while nobody waits). The
+// rows of new waiters, of instances this node just committed an outcome for (a push) and of
+// waiters at their deadline (their last read, which wants the row whatever its status) are read
+// at once, in one statement for all that have queued up: a burst of callers costs a statement,
+// not a connection each.
 type awaiter struct {
 	e       *Engine
 	mu      sync.Mutex
@@ -22,7 +26,7 @@ type awaiter struct {
 	hot     map[int64]struct{}
 	n       atomic.Int64 // registered waiters, read without the lock on the commit path
 	kick    chan struct{}
-	// gone is closed when the watcher exits: its waiters fall back to polling on their own.
+	// gone is closed when the watcher exits: its waiters fall back to reading on their own.
 	gone chan struct{}
 	// watching says the watcher runs (between Start and Stop).
 	watching atomic.Bool
@@ -31,6 +35,7 @@ type awaiter struct {
 type waiter struct {
 	id     int64
 	parked bool // an awaiting row is an answer
+	final  bool // its deadline passed: the row is the answer whatever its status (under mu)
 	answer chan store.Probe
 }
 
@@ -39,64 +44,101 @@ func newAwaiter(e *Engine) *awaiter {
 		kick: make(chan struct{}, 1), gone: make(chan struct{})}
 }
 
-// ErrAwaitDeadline is returned by Await when timeout passed before the instance settled.
-var ErrAwaitDeadline = errors.New("await deadline passed")
+// ErrAwaitNoAnswer is Await's error when the instance's row could not be read within one
+// AwaitTick after the deadline (a database too slow or unreachable to answer in time).
+var ErrAwaitNoAnswer = fmt.Errorf("no answer: the row could not be read within a tick of the deadline: %w", context.DeadlineExceeded)
 
 // Await waits until the instance id settles (terminal; or parked, when parked says so) and
-// returns its row as the probe read it, or the probe's Missing answer. It returns
-// ErrAwaitDeadline once timeout has passed, and ctx's error if ctx ends first. On a running
-// engine the watcher answers; otherwise Await polls the row every tick itself.
-func (e *Engine) Await(ctx context.Context, db store.DB, id int64, parked bool, timeout time.Duration) (store.Probe, error) {
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
+// returns its row as it was read, or a Missing probe. At the deadline it reads the row once more,
+// whatever its status, and returns it (the caller tells a settle at the last moment from
+// busy); if that read cannot finish within four fifths of a tick it returns ErrAwaitNoAnswer
+// (the last fifth is the return's). So it returns by deadline + AwaitTick however slow the
+// database, or with ctx's error if ctx ends first. On a running engine the watcher does the
+// reads; otherwise Await reads the row every tick itself.
+func (e *Engine) Await(ctx context.Context, db store.DB, id int64, parked bool, deadline time.Time) (store.Probe, error) {
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	tick := time.NewTicker(e.cfg.AwaitTick)
+	defer tick.Stop()
+	grace := e.cfg.AwaitTick * 4 / 5 // for the last read
+	// read reads the row itself, bounded by by (a connection wait included).
+	read := func(by time.Time, whole bool) (store.Probe, bool, error) {
+		rctx, cancel := context.WithDeadline(ctx, by)
+		defer cancel()
+		ps, err := e.store.AwaitProbe(rctx, db, []int64{id}, []bool{parked}, []bool{whole})
+		switch {
+		case err != nil && ctx.Err() == nil && rctx.Err() != nil:
+			return store.Probe{}, false, errReadLate
+		case err != nil:
+			return store.Probe{}, false, fmt.Errorf("read instance %d: %w", id, err)
+		case len(ps) == 0:
+			return store.Probe{}, false, nil
+		}
+		return ps[0], true, nil
+	}
+	last := func() (store.Probe, error) {
+		p, _, err := read(deadline.Add(grace), true)
+		if errors.Is(err, errReadLate) {
+			return p, ErrAwaitNoAnswer
+		}
+		return p, err
+	}
 	a := e.awaits
 	var w *waiter
+	var answer <-chan store.Probe
+	var gone <-chan struct{}
 	if a.watching.Load() {
 		w = a.register(id, parked)
 		defer a.unregister(w)
-	}
-	// Registered first, read second: a settle between the two is seen by this read, one
-	// after it by the push or the next tick.
-	if p, ok, err := e.probeOne(ctx, db, id, parked); err != nil || ok {
-		return p, err
-	}
-	tick := time.NewTicker(e.cfg.AwaitTick)
-	defer tick.Stop()
-	var answer <-chan store.Probe
-	var gone <-chan struct{}
-	if w != nil {
+		// Registered first, read second: the watcher reads the row now (push), so a settle
+		// before that read is seen by it, one after it by a push or the next tick.
+		a.push(id)
 		answer, gone = w.answer, a.gone
-		tick.Stop() // the watcher polls for us
+		tick.Stop() // the watcher reads for us
+	} else {
+		switch p, ok, err := read(deadline, false); {
+		case errors.Is(err, errReadLate):
+			return last()
+		case err != nil || ok:
+			return p, err
+		}
 	}
+	var late <-chan time.Time // the watcher's last read is due by then
 	for {
 		select {
 		case p := <-answer:
 			return p, nil
 		case <-gone:
 			gone, answer = nil, nil
+			if late != nil {
+				return last()
+			}
 			tick.Reset(e.cfg.AwaitTick)
 		case <-tick.C:
-			if p, ok, err := e.probeOne(ctx, db, id, parked); err != nil || ok {
+			switch p, ok, err := read(deadline, false); {
+			case errors.Is(err, errReadLate):
+				return last()
+			case err != nil || ok:
 				return p, err
 			}
-		case <-deadline.C:
-			return store.Probe{}, ErrAwaitDeadline
+		case <-timer.C:
+			if answer == nil {
+				return last()
+			}
+			a.finalRead(w)
+			g := time.NewTimer(grace)
+			defer g.Stop()
+			late = g.C
+		case <-late:
+			return store.Probe{}, ErrAwaitNoAnswer
 		case <-ctx.Done():
 			return store.Probe{}, context.Cause(ctx)
 		}
 	}
 }
 
-func (e *Engine) probeOne(ctx context.Context, db store.DB, id int64, parked bool) (store.Probe, bool, error) {
-	ps, err := e.store.AwaitProbe(ctx, db, []int64{id}, []bool{parked})
-	if err != nil {
-		return store.Probe{}, false, fmt.Errorf("read instance %d: %w", id, err)
-	}
-	if len(ps) == 0 {
-		return store.Probe{}, false, nil
-	}
-	return ps[0], true, nil
-}
+// errReadLate says a read of Await's did not finish by its bound.
+var errReadLate = errors.New("await read did not finish in time")
 
 func (a *awaiter) register(id int64, parked bool) *waiter {
 	w := &waiter{id: id, parked: parked, answer: make(chan store.Probe, 1)}
@@ -125,8 +167,20 @@ func (a *awaiter) unregister(w *waiter) {
 	}
 }
 
+// finalRead asks the watcher for w's last read: the row, whatever its status, at once.
+func (a *awaiter) finalRead(w *waiter) {
+	a.mu.Lock()
+	w.final = true
+	a.hot[w.id] = struct{}{}
+	a.mu.Unlock()
+	select {
+	case a.kick <- struct{}{}:
+	default:
+	}
+}
+
 // push asks for an immediate probe of id if someone waits on it: this node just committed an
-// outcome that may have settled it.
+// outcome that may have settled it (or a waiter just registered).
 func (a *awaiter) push(id int64) {
 	if a.n.Load() == 0 {
 		return
@@ -163,12 +217,12 @@ func (a *awaiter) watch(stop <-chan struct{}) {
 		case <-t.C:
 			all = true
 		}
-		ids, parked := a.batch(all)
+		ids, parked, whole := a.batch(all)
 		if len(ids) == 0 {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(a.e.baseCtx, 10*time.Second)
-		ps, err := a.e.store.AwaitProbe(ctx, a.e.pool, ids, parked)
+		ps, err := a.e.store.AwaitProbe(ctx, a.e.pool, ids, parked, whole)
 		cancel()
 		if err != nil {
 			if a.e.baseCtx.Err() == nil {
@@ -182,19 +236,22 @@ func (a *awaiter) watch(stop <-chan struct{}) {
 }
 
 // batch lists the ids to probe: every waited-on id (all), or the pushed ones. An id with
-// waiters of both kinds is probed as parked; answer sorts out who a parked row answers.
-func (a *awaiter) batch(all bool) ([]int64, []bool) {
+// waiters of both kinds is probed as parked, and whole if any of its waiters is at its last read;
+// answer sorts out whom a row answers.
+func (a *awaiter) batch(all bool) ([]int64, []bool, []bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var ids []int64
-	var parked []bool
+	var parked, whole []bool
 	add := func(id int64, ws []*waiter) {
-		p := false
+		p, f := false, false
 		for _, w := range ws {
 			p = p || w.parked
+			f = f || w.final
 		}
 		ids = append(ids, id)
 		parked = append(parked, p)
+		whole = append(whole, f)
 	}
 	if all {
 		for id, ws := range a.waiters {
@@ -208,10 +265,11 @@ func (a *awaiter) batch(all bool) ([]int64, []bool) {
 		}
 	}
 	clear(a.hot)
-	return ids, parked
+	return ids, parked, whole
 }
 
-// answer hands each settled row to the waiters it answers and forgets them.
+// answer hands each row to the waiters it answers (settled for them, or their last read) and
+// forgets them.
 func (a *awaiter) answer(ps []store.Probe) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -219,7 +277,9 @@ func (a *awaiter) answer(ps []store.Probe) {
 		ws := a.waiters[p.ID]
 		keep := ws[:0]
 		for _, w := range ws {
-			if !p.Missing && !p.Instance.Status.Terminal() && !w.parked {
+			settled := p.Missing || p.Instance.Status.Terminal() ||
+				(w.parked && p.Instance.Status == durabletype.StatusAwaiting)
+			if !settled && !w.final {
 				keep = append(keep, w)
 				continue
 			}
