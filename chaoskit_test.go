@@ -207,15 +207,21 @@ func verdict(t *testing.T, e *env, o oracle.Opts, s oracle.Summary) {
 	require.Zero(t, s.DuplicateTerminal, "duplicate terminal transitions")
 }
 
-// throughput is committed steps per second in [from, to).
+// throughput is committed steps per second in [from, to), over the span from the window's first
+// committed step to its last (so that neither the wait for the first pick nor an idle tail
+// counts).
 func throughput(t *testing.T, e *env, from, to time.Time) float64 {
 	t.Helper()
-	n, err := oracle.Steps(context.Background(), e.pool, e.schema, from, to)
-	require.NoError(t, err)
-	if d := to.Sub(from).Seconds(); d > 0 {
-		return float64(n) / d
+	var first, last *time.Time
+	require.NoError(t, e.pool.QueryRow(context.Background(), expand(`SELECT min(at), max(at) FROM {schema}.t_outcome_log
+		WHERE old_status = 'executing' AND (new_step <> old_step OR new_status IN ('done', 'failed', 'awaiting', 'joining'))
+		  AND at >= $1 AND at < $2`, e.schema), from, to).Scan(&first, &last))
+	if first == nil || !last.After(*first) {
+		return 0
 	}
-	return 0
+	n, err := oracle.Steps(context.Background(), e.pool, e.schema, *first, last.Add(time.Microsecond))
+	require.NoError(t, err)
+	return float64(n) / last.Sub(*first).Seconds()
 }
 
 // linearPath is the path every linear5 instance takes.
