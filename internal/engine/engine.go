@@ -441,27 +441,41 @@ func (e *Engine) beat() {
 		e.lastBeat = time.Now()
 		return
 	}
+	claims := func(of []int64) []store.Claim {
+		owner := make(map[int64]string, len(ids))
+		for i, id := range ids {
+			owner[id] = owners[i]
+		}
+		out := make([]store.Claim, len(of))
+		for i, id := range of {
+			out[i] = store.Claim{ID: id, Owner: owner[id]}
+		}
+		return out
+	}
 	ctx, cancel := context.WithTimeout(e.baseCtx, e.cfg.Heartbeat)
 	lost, err := e.store.Heartbeat(ctx, e.pool, ids, owners, e.cfg.Lease)
 	cancel()
 	if err != nil {
 		e.log.Warn("gendurable: heartbeat failed", "client", e.cfg.Name, "claims", len(ids), "error", err)
 		if time.Since(e.lastBeat) > e.cfg.Lease {
-			e.cancelAll(ids)
+			e.cancelLost(claims(ids))
 		}
 		return
 	}
 	e.lastBeat = time.Now()
 	if len(lost) > 0 {
-		e.cancelAll(lost)
+		e.cancelLost(claims(lost))
 	}
 }
 
-func (e *Engine) cancelAll(ids []int64) {
+// cancelLost cancels the running steps of claims this client no longer holds. A claim is its
+// token, not its instance: the flight of an instance may already be a newer claim of it (taken
+// between the old claim's outcome commit and the heartbeat), which is not lost.
+func (e *Engine) cancelLost(lost []store.Claim) {
 	e.mu.Lock()
 	n := 0
-	for _, id := range ids {
-		if f, ok := e.flights[id]; ok && f.state == flightRunning {
+	for _, c := range lost {
+		if f, ok := e.flights[c.ID]; ok && f.owner == c.Owner && f.state == flightRunning {
 			f.cancel(durabletype.ErrLeaseLost)
 			n++
 		}
