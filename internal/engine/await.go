@@ -17,8 +17,8 @@ import (
 // statement reads the rows of every waiter that have settled (none while nobody waits). The
 // rows of new waiters, of instances this node just committed an outcome for (a push) and of
 // waiters at their deadline (their last read, which wants the row whatever its status) are read
-// at once, in one statement for all that have queued up: a burst of callers costs a statement,
-// not a connection each.
+// at once by a second reader, in one statement for all that have queued up: a burst of callers
+// costs a statement, not a connection each, and a hot read never waits behind a tick's.
 type awaiter struct {
 	e       *Engine
 	mu      sync.Mutex
@@ -206,33 +206,51 @@ func (a *awaiter) watch(stop <-chan struct{}) {
 		a.watching.Store(false)
 		close(a.gone)
 	}()
+	// Two readers: the ticks' probe of every waiter, and the hot reads (pushes, first reads,
+	// last reads), so that a hot read never waits behind a tick's probe of a thousand rows.
+	var hot sync.WaitGroup
+	hot.Add(1)
+	go func() {
+		defer hot.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-a.kick:
+				a.probe(false)
+			}
+		}
+	}()
+	defer hot.Wait()
 	t := time.NewTicker(a.e.cfg.AwaitTick)
 	defer t.Stop()
 	for {
-		all := false
 		select {
 		case <-stop:
 			return
-		case <-a.kick:
 		case <-t.C:
-			all = true
+			a.probe(true)
 		}
-		ids, parked, whole := a.batch(all)
-		if len(ids) == 0 {
-			continue
-		}
-		ctx, cancel := context.WithTimeout(a.e.baseCtx, 10*time.Second)
-		ps, err := a.e.store.AwaitProbe(ctx, a.e.pool, ids, parked, whole)
-		cancel()
-		if err != nil {
-			if a.e.baseCtx.Err() == nil {
-				a.e.log.Warn("gendurable: await probe failed; retrying at the next tick", "client", a.e.cfg.Name,
-					"waiters", len(ids), "error", err)
-			}
-			continue
-		}
-		a.answer(ps)
 	}
+}
+
+// probe reads the rows of every waiter (all) or of the hot ids, and answers whom they answer.
+func (a *awaiter) probe(all bool) {
+	ids, parked, whole := a.batch(all)
+	if len(ids) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(a.e.baseCtx, 10*time.Second)
+	ps, err := a.e.store.AwaitProbe(ctx, a.e.pool, ids, parked, whole)
+	cancel()
+	if err != nil {
+		if a.e.baseCtx.Err() == nil {
+			a.e.log.Warn("gendurable: await probe failed; retrying at the next tick", "client", a.e.cfg.Name,
+				"waiters", len(ids), "error", err)
+		}
+		return
+	}
+	a.answer(ps)
 }
 
 // batch lists the ids to probe: every waited-on id (all), or the pushed ones. An id with
@@ -257,11 +275,11 @@ func (a *awaiter) batch(all bool) ([]int64, []bool, []bool) {
 		for id, ws := range a.waiters {
 			add(id, ws)
 		}
-	} else {
-		for id := range a.hot {
-			if ws, ok := a.waiters[id]; ok {
-				add(id, ws)
-			}
+		return ids, parked, whole // the hot reads stay the hot reader's: it may well be faster
+	}
+	for id := range a.hot {
+		if ws, ok := a.waiters[id]; ok {
+			add(id, ws)
 		}
 	}
 	clear(a.hot)
