@@ -126,7 +126,7 @@ func (e *Engine) Await(ctx context.Context, db store.DB, id int64, parked bool, 
 				return last()
 			}
 			a.finalRead(w)
-			g := time.NewTimer(grace)
+			g := time.NewTimer(time.Until(deadline.Add(grace))) // from the deadline, not from a late timer
 			defer g.Stop()
 			late = g.C
 		case <-late:
