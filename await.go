@@ -92,8 +92,9 @@ func (e *InstanceError) Error() string {
 // whole retry protocol), or not found. An error means no answer: timeout not positive, ctx
 // ended, or the database could not be read. Await returns within timeout + AwaitTick, however
 // slow the database: at the timeout, one last read of the row decides between busy and a
-// settle that just happened, and if that read cannot finish within AwaitTick the answer is an
-// error (errors.Is context.DeadlineExceeded).
+// settle that just happened; if that read cannot finish within AwaitTick, the answer is busy with
+// the row as last read, or, if the row could never be read, an error (errors.Is
+// context.DeadlineExceeded).
 //
 // On a started client an outcome this client commits is pushed to its waiters at once, and
 // outcomes committed on other nodes are seen within AwaitTick: one statement per tick reads the

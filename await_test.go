@@ -273,7 +273,8 @@ func TestAwaitThousandWaitersOneProbePerTick(t *testing.T) {
 
 // Await answers within its timeout + AwaitTick even when the database cannot: here every
 // connection of the pool is taken. A waiter on a started client and one on a client that was
-// never started (which reads the row itself) both get an error that says so, in time.
+// never started (which reads the row itself) both get an error that says so, in time; a waiter
+// whose row was read before the stall gets busy with that row, in time.
 func TestAwaitAnswersByTheDeadlineWhenTheDatabaseIsSlow(t *testing.T) {
 	e := newEnv(t)
 	cfg, err := pgxpool.ParseConfig(durabledbtest.URL(t))
@@ -320,6 +321,43 @@ func TestAwaitAnswersByTheDeadlineWhenTheDatabaseIsSlow(t *testing.T) {
 		}
 	}
 	release()
+
+	// A waiter whose row was read before the database stalled answers busy with that row, on
+	// time: its first read wants the row whole for this.
+	for name, cl := range map[string]*gendurable.Client{"started": started, "bare": bare} {
+		const timeout = 300 * time.Millisecond
+		before := pool.Stat().AcquireCount()
+		type result struct {
+			r    *gendurable.AwaitResult
+			err  error
+			took time.Duration
+		}
+		done := make(chan result, 1)
+		go func() {
+			began := time.Now()
+			r, err := cl.Await(context.Background(), id, timeout, nil)
+			done <- result{r, err, time.Since(began)}
+		}()
+		eventually(t, 5*time.Second, "the waiter's first read", func() bool {
+			st := pool.Stat()
+			return st.AcquireCount() > before && st.AcquiredConns() == 0
+		})
+		var stalled []*pgxpool.Conn
+		for range cfg.MaxConns {
+			c, err := pool.Acquire(context.Background())
+			require.NoError(t, err)
+			stalled = append(stalled, c)
+		}
+		res := <-done
+		for _, c := range stalled {
+			c.Release()
+		}
+		require.NoError(t, res.err, "%s client", name)
+		require.Equal(t, gendurable.AwaitBusy, res.r.Status, "%s client", name)
+		require.Equal(t, id, res.r.Instance.ID)
+		require.Less(t, res.took, timeout+2*tick, "%s client", name)
+	}
+
 	r, err := started.Await(context.Background(), id, 100*time.Millisecond, nil)
 	require.NoError(t, err)
 	require.Equal(t, gendurable.AwaitBusy, r.Status, "answers again once the database does")

@@ -20,8 +20,8 @@ import (
 //
 // No caller hangs: each returns within its timeout + 1 tick. An answer is done, or busy only
 // when the deadline came first (the instance was not settled a tick before it), or, on a machine
-// too loaded to read a row within a tick of the deadline, the error that says so (counted and
-// reported; none on an idle machine); awaiting a busy or unanswered id again returns done. Latency to the answer, over the callers that waited and whose
+// too loaded to read a row at all by a tick after the deadline, the error that says so (counted
+// and reported; none on an idle machine); awaiting a busy or unanswered id again returns done. Latency to the answer, over the callers that waited and whose
 // instance lost no claim to the kill: same node p95 < 10ms (from the commit, marked by the
 // client's step.finished event), cross node p95 < tick + 50ms (from the settling statement's
 // timestamp in the outcome log, which also counts the statement and its commit).

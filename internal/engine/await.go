@@ -35,8 +35,12 @@ type awaiter struct {
 type waiter struct {
 	id     int64
 	parked bool // an awaiting row is an answer
-	final  bool // its deadline passed: the row is the answer whatever its status (under mu)
-	answer chan store.Probe
+	// Under the awaiter's mu: fresh says its first read is pending, final that its deadline
+	// passed (the row is the answer whatever its status); both want the row whole. latest is
+	// the last row read that did not answer it.
+	fresh, final bool
+	latest       *store.Probe
+	answer       chan store.Probe
 }
 
 func newAwaiter(e *Engine) *awaiter {
@@ -44,24 +48,32 @@ func newAwaiter(e *Engine) *awaiter {
 		kick: make(chan struct{}, 1), gone: make(chan struct{})}
 }
 
-// ErrAwaitNoAnswer is Await's error when the instance's row could not be read within one
+// ErrAwaitNoAnswer is Await's error when the instance's row could not be read at all by one
 // AwaitTick after the deadline (a database too slow or unreachable to answer in time).
-var ErrAwaitNoAnswer = fmt.Errorf("no answer: the row could not be read within a tick of the deadline: %w", context.DeadlineExceeded)
+var ErrAwaitNoAnswer = fmt.Errorf("no answer: the row could not be read by a tick after the deadline: %w", context.DeadlineExceeded)
+
+// settles says whether p answers a waiter (parked: an awaiting row counts).
+func settles(p store.Probe, parked bool) bool {
+	return p.Missing || p.Instance.Status.Terminal() || (parked && p.Instance.Status == durabletype.StatusAwaiting)
+}
 
 // Await waits until the instance id settles (terminal; or parked, when parked says so) and
 // returns its row as it was read, or a Missing probe. At the deadline it reads the row once more,
-// whatever its status, and returns it (the caller tells a settle at the last moment from
-// busy); if that read cannot finish within four fifths of a tick it returns ErrAwaitNoAnswer
-// (the last fifth is the return's). So it returns by deadline + AwaitTick however slow the
-// database, or with ctx's error if ctx ends first. On a running engine the watcher does the
-// reads; otherwise Await reads the row every tick itself.
+// whatever its status, and returns it (the caller tells a settle at the last moment from busy).
+// If that read cannot finish within four fifths of a tick (the last fifth is the return's), it
+// returns the row as last read instead (its first read wants the whole row for this), or
+// ErrAwaitNoAnswer if the row could never be read. So it returns by deadline + AwaitTick however
+// slow the database, or with ctx's error if ctx ends first. On a running engine the watcher does
+// the reads; otherwise Await reads the row every tick itself.
 func (e *Engine) Await(ctx context.Context, db store.DB, id int64, parked bool, deadline time.Time) (store.Probe, error) {
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
 	tick := time.NewTicker(e.cfg.AwaitTick)
 	defer tick.Stop()
-	grace := e.cfg.AwaitTick * 4 / 5 // for the last read
-	// read reads the row itself, bounded by by (a connection wait included).
+	grace := deadline.Add(e.cfg.AwaitTick * 4 / 5) // the last read's bound
+	var latest *store.Probe                        // the poll's last read
+	// read reads the row itself (whole: whatever its status), bounded by by, a wait for a
+	// connection included. It reports whether the row answers the waiter.
 	read := func(by time.Time, whole bool) (store.Probe, bool, error) {
 		rctx, cancel := context.WithDeadline(ctx, by)
 		defer cancel()
@@ -74,11 +86,19 @@ func (e *Engine) Await(ctx context.Context, db store.DB, id int64, parked bool, 
 		case len(ps) == 0:
 			return store.Probe{}, false, nil
 		}
+		if !settles(ps[0], parked) {
+			latest = &ps[0]
+			return ps[0], false, nil
+		}
 		return ps[0], true, nil
 	}
+	// last is the read at the deadline, by the waiter itself.
 	last := func() (store.Probe, error) {
-		p, _, err := read(deadline.Add(grace), true)
-		if errors.Is(err, errReadLate) {
+		p, _, err := read(grace, true)
+		switch {
+		case errors.Is(err, errReadLate) && latest != nil:
+			return *latest, nil
+		case errors.Is(err, errReadLate):
 			return p, ErrAwaitNoAnswer
 		}
 		return p, err
@@ -96,7 +116,7 @@ func (e *Engine) Await(ctx context.Context, db store.DB, id int64, parked bool, 
 		answer, gone = w.answer, a.gone
 		tick.Stop() // the watcher reads for us
 	} else {
-		switch p, ok, err := read(deadline, false); {
+		switch p, ok, err := read(deadline, true); {
 		case errors.Is(err, errReadLate):
 			return last()
 		case err != nil || ok:
@@ -110,12 +130,13 @@ func (e *Engine) Await(ctx context.Context, db store.DB, id int64, parked bool, 
 			return p, nil
 		case <-gone:
 			gone, answer = nil, nil
+			latest = a.latestOf(w)
 			if late != nil {
 				return last()
 			}
 			tick.Reset(e.cfg.AwaitTick)
 		case <-tick.C:
-			switch p, ok, err := read(deadline, false); {
+			switch p, ok, err := read(deadline, latest == nil); {
 			case errors.Is(err, errReadLate):
 				return last()
 			case err != nil || ok:
@@ -126,10 +147,13 @@ func (e *Engine) Await(ctx context.Context, db store.DB, id int64, parked bool, 
 				return last()
 			}
 			a.finalRead(w)
-			g := time.NewTimer(time.Until(deadline.Add(grace))) // from the deadline, not from a late timer
+			g := time.NewTimer(time.Until(grace)) // from the deadline, not from a late timer
 			defer g.Stop()
 			late = g.C
 		case <-late:
+			if p := a.latestOf(w); p != nil {
+				return *p, nil
+			}
 			return store.Probe{}, ErrAwaitNoAnswer
 		case <-ctx.Done():
 			return store.Probe{}, context.Cause(ctx)
@@ -141,7 +165,7 @@ func (e *Engine) Await(ctx context.Context, db store.DB, id int64, parked bool, 
 var errReadLate = errors.New("await read did not finish in time")
 
 func (a *awaiter) register(id int64, parked bool) *waiter {
-	w := &waiter{id: id, parked: parked, answer: make(chan store.Probe, 1)}
+	w := &waiter{id: id, parked: parked, fresh: true, answer: make(chan store.Probe, 1)}
 	a.mu.Lock()
 	a.waiters[id] = append(a.waiters[id], w)
 	a.mu.Unlock()
@@ -165,6 +189,13 @@ func (a *awaiter) unregister(w *waiter) {
 	} else {
 		a.waiters[w.id] = ws
 	}
+}
+
+// latestOf returns the last row read for w that did not answer it (nil: none yet).
+func (a *awaiter) latestOf(w *waiter) *store.Probe {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return w.latest
 }
 
 // finalRead asks the watcher for w's last read: the row, whatever its status, at once.
@@ -265,7 +296,7 @@ func (a *awaiter) batch(all bool) ([]int64, []bool, []bool) {
 		p, f := false, false
 		for _, w := range ws {
 			p = p || w.parked
-			f = f || w.final
+			f = f || w.final || w.fresh
 		}
 		ids = append(ids, id)
 		parked = append(parked, p)
@@ -287,7 +318,7 @@ func (a *awaiter) batch(all bool) ([]int64, []bool, []bool) {
 }
 
 // answer hands each row to the waiters it answers (settled for them, or their last read) and
-// forgets them.
+// forgets them; to the others it is their latest read.
 func (a *awaiter) answer(ps []store.Probe) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -295,9 +326,9 @@ func (a *awaiter) answer(ps []store.Probe) {
 		ws := a.waiters[p.ID]
 		keep := ws[:0]
 		for _, w := range ws {
-			settled := p.Missing || p.Instance.Status.Terminal() ||
-				(w.parked && p.Instance.Status == durabletype.StatusAwaiting)
-			if !settled && !w.final {
+			if !settles(p, w.parked) && !w.final {
+				w.fresh = false
+				w.latest = &p
 				keep = append(keep, w)
 				continue
 			}
