@@ -8,6 +8,12 @@ LINT     := $(GO) tool -modfile=$(ROOT)/tools/go.mod golangci-lint
 CONTRIB  := $(patsubst %/go.mod,%,$(wildcard contrib/*/go.mod)) e2e
 # The tests' Postgres: DATABASE_URL, else 127.0.0.1:5432, else a throwaway cluster (see README).
 TESTFLAGS ?=
+# make chaos: RUN picks the tests (a go test -run regexp; default all), CHAOSFLAGS how they run
+# (default one package and one test at a time, so that no fault test's figures are another's
+# load), CHAOSLOG where the verbose output goes. See docs/reliability.md.
+RUN        ?= .
+CHAOSFLAGS ?= -p 1 -parallel 1 -timeout 90m
+CHAOSLOG   ?= chaos.log
 
 .PHONY: help demo test test/race lint bench chaos tidy
 
@@ -42,6 +48,14 @@ lint: ## gofmt, go vet and golangci-lint (pinned in tools/go.mod)
 		echo "cd $$dir && golangci-lint run ./..."; \
 		(cd $$dir && $(LINT) run ./...); \
 	done
+
+chaos: ## the reliability suite at full size (GD_CHAOS=full), then its summary table; RUN=regexp narrows it
+	@rm -f $(CHAOSLOG).status
+	@{ GD_CHAOS=full $(GO) test -count=1 -v $(CHAOSFLAGS) -run '$(RUN)' $(TESTFLAGS) ./...; \
+	   echo $$? > $(CHAOSLOG).status; } 2>&1 | tee $(CHAOSLOG)
+	@echo; echo "== chaos summary ($(CHAOSLOG))"
+	@status=$$(cat $(CHAOSLOG).status); rm -f $(CHAOSLOG).status; \
+	$(GO) run ./internal/chaosreport $(CHAOSLOG) && exit $$status
 
 bench: ## run the benchmark suite (gendurable bench) on the resolved Postgres
 	$(GO) run ./cmd/gendurable bench

@@ -3,9 +3,11 @@ package gendurable
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
+	"github.com/gendurable/gendurable/internal/engine"
 	"github.com/gendurable/gendurable/internal/store"
 )
 
@@ -88,11 +90,11 @@ func (e *InstanceError) Error() string {
 // done (with its result), failed, cancelled, awaiting (parked on a signal; see UntilTerminal),
 // busy (the timeout passed first: the work goes on, and calling Await again with the id is the
 // whole retry protocol), or not found. An error means no answer: timeout not positive, ctx
-// ended, or the database could not be read by the deadline (a read that fails before it, on a
-// lost connection or a restarting server, is retried at the next tick). Await returns by
-// timeout plus AwaitTick (at least a second) even when the database does not answer: every read
-// it makes is bounded by its deadline, and the read of the row it answers busy with (made by
-// the watcher for every caller whose deadline came, in one statement) by that grace.
+// ended, or the database could not be read. Await returns within timeout + AwaitTick, however
+// slow the database: at the timeout, one last read of the row decides between busy and a
+// settle that just happened; if that read cannot finish within AwaitTick, the answer is busy with
+// the row as last read, or, if the row could never be read, an error (errors.Is
+// context.DeadlineExceeded).
 //
 // On a started client an outcome this client commits is pushed to its waiters at once, and
 // outcomes committed on other nodes are seen within AwaitTick: one statement per tick reads the
@@ -107,7 +109,11 @@ func (c *Client) Await(ctx context.Context, id int64, timeout time.Duration, opt
 		return nil, &InputError{Index: -1, Field: "id", Reason: fmt.Sprintf("%d is not a valid instance id", id)}
 	}
 	parked := opts == nil || !opts.UntilTerminal
-	p, err := c.eng.Await(ctx, c.pool, id, parked, timeout)
+	p, err := c.eng.Await(ctx, c.pool, id, parked, time.Now().Add(timeout))
+	if errors.Is(err, engine.ErrAwaitNoAnswer) {
+		return nil, fmt.Errorf("gendurable: await %d: the timeout passed and the instance could not be read within AwaitTick (%v) after it: %w",
+			id, c.eng.Config().AwaitTick, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("gendurable: await %d: %w", id, err)
 	}

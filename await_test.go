@@ -195,13 +195,15 @@ func TestAwaitAcrossClientsAndWithoutStart(t *testing.T) {
 }
 
 // probeCounter counts the await watcher's probe statements (arrays of more than one id) sent
-// through a pool.
-type probeCounter struct{ n atomic.Int64 }
+// through a pool, and the probes of a single id.
+type probeCounter struct{ n, single atomic.Int64 }
 
 func (p *probeCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	if strings.Contains(d.SQL, "unnest($1::bigint[], $2::bool[], $3::bool[])") && len(d.Args) > 0 {
 		if ids, ok := d.Args[0].([]int64); ok && len(ids) > 1 {
 			p.n.Add(1)
+		} else if ok && len(ids) == 1 {
+			p.single.Add(1)
 		}
 	}
 	return ctx
@@ -210,7 +212,8 @@ func (p *probeCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.T
 func (p *probeCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 // A thousand callers waiting on one client cost one probe statement per tick, and none once
-// they are gone.
+// they are gone. Their first reads are batched too: a burst of callers does not queue a read
+// each for the pool's connections (which held callers with short timeouts past them, T16).
 func TestAwaitThousandWaitersOneProbePerTick(t *testing.T) {
 	e := newEnv(t)
 	cfg, err := pgxpool.ParseConfig(durabledbtest.URL(t))
@@ -262,6 +265,102 @@ func TestAwaitThousandWaitersOneProbePerTick(t *testing.T) {
 	idle := probes.n.Load()
 	time.Sleep(5 * tick)
 	require.Equal(t, idle, probes.n.Load(), "the watcher probed with nobody waiting")
+	// Without the batching, each of the thousand would have read its row on its own at least
+	// once: over 1,000 statements.
+	total := probes.n.Load() + probes.single.Load()
+	require.Less(t, total, int64(3*time.Second/tick)+50, "the waiters' reads were not batched")
+}
+
+// Await answers within its timeout + AwaitTick even when the database cannot: here every
+// connection of the pool is taken. A waiter on a started client and one on a client that was
+// never started (which reads the row itself) both get an error that says so, in time; a waiter
+// whose row was read before the stall gets busy with that row, in time.
+func TestAwaitAnswersByTheDeadlineWhenTheDatabaseIsSlow(t *testing.T) {
+	e := newEnv(t)
+	cfg, err := pgxpool.ParseConfig(durabledbtest.URL(t))
+	require.NoError(t, err)
+	cfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	const tick = 25 * time.Millisecond
+	quiet := &gendurable.Config{Schema: e.schema, AwaitTick: tick, Reaper: &gendurable.ReaperConfig{Disabled: true},
+		GC: &gendurable.GCConfig{Disabled: true}}
+	started, err := gendurable.NewClient(pool, quiet)
+	require.NoError(t, err)
+	start(t, started)
+	bare, err := gendurable.NewClient(pool, quiet)
+	require.NoError(t, err)
+	id := insertTask(t, started, "done", 1) // nobody works the queue
+
+	var held []*pgxpool.Conn
+	for range cfg.MaxConns {
+		c, err := pool.Acquire(context.Background())
+		require.NoError(t, err)
+		held = append(held, c)
+	}
+	var releaseOnce sync.Once
+	release := func() {
+		releaseOnce.Do(func() {
+			for _, c := range held {
+				c.Release()
+			}
+		})
+	}
+	// A waiter that waits for a connection would wait for this.
+	time.AfterFunc(3*time.Second, release)
+	for name, cl := range map[string]*gendurable.Client{"started": started, "bare": bare} {
+		for _, timeout := range []time.Duration{50 * time.Millisecond, 200 * time.Millisecond} {
+			began := time.Now()
+			_, err := cl.Await(context.Background(), id, timeout, nil)
+			took := time.Since(began)
+			require.ErrorIs(t, err, context.DeadlineExceeded, "%s client, timeout %v", name, timeout)
+			// The bound is timeout + tick; a second tick allows for the scheduler on a busy
+			// machine. Unbounded, it would wait for the connections (as long as they are held).
+			require.Less(t, took, timeout+2*tick, "%s client, timeout %v", name, timeout)
+		}
+	}
+	release()
+
+	// A waiter whose row was read before the database stalled answers busy with that row, on
+	// time: its first read wants the row whole for this.
+	for name, cl := range map[string]*gendurable.Client{"started": started, "bare": bare} {
+		const timeout = 300 * time.Millisecond
+		before := pool.Stat().AcquireCount()
+		type result struct {
+			r    *gendurable.AwaitResult
+			err  error
+			took time.Duration
+		}
+		done := make(chan result, 1)
+		go func() {
+			began := time.Now()
+			r, err := cl.Await(context.Background(), id, timeout, nil)
+			done <- result{r, err, time.Since(began)}
+		}()
+		eventually(t, 5*time.Second, "the waiter's first read", func() bool {
+			st := pool.Stat()
+			return st.AcquireCount() > before && st.AcquiredConns() == 0
+		})
+		var stalled []*pgxpool.Conn
+		for range cfg.MaxConns {
+			c, err := pool.Acquire(context.Background())
+			require.NoError(t, err)
+			stalled = append(stalled, c)
+		}
+		res := <-done
+		for _, c := range stalled {
+			c.Release()
+		}
+		require.NoError(t, res.err, "%s client", name)
+		require.Equal(t, gendurable.AwaitBusy, res.r.Status, "%s client", name)
+		require.Equal(t, id, res.r.Instance.ID)
+		require.Less(t, res.took, timeout+2*tick, "%s client", name)
+	}
+
+	r, err := started.Await(context.Background(), id, 100*time.Millisecond, nil)
+	require.NoError(t, err)
+	require.Equal(t, gendurable.AwaitBusy, r.Status, "answers again once the database does")
 }
 
 // The path records every step that moved an instance on or finished it.

@@ -3,34 +3,39 @@ package gendurable_test
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
-	"io"
-	"math/rand/v2"
 	"os"
 	"os/exec"
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/gendurable/gendurable"
-	"github.com/gendurable/gendurable/internal/oracle"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
-// helperMain runs a worker process for the crash tests: a client working queue "crash" with an
-// effect-logging linear5 machine, configured from the environment. It prints "ready" once
-// started and drains on SIGTERM.
+// helperMain runs a worker process for the crash tests: a client working queue "crash" (or the
+// queues in GD_QUEUES) with an effect-logging linear5 machine and the fan-out parent
+// (fanMachine), configured from the environment. It prints "ready" once started, drains on
+// SIGTERM, and prints, as its last line, "events " and the JSON count of every event it emitted
+// by name (a SIGKILLed worker prints nothing).
 func helperMain() int {
 	env := func(k string, def int) int {
 		if v, err := strconv.Atoi(os.Getenv(k)); err == nil {
 			return v
 		}
 		return def
+	}
+	queueNames := []string{"crash"}
+	if q := os.Getenv("GD_QUEUES"); q != "" {
+		queueNames = strings.Split(q, ",")
 	}
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("GD_URL"))
@@ -44,15 +49,22 @@ func helperMain() int {
 	pid := os.Getpid()
 	m := effectMachine(pool, schema, pid, stepDelay)
 	lease := time.Duration(env("GD_LEASE_MS", 1000)) * time.Millisecond
+	queues := map[string]gendurable.QueueConfig{}
+	for _, q := range queueNames {
+		queues[q] = gendurable.QueueConfig{Concurrency: env("GD_CONC", 8)}
+	}
+	events := &eventCounts{}
 	cfg := &gendurable.Config{
 		Name:         os.Getenv("GD_NAME"),
 		Schema:       schema,
-		Machines:     []gendurable.Machine{m},
-		Queues:       map[string]gendurable.QueueConfig{"crash": {Concurrency: env("GD_CONC", 8)}},
+		Machines:     []gendurable.Machine{m, fanMachine(effectRecorder(pool, schema, pid))},
+		Queues:       queues,
 		Lease:        lease,
 		Heartbeat:    time.Duration(env("GD_HEARTBEAT_MS", int(lease.Milliseconds()/5))) * time.Millisecond,
 		PollInterval: time.Duration(env("GD_POLL_MS", 100)) * time.Millisecond,
-		Reaper:       &gendurable.ReaperConfig{Interval: 100 * time.Millisecond, Disabled: env("GD_REAPER", 1) == 0},
+		Reaper: &gendurable.ReaperConfig{Interval: time.Duration(env("GD_REAPER_MS", 100)) * time.Millisecond,
+			Disabled: env("GD_REAPER", 1) == 0},
+		Hooks: []func(gendurable.Event){events.add},
 	}
 	if os.Getenv("GD_POKE") == "postgres" {
 		cfg.Poke = gendurable.PokePostgres()
@@ -87,29 +99,62 @@ func helperMain() int {
 	<-sig
 	stopCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if err := cl.Stop(stopCtx); err != nil {
+	err = cl.Stop(stopCtx)
+	fmt.Println("events " + events.json())
+	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	return 0
 }
 
+// eventCounts counts a client's events by name (a hook).
+type eventCounts struct {
+	mu sync.Mutex
+	n  map[gendurable.EventName]int
+}
+
+func (c *eventCounts) add(ev gendurable.Event) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[gendurable.EventName]int{}
+	}
+	c.n[ev.Name]++
+}
+
+func (c *eventCounts) json() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b, _ := json.Marshal(c.n)
+	return string(b)
+}
+
 // effectMachine is linear5 whose every step first records an external effect (autocommit, on the
 // pool, outside the outcome's transaction) and then sleeps.
 func effectMachine(pool *pgxpool.Pool, schema string, pid int, delay time.Duration) gendurable.FSM[path] {
-	return linear("linear5", delay, func(ctx *gendurable.Ctx) {
+	return linear("linear5", delay, effectRecorder(pool, schema, pid))
+}
+
+// effectRecorder returns a step hook that records the step's external effect in t_effects.
+func effectRecorder(pool *pgxpool.Pool, schema string, pid int) func(ctx *gendurable.Ctx) {
+	return func(ctx *gendurable.Ctx) {
 		_, err := pool.Exec(ctx, expand(`INSERT INTO {schema}.t_effects (id, step, attempt, pid) VALUES ($1, $2, $3, $4)`, schema),
 			ctx.ID, ctx.Step, ctx.Attempt, pid)
 		if err != nil && ctx.Err() == nil {
 			panic(err)
 		}
-	})
+	}
 }
 
 // worker is a helper process.
 type worker struct {
 	cmd  *exec.Cmd
 	name string
+	// events receives the worker's event counts if it exits gracefully; out is closed when its
+	// stdout ends (it exited).
+	events chan map[string]int
+	out    chan struct{}
 }
 
 func startWorker(t *testing.T, e *env, name string, extra ...string) *worker {
@@ -122,21 +167,63 @@ func startWorker(t *testing.T, e *env, name string, extra ...string) *worker {
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
-	line, err := bufio.NewReader(out).ReadString('\n')
-	require.NoError(t, err, "worker did not start")
-	require.Equal(t, "ready\n", line)
-	go func() { _, _ = io.Copy(io.Discard, out) }()
-	w := &worker{cmd: cmd, name: name}
+	w := &worker{cmd: cmd, name: name, events: make(chan map[string]int, 1), out: make(chan struct{})}
 	t.Cleanup(func() { w.kill() })
+	r := bufio.NewReader(out)
+	line, err := r.ReadString('\n')
+	if err != nil || line != "ready\n" {
+		close(w.out)
+		t.Fatalf("worker %s did not start: %q, %v", name, line, err)
+	}
+	go func() {
+		defer close(w.out)
+		for {
+			line, err := r.ReadString('\n')
+			if ev, ok := strings.CutPrefix(line, "events "); ok {
+				counts := map[string]int{}
+				if json.Unmarshal([]byte(ev), &counts) == nil {
+					w.events <- counts
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
 	return w
 }
 
+// kill SIGKILLs the worker (stopped or not) and reaps it.
 func (w *worker) kill() {
 	if w.cmd.ProcessState == nil {
 		_ = w.cmd.Process.Signal(syscall.SIGKILL)
+		<-w.out
 		_ = w.cmd.Wait()
 	}
 }
+
+// term SIGTERMs the worker, waits for its drain and exit, and returns its event counts.
+func (w *worker) term(t *testing.T) map[string]int {
+	t.Helper()
+	require.NoError(t, w.cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case <-w.out:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("worker %s did not exit within 30s of SIGTERM", w.name)
+	}
+	require.NoError(t, w.cmd.Wait(), "worker %s exit status", w.name)
+	select {
+	case ev := <-w.events:
+		return ev
+	default:
+		t.Fatalf("worker %s printed no event counts", w.name)
+		return nil
+	}
+}
+
+// pause stops the worker (SIGSTOP); resume continues it (SIGCONT).
+func (w *worker) pause(t *testing.T)  { require.NoError(t, syscall.Kill(w.pid(), syscall.SIGSTOP)) }
+func (w *worker) resume(t *testing.T) { require.NoError(t, syscall.Kill(w.pid(), syscall.SIGCONT)) }
 
 func (w *worker) pid() int { return w.cmd.Process.Pid }
 
@@ -202,69 +289,6 @@ func TestKilledWorkerIsRecoveredByAnother(t *testing.T) {
 	require.Less(t, time.Since(killedAt), 30*time.Second)
 	require.Equal(t, 8, e.count(t, `SELECT count(DISTINCT id) FROM {schema}.t_effects WHERE pid = $1`, victim.pid()))
 	rescuer.kill()
-}
-
-func TestKillLoopLosesNothing(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	ctx := context.Background()
-	require.NoError(t, oracle.Install(ctx, e.pool, e.schema))
-	deadlocksBefore, err := oracle.Deadlocks(ctx, e.pool)
-	require.NoError(t, err)
-	const n, procs = 300, 3
-	insertLinear(t, e, n)
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("GD_SEED"); s != "" {
-		seed, _ = strconv.ParseUint(s, 10, 64)
-	}
-	t.Logf("seed=%d", seed)
-	rng := rand.New(rand.NewPCG(seed, 1))
-	workers := make([]*worker, procs)
-	args := []string{"GD_STEP_MS=5", "GD_LEASE_MS=1000"}
-	for i := range workers {
-		workers[i] = startWorker(t, e, fmt.Sprint("w", i), args...)
-	}
-	killed := map[int]bool{}
-	deadline := time.Now().Add(3 * time.Minute)
-	var lastKill time.Time
-	for e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'done'`) < n {
-		require.True(t, time.Now().Before(deadline), "not done within 3 minutes")
-		time.Sleep(time.Duration(200+rng.IntN(800)) * time.Millisecond)
-		if len(killed) >= 8 {
-			continue
-		}
-		i := rng.IntN(procs)
-		killed[workers[i].pid()] = true
-		workers[i].kill()
-		lastKill = time.Now()
-		// Restart at once under the same name: startup reclaim takes what it left, once stale.
-		workers[i] = startWorker(t, e, fmt.Sprint("w", i), args...)
-	}
-	t.Logf("killed %d workers; last instance done %v after the last kill", len(killed), time.Since(lastKill))
-	requireAllExact(t, e, n)
-	violations, err := oracle.Check(ctx, e.pool, e.schema, oracle.Opts{N: n, Effects: true, Counter: true,
-		Path: []string{"s0", "s1", "s2", "s3", "s4"}, DeadlocksBefore: deadlocksBefore})
-	require.NoError(t, err)
-	require.Empty(t, violations)
-	// Every repeated effect is explained by a killed process: for each (id, step) with k
-	// effects, at least k-1 came from processes that were killed.
-	rows, err := e.pool.Query(ctx, expand(`SELECT id, step, array_agg(pid) FROM {schema}.t_effects GROUP BY 1, 2 HAVING count(*) > 1`, e.schema))
-	require.NoError(t, err)
-	defer rows.Close()
-	for rows.Next() {
-		var id int64
-		var step string
-		var pids []int32
-		require.NoError(t, rows.Scan(&id, &step, &pids))
-		fromKilled := 0
-		for _, p := range pids {
-			if killed[int(p)] {
-				fromKilled++
-			}
-		}
-		require.GreaterOrEqual(t, fromKilled, len(pids)-1, "unexplained repeat of %d/%s by %v", id, step, pids)
-	}
-	require.NoError(t, rows.Err())
 }
 
 func TestStartupReclaimTakesOnlyStaleClaims(t *testing.T) {

@@ -58,7 +58,7 @@ type parked struct {
 	N int `json:"n"`
 }
 
-type fanState struct {
+type bouncerFan struct {
 	Done int `json:"done"`
 }
 
@@ -140,15 +140,15 @@ func smokeSuite(t *testing.T, url, mode string, seed uint64) (*smokeCounts, []ti
 
 	// 20 fan-outs of 50 children.
 	kid := gendurable.Job[parked]{Name: "kid", Queue: "fan", Perform: func(*gendurable.Ctx, parked) error { return nil }}
-	fan := gendurable.FSM[fanState]{Name: "fan", Start: "spawn", Queue: "fan", Steps: map[string]gendurable.StepFunc[fanState]{
-		"spawn": func(*gendurable.Ctx, fanState) (gendurable.Outcome, error) {
+	fan := gendurable.FSM[bouncerFan]{Name: "fan", Start: "spawn", Queue: "fan", Steps: map[string]gendurable.StepFunc[bouncerFan]{
+		"spawn": func(*gendurable.Ctx, bouncerFan) (gendurable.Outcome, error) {
 			kids := make([]gendurable.Child, 50)
 			for i := range kids {
 				kids[i] = gendurable.Child{Input: kid.With(parked{N: i})}
 			}
-			return gendurable.Spawn(kids, "join", fanState{}), nil
+			return gendurable.Spawn(kids, "join", bouncerFan{}), nil
 		},
-		"join": func(ctx *gendurable.Ctx, f fanState) (gendurable.Outcome, error) {
+		"join": func(ctx *gendurable.Ctx, f bouncerFan) (gendurable.Outcome, error) {
 			for _, c := range ctx.Children {
 				if c.Status == gendurable.StatusDone {
 					f.Done++
@@ -165,7 +165,7 @@ func smokeSuite(t *testing.T, url, mode string, seed uint64) (*smokeCounts, []ti
 	require.NoError(t, err)
 	start(t, fanout)
 	for range 20 {
-		_, err := fanout.Insert(ctx, fan.With(fanState{}), nil)
+		_, err := fanout.Insert(ctx, fan.With(bouncerFan{}), nil)
 		require.NoError(t, err)
 	}
 

@@ -60,7 +60,7 @@ func (m *soakMeter) take() (int, []time.Duration) {
 	return c, p
 }
 
-func percentile(d []time.Duration, p int) time.Duration {
+func soakPercentile(d []time.Duration, p int) time.Duration {
 	if len(d) == 0 {
 		return 0
 	}
@@ -249,7 +249,7 @@ func TestBloatSoak(t *testing.T) {
 		}
 		c, picks := meter.take()
 		completed += c
-		w := soakWindow{rate: float64(c) / window.Seconds(), p50: percentile(picks, 50), p99: percentile(picks, 99)}
+		w := soakWindow{rate: float64(c) / window.Seconds(), p50: soakPercentile(picks, 50), p99: soakPercentile(picks, 99)}
 		w.rows, _ = sample()
 		relations(&w)
 		rec = append(rec, w)

@@ -13,9 +13,12 @@ import (
 )
 
 // awaiter is the await bridge's watcher: every caller waiting for an instance to settle on this
-// node registers here. Each tick, one probe statement reads the rows of every waiter that have
-// settled (none while nobody waits); an outcome this node commits for a waited-on instance is
-// pushed: its id is probed at once instead of at the next tick.
+// node registers here, and the watcher does every read for them, batched. Each tick, one probe
+// statement reads the rows of every waiter that have settled (none while nobody waits). The
+// rows of new waiters, of instances this node just committed an outcome for (a push) and of
+// waiters at their deadline (their last read, which wants the row whatever its status) are read
+// at once by a second reader, in one statement for all that have queued up: a burst of callers
+// costs a statement, not a connection each, and a hot read never waits behind a tick's.
 type awaiter struct {
 	e       *Engine
 	mu      sync.Mutex
@@ -23,7 +26,7 @@ type awaiter struct {
 	hot     map[int64]struct{}
 	n       atomic.Int64 // registered waiters, read without the lock on the commit path
 	kick    chan struct{}
-	// gone is closed when the watcher exits: its waiters fall back to polling on their own.
+	// gone is closed when the watcher exits: its waiters fall back to reading on their own.
 	gone chan struct{}
 	// watching says the watcher runs (between Start and Stop).
 	watching atomic.Bool
@@ -32,10 +35,12 @@ type awaiter struct {
 type waiter struct {
 	id     int64
 	parked bool // an awaiting row is an answer
-	// final: the waiter's deadline came; the row in any status is its answer (guarded by the
-	// awaiter's lock).
-	final  bool
-	answer chan store.Probe
+	// Under the awaiter's mu: fresh says its first read is pending, final that its deadline
+	// passed (the row is the answer whatever its status); both want the row whole. latest is
+	// the last row read that did not answer it.
+	fresh, final bool
+	latest       *store.Probe
+	answer       chan store.Probe
 }
 
 func newAwaiter(e *Engine) *awaiter {
@@ -43,129 +48,124 @@ func newAwaiter(e *Engine) *awaiter {
 		kick: make(chan struct{}, 1), gone: make(chan struct{})}
 }
 
-// ErrAwaitUnread is returned by Await when the row could not be read at the deadline (to answer
-// busy with it) within AwaitGrace: the database did not answer.
-var ErrAwaitUnread = errors.New("the instance could not be read at the await deadline")
+// ErrAwaitNoAnswer is Await's error when the instance's row could not be read at all by one
+// AwaitTick after the deadline (a database too slow or unreachable to answer in time).
+var ErrAwaitNoAnswer = fmt.Errorf("no answer: the row could not be read by a tick after the deadline: %w", context.DeadlineExceeded)
 
-// AwaitGrace bounds the read of the row an Await caller answers busy with at its deadline: a
-// second, or one await tick if longer. The read normally takes milliseconds (on a started
-// engine the watcher makes it for every caller whose deadline came, in one statement); the
-// grace only bounds a database that does not answer.
-func (e *Engine) AwaitGrace() time.Duration { return max(e.cfg.AwaitTick, time.Second) }
+// settles says whether p answers a waiter (parked: an awaiting row counts).
+func settles(p store.Probe, parked bool) bool {
+	return p.Missing || p.Instance.Status.Terminal() || (parked && p.Instance.Status == durabletype.StatusAwaiting)
+}
 
 // Await waits until the instance id settles (terminal; or parked, when parked says so) and
-// returns its row as the probe read it, or the probe's Missing answer. Once timeout has passed
-// it returns the row as it is then (not settled: busy), read within AwaitGrace, or
-// ErrAwaitUnread; ctx's error if ctx ends first. On a running engine the watcher answers;
-// otherwise Await polls the row every tick itself. Every read is bounded by the deadline (and
-// the last by the grace): a hung connection cannot hold the caller.
-func (e *Engine) Await(ctx context.Context, db store.DB, id int64, parked bool, timeout time.Duration) (store.Probe, error) {
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
-	rctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	// A read that fails for a reason worth retrying (a lost connection, a restarting server) is
-	// tried again at the next tick, until the deadline: the caller gets an answer, or busy, or
-	// (if the database still cannot be read then) an error.
-	late := false // the deadline passed during a read
-	// probe reports whether the read answered the caller (with p, or with err).
-	probe := func() (p store.Probe, answered bool, err error) {
-		p, ok, err := e.probeOne(rctx, db, id, parked, false)
+// returns its row as it was read, or a Missing probe. At the deadline it reads the row once more,
+// whatever its status, and returns it (the caller tells a settle at the last moment from busy).
+// If that read cannot finish within four fifths of a tick (the last fifth is the return's), it
+// returns the row as last read instead (its first read wants the whole row for this), or
+// ErrAwaitNoAnswer if the row could never be read. So it returns by deadline + AwaitTick however
+// slow the database, or with ctx's error if ctx ends first. On a running engine the watcher does
+// the reads; otherwise Await reads the row every tick itself.
+func (e *Engine) Await(ctx context.Context, db store.DB, id int64, parked bool, deadline time.Time) (store.Probe, error) {
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	tick := time.NewTicker(e.cfg.AwaitTick)
+	defer tick.Stop()
+	grace := deadline.Add(e.cfg.AwaitTick * 4 / 5) // the last read's bound
+	var latest *store.Probe                        // the poll's last read
+	// read reads the row itself (whole: whatever its status), bounded by by, a wait for a
+	// connection included. It reports whether the row answers the waiter.
+	read := func(by time.Time, whole bool) (store.Probe, bool, error) {
+		rctx, cancel := context.WithDeadline(ctx, by)
+		defer cancel()
+		ps, err := e.store.AwaitProbe(rctx, db, []int64{id}, []bool{parked}, []bool{whole})
 		switch {
-		case err == nil:
-			return p, ok, nil
-		case ctx.Err() != nil:
-			return store.Probe{}, true, err
-		case rctx.Err() != nil:
-			late = true
-			return store.Probe{}, false, err
-		case store.Retryable(err):
-			return store.Probe{}, false, err
+		case err != nil && ctx.Err() == nil && rctx.Err() != nil:
+			return store.Probe{}, false, errReadLate
+		case err != nil:
+			return store.Probe{}, false, fmt.Errorf("read instance %d: %w", id, err)
+		case len(ps) == 0:
+			return store.Probe{}, false, nil
 		}
-		return store.Probe{}, true, err
+		if !settles(ps[0], parked) {
+			latest = &ps[0]
+			return ps[0], false, nil
+		}
+		return ps[0], true, nil
+	}
+	// last is the read at the deadline, by the waiter itself.
+	last := func() (store.Probe, error) {
+		p, _, err := read(grace, true)
+		switch {
+		case errors.Is(err, errReadLate) && latest != nil:
+			return *latest, nil
+		case errors.Is(err, errReadLate):
+			return p, ErrAwaitNoAnswer
+		}
+		return p, err
 	}
 	a := e.awaits
 	var w *waiter
+	var answer <-chan store.Probe
+	var gone <-chan struct{}
 	if a.watching.Load() {
 		w = a.register(id, parked)
 		defer a.unregister(w)
-	}
-	// Registered first, read second: a settle between the two is seen by this read, one
-	// after it by the push or the next tick.
-	if p, answered, err := probe(); answered {
-		return p, err
-	}
-	tick := time.NewTicker(e.cfg.AwaitTick)
-	defer tick.Stop()
-	var answer <-chan store.Probe
-	var gone <-chan struct{}
-	if w != nil {
+		// Registered first, read second: the watcher reads the row now (push), so a settle
+		// before that read is seen by it, one after it by a push or the next tick.
+		a.push(id)
 		answer, gone = w.answer, a.gone
-		tick.Stop() // the watcher polls for us (and retries its failed probes)
+		tick.Stop() // the watcher reads for us
+	} else {
+		switch p, ok, err := read(deadline, true); {
+		case errors.Is(err, errReadLate):
+			return last()
+		case err != nil || ok:
+			return p, err
+		}
 	}
-	for !late {
+	var late <-chan time.Time // the watcher's last read is due by then
+	for {
 		select {
 		case p := <-answer:
 			return p, nil
 		case <-gone:
 			gone, answer = nil, nil
+			latest = a.latestOf(w)
+			if late != nil {
+				return last()
+			}
 			tick.Reset(e.cfg.AwaitTick)
 		case <-tick.C:
-			if p, answered, err := probe(); answered {
+			switch p, ok, err := read(deadline, latest == nil); {
+			case errors.Is(err, errReadLate):
+				return last()
+			case err != nil || ok:
 				return p, err
 			}
-		case <-deadline.C:
-			late = true
+		case <-timer.C:
+			if answer == nil {
+				return last()
+			}
+			a.finalRead(w)
+			g := time.NewTimer(time.Until(grace)) // from the deadline, not from a late timer
+			defer g.Stop()
+			late = g.C
+		case <-late:
+			if p := a.latestOf(w); p != nil {
+				return *p, nil
+			}
+			return store.Probe{}, ErrAwaitNoAnswer
 		case <-ctx.Done():
 			return store.Probe{}, context.Cause(ctx)
 		}
 	}
-	return e.finalRead(ctx, db, w, answer, gone, id, parked)
 }
 
-// finalRead reads the row at the deadline, within AwaitGrace: through the watcher when it runs
-// (one statement for every caller whose deadline came), else itself.
-func (e *Engine) finalRead(ctx context.Context, db store.DB, w *waiter, answer <-chan store.Probe, gone <-chan struct{},
-	id int64, parked bool) (store.Probe, error) {
-	grace := time.NewTimer(e.AwaitGrace())
-	defer grace.Stop()
-	if answer != nil {
-		e.awaits.finalize(w)
-		select {
-		case p := <-answer:
-			return p, nil
-		case <-gone: // the watcher stopped: read the row here
-		case <-grace.C:
-			return store.Probe{}, ErrAwaitUnread
-		case <-ctx.Done():
-			return store.Probe{}, context.Cause(ctx)
-		}
-	}
-	gctx, cancel := context.WithTimeout(ctx, e.AwaitGrace())
-	defer cancel()
-	p, _, err := e.probeOne(gctx, db, id, parked, true)
-	if err != nil {
-		if ctx.Err() != nil {
-			return store.Probe{}, context.Cause(ctx)
-		}
-		return store.Probe{}, fmt.Errorf("%w: %w", ErrAwaitUnread, err)
-	}
-	return p, nil
-}
-
-func (e *Engine) probeOne(ctx context.Context, db store.DB, id int64, parked, final bool) (store.Probe, bool, error) {
-	ps, err := e.store.AwaitProbe(ctx, db, []int64{id}, []bool{parked}, []bool{final})
-	if err != nil {
-		return store.Probe{}, false, fmt.Errorf("read instance %d: %w", id, err)
-	}
-	if len(ps) == 0 {
-		return store.Probe{}, false, nil
-	}
-	return ps[0], true, nil
-}
+// errReadLate says a read of Await's did not finish by its bound.
+var errReadLate = errors.New("await read did not finish in time")
 
 func (a *awaiter) register(id int64, parked bool) *waiter {
-	w := &waiter{id: id, parked: parked, answer: make(chan store.Probe, 1)}
+	w := &waiter{id: id, parked: parked, fresh: true, answer: make(chan store.Probe, 1)}
 	a.mu.Lock()
 	a.waiters[id] = append(a.waiters[id], w)
 	a.mu.Unlock()
@@ -191,9 +191,15 @@ func (a *awaiter) unregister(w *waiter) {
 	}
 }
 
-// finalize marks a waiter whose deadline came: the next probe reads its row whatever its
-// status, at once.
-func (a *awaiter) finalize(w *waiter) {
+// latestOf returns the last row read for w that did not answer it (nil: none yet).
+func (a *awaiter) latestOf(w *waiter) *store.Probe {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return w.latest
+}
+
+// finalRead asks the watcher for w's last read: the row, whatever its status, at once.
+func (a *awaiter) finalRead(w *waiter) {
 	a.mu.Lock()
 	w.final = true
 	a.hot[w.id] = struct{}{}
@@ -205,7 +211,7 @@ func (a *awaiter) finalize(w *waiter) {
 }
 
 // push asks for an immediate probe of id if someone waits on it: this node just committed an
-// outcome that may have settled it.
+// outcome that may have settled it (or a waiter just registered).
 func (a *awaiter) push(id int64) {
 	if a.n.Load() == 0 {
 		return
@@ -231,67 +237,88 @@ func (a *awaiter) watch(stop <-chan struct{}) {
 		a.watching.Store(false)
 		close(a.gone)
 	}()
+	// Two readers: the ticks' probe of every waiter, and the hot reads (pushes, first reads,
+	// last reads), so that a hot read never waits behind a tick's probe of a thousand rows.
+	var hot sync.WaitGroup
+	hot.Add(1)
+	go func() {
+		defer hot.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-a.kick:
+				a.probe(false)
+			}
+		}
+	}()
+	defer hot.Wait()
 	t := time.NewTicker(a.e.cfg.AwaitTick)
 	defer t.Stop()
 	for {
-		all := false
 		select {
 		case <-stop:
 			return
-		case <-a.kick:
 		case <-t.C:
-			all = true
+			a.probe(true)
 		}
-		ids, parked, final := a.batch(all)
-		if len(ids) == 0 {
-			continue
-		}
-		ctx, cancel := context.WithTimeout(a.e.baseCtx, 10*time.Second)
-		ps, err := a.e.store.AwaitProbe(ctx, a.e.pool, ids, parked, final)
-		cancel()
-		if err != nil {
-			if a.e.baseCtx.Err() == nil {
-				a.e.log.Warn("gendurable: await probe failed; retrying at the next tick", "client", a.e.cfg.Name,
-					"waiters", len(ids), "error", err)
-			}
-			continue
-		}
-		a.answer(ps)
 	}
 }
 
+// probe reads the rows of every waiter (all) or of the hot ids, and answers whom they answer.
+func (a *awaiter) probe(all bool) {
+	ids, parked, whole := a.batch(all)
+	if len(ids) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(a.e.baseCtx, 10*time.Second)
+	ps, err := a.e.store.AwaitProbe(ctx, a.e.pool, ids, parked, whole)
+	cancel()
+	if err != nil {
+		if a.e.baseCtx.Err() == nil {
+			a.e.log.Warn("gendurable: await probe failed; retrying at the next tick", "client", a.e.cfg.Name,
+				"waiters", len(ids), "error", err)
+		}
+		return
+	}
+	a.answer(ps)
+}
+
 // batch lists the ids to probe: every waited-on id (all), or the pushed ones. An id with
-// waiters of both kinds is probed as parked, and as final if one of its waiters' deadline came;
-// answer sorts out who a row answers.
+// waiters of both kinds is probed as parked, and whole if any of its waiters is at its last read;
+// answer sorts out whom a row answers.
 func (a *awaiter) batch(all bool) ([]int64, []bool, []bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var ids []int64
-	var parked, final []bool
+	var parked, whole []bool
 	add := func(id int64, ws []*waiter) {
 		p, f := false, false
 		for _, w := range ws {
-			p, f = p || w.parked, f || w.final
+			p = p || w.parked
+			f = f || w.final || w.fresh
 		}
 		ids = append(ids, id)
-		parked, final = append(parked, p), append(final, f)
+		parked = append(parked, p)
+		whole = append(whole, f)
 	}
 	if all {
 		for id, ws := range a.waiters {
 			add(id, ws)
 		}
-	} else {
-		for id := range a.hot {
-			if ws, ok := a.waiters[id]; ok {
-				add(id, ws)
-			}
+		return ids, parked, whole // the hot reads stay the hot reader's: it may well be faster
+	}
+	for id := range a.hot {
+		if ws, ok := a.waiters[id]; ok {
+			add(id, ws)
 		}
 	}
 	clear(a.hot)
-	return ids, parked, final
+	return ids, parked, whole
 }
 
-// answer hands each settled row to the waiters it answers and forgets them.
+// answer hands each row to the waiters it answers (settled for them, or their last read) and
+// forgets them; to the others it is their latest read.
 func (a *awaiter) answer(ps []store.Probe) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -299,9 +326,9 @@ func (a *awaiter) answer(ps []store.Probe) {
 		ws := a.waiters[p.ID]
 		keep := ws[:0]
 		for _, w := range ws {
-			settled := p.Missing || p.Instance.Status.Terminal() ||
-				(w.parked && p.Instance.Status == durabletype.StatusAwaiting)
-			if !settled && !w.final {
+			if !settles(p, w.parked) && !w.final {
+				w.fresh = false
+				w.latest = &p
 				keep = append(keep, w)
 				continue
 			}

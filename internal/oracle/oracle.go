@@ -114,6 +114,9 @@ type Opts struct {
 	// Path is the path every done instance must have (I5); nil skips. Steps write it as the
 	// "path" array of their state, or of the result they finish with.
 	Path []string
+	// Paths gives the path by machine, for tests that mix machines (I5): a done instance of a
+	// machine listed here must have that path; one of any other machine, Path (if set).
+	Paths map[string][]string
 	// Counter turns on I3 (the test's states carry a counter "i").
 	Counter bool
 	// DeadlocksBefore is Deadlocks read at the start (I8); negative skips.
@@ -196,11 +199,25 @@ func Check(ctx context.Context, pool *pgxpool.Pool, schema string, o Opts) ([]Vi
 			out = append(out, Violation{"I2 every instance seen", fmt.Sprintf("%d of %d instances in the log", seen, o.N)})
 		}
 	}
-	if o.Path != nil {
-		want, _ := json.Marshal(o.Path)
-		if err := count("I5 exact path", `SELECT count(*), min(id || ' ' || coalesce(result->'path', state->'path')::text)
-			FROM {s}.instances
-			WHERE status = 'done' AND coalesce(result->'path', state->'path') IS DISTINCT FROM $1::jsonb`, string(want)); err != nil {
+	if o.Path != nil || len(o.Paths) > 0 {
+		// want is the expected path of each machine; "" stands for every machine not named.
+		machines, wants := []string{}, []string{}
+		for m, p := range o.Paths {
+			b, _ := json.Marshal(p)
+			machines, wants = append(machines, m), append(wants, string(b))
+		}
+		var other *string
+		if o.Path != nil {
+			b, _ := json.Marshal(o.Path)
+			w := string(b)
+			other = &w
+		}
+		if err := count("I5 exact path", `SELECT count(*), min(id || ' ' || machine || ' ' || coalesce(result->'path', state->'path')::text)
+			FROM {s}.instances i
+			LEFT JOIN unnest($1::text[], $2::text[]) AS w(machine_name, path) ON w.machine_name = i.machine
+			WHERE status = 'done' AND (w.path IS NOT NULL OR $3::text IS NOT NULL)
+			  AND coalesce(result->'path', state->'path') IS DISTINCT FROM coalesce(w.path, $3::text)::jsonb`,
+			machines, wants, other); err != nil {
 			return out, err
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gendurable/gendurable/durabledbtest"
 	"github.com/jackc/pgx/v5"
@@ -65,4 +66,89 @@ func TestOracleFindsEveryViolation(t *testing.T) {
 	}
 	require.ElementsMatch(t, []string{"I1 complete", "I2 one terminal transition", "I3 no rewind", "I4 no lost effect",
 		"I5 exact path", "I6 nothing executing", "I6 gate counters at zero", "I7 clean inboxes"}, names, "%v", v)
+}
+
+// I5 by machine: each machine's done instances are held to that machine's path, the others to
+// Path, and a machine with neither is not checked.
+func TestOracleChecksPathsByMachine(t *testing.T) {
+	pool := durabledbtest.Pool(t, 4)
+	schema := durabledbtest.Schema(t, pool)
+	ctx := context.Background()
+	require.NoError(t, Install(ctx, pool, schema))
+	s := pgx.Identifier{schema}.Sanitize()
+	_, err := pool.Exec(ctx, strings.ReplaceAll(`INSERT INTO {s}.instances (id, machine, step, queue, max_attempts, state, status, result, finalized_at)
+		OVERRIDING SYSTEM VALUE VALUES
+		(1, 'child', 's1', 'q', 3, '{}', 'done', '{"path": ["s0", "s1"]}', now()),
+		(2, 'parent', 'join', 'q', 3, '{}', 'done', '{"path": ["spawn", "join"]}', now()),
+		(3, 'other', 'x', 'q', 3, '{"path": ["x"]}', 'done', NULL, now())`, "{s}", s))
+	require.NoError(t, err)
+	check := func(o Opts) []string {
+		t.Helper()
+		v, err := Check(ctx, pool, schema, o)
+		require.NoError(t, err)
+		var out []string
+		for _, x := range v {
+			out = append(out, x.String())
+		}
+		return out
+	}
+	paths := map[string][]string{"parent": {"spawn", "join"}}
+	require.Empty(t, check(Opts{DeadlocksBefore: -1, Paths: paths}), "machines not named are not checked without Path")
+	got := check(Opts{DeadlocksBefore: -1, Paths: paths, Path: []string{"s0", "s1"}})
+	require.Len(t, got, 1)
+	require.Contains(t, got[0], "3 other", "Path holds for every machine not named")
+	got = check(Opts{DeadlocksBefore: -1, Paths: map[string][]string{"parent": {"spawn"}, "child": {"s0", "s1"}, "other": {"x"}}})
+	require.Len(t, got, 1)
+	require.Contains(t, got[0], "2 parent")
+}
+
+// Count and Steps read the figures a Summary reports from the logs.
+func TestCountAndSteps(t *testing.T) {
+	pool := durabledbtest.Pool(t, 4)
+	schema := durabledbtest.Schema(t, pool)
+	ctx := context.Background()
+	require.NoError(t, Install(ctx, pool, schema))
+	s := pgx.Identifier{schema}.Sanitize()
+	exec := func(sql string) {
+		t.Helper()
+		_, err := pool.Exec(ctx, strings.ReplaceAll(sql, "{s}", s))
+		require.NoError(t, err)
+	}
+	from := time.Now()
+	exec(`INSERT INTO {s}.instances (id, machine, step, queue, max_attempts, state) OVERRIDING SYSTEM VALUE
+		VALUES (1, 'm', 'a', 'q', 3, '{}'), (2, 'm', 'a', 'q', 3, '{}')`)
+	claim := `UPDATE {s}.instances SET status = 'executing', locked_by = 'w#1', locked_until = now() + interval '1m' WHERE id = 1`
+	exec(claim)
+	exec(`UPDATE {s}.instances SET status = 'available', locked_by = NULL, locked_until = NULL WHERE id = 1`) // a release
+	exec(claim)
+	exec(`UPDATE {s}.instances SET status = 'available', locked_by = NULL, locked_until = NULL, step = 'b' WHERE id = 1`)
+	exec(claim)
+	exec(`UPDATE {s}.instances SET status = 'done', locked_by = NULL, locked_until = NULL, finalized_at = now() WHERE id = 1`)
+	exec(`UPDATE {s}.instances SET status = 'available', finalized_at = NULL WHERE id = 1`) // a rewind to done again
+	exec(`UPDATE {s}.instances SET status = 'done', finalized_at = now() WHERE id = 1`)
+	c, err := Count(ctx, pool, schema)
+	require.NoError(t, err)
+	require.Equal(t, Tally{Instances: 2, Finished: 1, DuplicateTerminal: 1}, c)
+	n, err := Steps(ctx, pool, schema, from, time.Now().Add(time.Second))
+	require.NoError(t, err)
+	require.Equal(t, 2, n, "a -> b and b -> done; the release is no step")
+	n, err = Steps(ctx, pool, schema, from.Add(-time.Hour), from)
+	require.NoError(t, err)
+	require.Zero(t, n)
+}
+
+// Size follows GD_CHAOS, and Seed replays GD_SEED.
+func TestSizeAndSeed(t *testing.T) {
+	t.Setenv(ChaosEnv, "")
+	require.False(t, Full())
+	require.Equal(t, 5, Size(5, 50))
+	t.Setenv(ChaosEnv, "full")
+	require.True(t, Full())
+	require.Equal(t, 50, Size(5, 50))
+
+	t.Setenv(SeedEnv, "42")
+	seed, r1 := Seed(t)
+	require.Equal(t, uint64(42), seed)
+	_, r2 := Seed(t)
+	require.Equal(t, r1.Uint64(), r2.Uint64(), "one seed, one sequence")
 }

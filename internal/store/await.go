@@ -17,11 +17,11 @@ type Probe struct {
 	Instance *durabletype.Instance
 }
 
-// AwaitProbe reads, in one statement, the instances among ids that have settled: terminal, or
-// parked when parked[i] says that counts for ids[i], or in any status when final[i] says so;
-// ids that do not exist come back Missing.
-func (s *Store) AwaitProbe(ctx context.Context, db DB, ids []int64, parked, final []bool) ([]Probe, error) {
-	rows, err := db.Query(ctx, s.sql("await_probe"), ids, parked, final)
+// AwaitProbe reads, in one statement, the instances among ids that have settled (terminal, or
+// parked when parked[i] says that counts for ids[i]) or that whole[i] wants whatever their
+// status; ids that do not exist come back Missing.
+func (s *Store) AwaitProbe(ctx context.Context, db DB, ids []int64, parked, whole []bool) ([]Probe, error) {
+	rows, err := db.Query(ctx, s.sql("await_probe"), ids, parked, whole)
 	if err != nil {
 		return nil, err
 	}

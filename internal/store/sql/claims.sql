@@ -87,14 +87,18 @@ WHERE i.id = expired.id
   AND i.status = 'executing'
 RETURNING i.id, i.queue, i.machine, i.step, i.attempt, i.status::text AS status, i.parent_id
 ), credited AS (
-  -- The gate slots the released executions held go back to their shards (key order).
+  -- The gate slots the released executions held go back to their shards, locked in key order by
+  -- the sub-select (see outcome_credit).
   UPDATE {schema}.gates AS g
   SET held = greatest(g.held - c.n, 0)
-  FROM (SELECT e.concurrency_key AS key, e.concurrency_shard AS shard, count(*)::integer AS n
-        FROM expired AS e JOIN rel ON rel.id = e.id
-        WHERE e.concurrency_shard IS NOT NULL
-        GROUP BY 1, 2
-        ORDER BY 1, 2) AS c
+  FROM (SELECT l.key, l.shard, x.n
+        FROM (SELECT e.concurrency_key AS key, e.concurrency_shard AS shard, count(*)::integer AS n
+              FROM expired AS e JOIN rel ON rel.id = e.id
+              WHERE e.concurrency_shard IS NOT NULL
+              GROUP BY 1, 2) AS x
+        JOIN {schema}.gates AS l ON l.key = x.key AND l.shard = x.shard
+        ORDER BY l.key, l.shard
+        FOR NO KEY UPDATE OF l) AS c
   WHERE g.key = c.key AND g.shard = c.shard
 ), finished AS (
   SELECT parent_id FROM rel WHERE status = 'failed' AND parent_id IS NOT NULL

@@ -150,7 +150,10 @@ ON CONFLICT (machine, correlation_key)
 -- Only a joining parent counts: a parent that was cancelled or failed meanwhile is left alone,
 -- and its children's completion wakes nobody. A CHECK keeps the count from going below zero.
 -- Used by the outcome statement and by the reaper (release_expired in claims.sql).
--- Locks: each parent row, in parent id order.
+-- Locks: each parent row, in parent id order. The sub-select d takes them: its locking step runs
+-- after its sort. (Left to the join, the order would be the scan's, which is the heap's: every
+-- update that is not HOT moves a parent's row, so two committers settling the same parents
+-- could lock them in opposite orders and deadlock.)
 
 -- fragment: outcome_settle
 UPDATE {schema}.instances AS p
@@ -159,11 +162,13 @@ SET pending_children = p.pending_children - d.n,
                             ELSE p.status END,
     scheduled_at     = CASE WHEN p.pending_children - d.n = 0 THEN now() ELSE p.scheduled_at END,
     updated_at       = now()
-FROM (SELECT parent_id, count(*)::integer AS n
-      FROM finished
-      GROUP BY parent_id
-      ORDER BY parent_id) AS d
-WHERE p.id = d.parent_id
+FROM (SELECT l.id, f.n
+      FROM (SELECT parent_id, count(*)::integer AS n FROM finished GROUP BY parent_id) AS f
+      JOIN {schema}.instances AS l ON l.id = f.parent_id
+      WHERE l.status = 'joining'
+      ORDER BY l.id
+      FOR NO KEY UPDATE OF l) AS d
+WHERE p.id = d.id
   AND p.status = 'joining'
 RETURNING p.id, p.queue, p.status = 'available' AS woke
 
@@ -171,17 +176,21 @@ RETURNING p.id, p.queue, p.status = 'available' AS woke
 -- shard it debited (@cr_ids, @cr_owners, @cr_keys, @cr_shards: one element per such execution,
 -- as the pick claimed it). A counter never goes below zero here: should it have drifted low, the
 -- reconciler (gates.sql) sets it from the executing rows.
--- Locks: the gate counter rows, in (key, shard) order, like the pick's debit.
+-- Locks: the gate counter rows, in (key, shard) order, like the pick's debit: the sub-select c
+-- takes them after its sort (a join would take them in its scan's order, the heap's).
 
 -- fragment: outcome_credit
 UPDATE {schema}.gates AS g
 SET held = greatest(g.held - c.n, 0)
-FROM (SELECT cr.key, cr.shard, count(*)::integer AS n
-      FROM unnest(@cr_ids::bigint[], @cr_owners::text[], @cr_keys::text[], @cr_shards::smallint[])
-           AS cr(id, owner, key, shard)
-      JOIN upd ON upd.id = cr.id AND upd.owner = cr.owner
-      GROUP BY cr.key, cr.shard
-      ORDER BY cr.key, cr.shard) AS c
+FROM (SELECT l.key, l.shard, x.n
+      FROM (SELECT cr.key, cr.shard, count(*)::integer AS n
+            FROM unnest(@cr_ids::bigint[], @cr_owners::text[], @cr_keys::text[], @cr_shards::smallint[])
+                 AS cr(id, owner, key, shard)
+            JOIN upd ON upd.id = cr.id AND upd.owner = cr.owner
+            GROUP BY cr.key, cr.shard) AS x
+      JOIN {schema}.gates AS l ON l.key = x.key AND l.shard = x.shard
+      ORDER BY l.key, l.shard
+      FOR NO KEY UPDATE OF l) AS c
 WHERE g.key = c.key AND g.shard = c.shard
 
 -- The inboxes of instances that just finished: a terminal outcome clears the whole inbox,

@@ -1,0 +1,213 @@
+package gendurable_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/oracle"
+	"github.com/stretchr/testify/require"
+)
+
+// T16: many concurrent Await callers on one client; half wait for instances that client runs
+// itself (same node: the result is pushed), half for instances two worker processes run (cross
+// node: the watcher's tick finds them), and one of those processes is SIGKILLed once while it
+// holds claims. A fifth of the callers have a timeout short enough to hit.
+//
+// No caller hangs: each returns within its timeout + 1 tick. An answer is done, or busy only
+// when the deadline came first (the instance was not settled a tick before it), or, on a machine
+// too loaded to read a row at all by a tick after the deadline, the error that says so (counted
+// and reported; none on an idle machine); awaiting a busy or unanswered id again returns done. Latency to the answer, over the callers that waited and whose
+// instance lost no claim to the kill: same node p95 < 10ms (from the commit, marked by the
+// client's step.finished event), cross node p95 < tick + 50ms (from the settling statement's
+// timestamp in the outcome log, which also counts the statement and its commit).
+func TestAwaitBridgeUnderFaults(t *testing.T) {
+	// Not parallel: it measures milliseconds, so it runs before the package's parallel tests
+	// (the other fault tests among them) are let go.
+	e := newEnv(t)
+	ctx := context.Background()
+	require.NoError(t, oracle.Install(ctx, e.pool, e.schema))
+	deadlocksBefore, err := oracle.Deadlocks(ctx, e.pool)
+	require.NoError(t, err)
+	seed, rng := oracle.Seed(t)
+	n := oracle.Size(200, 1000)
+	spread := oracle.Size(3*time.Second, 10*time.Second) // instances fall due over this window
+	long := oracle.Size(30*time.Second, 60*time.Second)
+	const tick = 25 * time.Millisecond
+	began := time.Now()
+
+	c := newCrew(t, e, 2, func(i, _ int) string { return fmt.Sprint("p", i) }, t1Worker()...)
+	// When this client's commits finished instances: step.finished is emitted right after the
+	// commit, so it marks when a same-node result exists.
+	var mu sync.Mutex
+	committed := map[int64]time.Time{}
+	cl := e.client(t, &gendurable.Config{
+		Hooks: []func(gendurable.Event){func(ev gendurable.Event) {
+			if ev.Name == gendurable.EventStepFinished && ev.Outcome == "done" {
+				mu.Lock()
+				committed[ev.InstanceID] = ev.At
+				mu.Unlock()
+			}
+		}},
+		Name:      "awaiter",
+		Machines:  []gendurable.Machine{linear("linear5", 5*time.Millisecond, effectRecorder(e.pool, e.schema, os.Getpid()))},
+		Queues:    map[string]gendurable.QueueConfig{"local": {Concurrency: 8}},
+		Lease:     t1Lease,
+		Heartbeat: 500 * time.Millisecond, PollInterval: 100 * time.Millisecond,
+		Reaper:    &gendurable.ReaperConfig{Interval: t1Reaper},
+		AwaitTick: tick,
+	})
+	start(t, cl)
+
+	type call struct {
+		id       int64
+		local    bool
+		timeout  time.Duration
+		start    time.Time
+		returned time.Time
+		status   gendurable.AwaitStatus
+		err      error
+	}
+	calls := make([]call, n)
+	params := make([]gendurable.InsertManyParams, n)
+	for i := range calls {
+		calls[i].local = i%2 == 0
+		calls[i].timeout = long
+		if rng.IntN(5) == 0 {
+			calls[i].timeout = time.Duration(100+rng.IntN(1400)) * time.Millisecond
+		}
+		queue := "crash"
+		if calls[i].local {
+			queue = "local"
+		}
+		in := 500*time.Millisecond + time.Duration(rng.Int64N(int64(spread)))
+		params[i] = gendurable.InsertManyParams{Input: linear("linear5", 0, nil).With(path{}),
+			Opts: &gendurable.InsertOpts{Queue: queue, In: in}}
+	}
+	res, err := cl.InsertMany(ctx, params)
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	for i := range calls {
+		calls[i].id = res[i].ID
+		wg.Add(1)
+		go func(c *call) {
+			defer wg.Done()
+			c.start = time.Now()
+			r, err := cl.Await(ctx, c.id, c.timeout, nil)
+			c.returned = time.Now()
+			c.err = err
+			if r != nil {
+				c.status = r.Status
+			}
+		}(&calls[i])
+	}
+	// Kill one producer once, while it holds claims.
+	eventually(t, time.Minute, "p0 holding claims", func() bool { return executingBy(t, e, "p0") > 0 })
+	c.kill(0)
+
+	returned := make(chan struct{})
+	go func() { wg.Wait(); close(returned) }()
+	select {
+	case <-returned:
+	case <-time.After(long + spread + 10*time.Second):
+		hung := 0
+		for i := range calls {
+			if calls[i].returned.IsZero() {
+				hung++
+			}
+		}
+		t.Fatalf("%d callers still waiting long past every timeout", hung)
+	}
+
+	// Every busy or unanswered id, awaited again, is done.
+	busy, unanswered := 0, 0
+	for i := range calls {
+		c := &calls[i]
+		if c.err != nil {
+			require.ErrorIs(t, c.err, context.DeadlineExceeded, "caller of %d", c.id)
+			unanswered++
+		} else {
+			require.Contains(t, []gendurable.AwaitStatus{gendurable.AwaitDone, gendurable.AwaitBusy}, c.status, "caller of %d", c.id)
+		}
+		if c.status == gendurable.AwaitBusy || c.err != nil {
+			busy++
+			r, err := cl.Await(ctx, c.id, long, nil)
+			require.NoError(t, err)
+			require.Equal(t, gendurable.AwaitDone, r.Status, "re-await of busy %d", c.id)
+		}
+	}
+
+	settled := map[int64]time.Time{}
+	rows, err := e.pool.Query(ctx, expand(`SELECT id, at FROM {schema}.t_outcome_log WHERE new_status = 'done'`, e.schema))
+	require.NoError(t, err)
+	for rows.Next() {
+		var id int64
+		var at time.Time
+		require.NoError(t, rows.Scan(&id, &at))
+		settled[id] = at
+	}
+	require.NoError(t, rows.Err())
+	killed := lostClaimIDs(t, e)
+
+	var same, sameFromLog, cross []time.Duration
+	mu.Lock()
+	defer mu.Unlock()
+	hangs, early := 0, 0
+	var overshoot time.Duration // the latest a busy answer came after its deadline
+	for i := range calls {
+		c := &calls[i]
+		took := c.returned.Sub(c.start)
+		if c.status == gendurable.AwaitBusy || c.err != nil {
+			overshoot = max(overshoot, took-c.timeout)
+		}
+		if took > c.timeout+tick {
+			hangs++
+			t.Errorf("caller of %d (%s) returned %v after its call, timeout %v", c.id, c.status, took, c.timeout)
+		}
+		at, ok := settled[c.id]
+		require.True(t, ok, "%d never done", c.id)
+		deadline := c.start.Add(c.timeout)
+		switch {
+		case c.err != nil:
+		case c.status == gendurable.AwaitBusy:
+			if at.Before(deadline.Add(-tick)) {
+				early++
+				t.Errorf("busy for %d, settled %v before the deadline", c.id, deadline.Sub(at))
+			}
+		case at.After(c.start) && !killed[c.id]:
+			if c.local {
+				done, ok := committed[c.id]
+				require.True(t, ok, "no step.finished for %d", c.id)
+				same = append(same, c.returned.Sub(done))
+				sameFromLog = append(sameFromLog, c.returned.Sub(at))
+			} else {
+				cross = append(cross, c.returned.Sub(at))
+			}
+		}
+	}
+	sameP95, crossP95 := percentile(same, 0.95), percentile(cross, 0.95)
+	t.Logf("%d callers: %d busy and %d unanswered (re-awaited: done; the latest %v after its deadline), %d whose instance lost a claim to the kill",
+		n, busy-unanswered, unanswered, overshoot, len(killed))
+	t.Logf("same node, from the commit: p50 %v p95 %v max %v (%d callers); from the settling statement: p50 %v p95 %v",
+		percentile(same, 0.5), sameP95, percentile(same, 1), len(same), percentile(sameFromLog, 0.5), percentile(sameFromLog, 0.95))
+	t.Logf("cross node, from the settling statement: p50 %v p95 %v max %v (%d callers)",
+		percentile(cross, 0.5), crossP95, percentile(cross, 1), len(cross))
+	if unanswered > 0 {
+		t.Logf("%d callers had no answer (the row could not be read within a tick of their deadline): the machine is loaded", unanswered)
+	}
+
+	// The figures first, then the bridge's own criteria.
+	verdict(t, e, oracle.Opts{N: n, Effects: true, Counter: true, Path: linearPath, DeadlocksBefore: deadlocksBefore},
+		oracle.Summary{Test: "T16 await bridge", Seed: seed, Instances: n, Kills: c.kills, Seconds: time.Since(began).Seconds()})
+	require.Zero(t, hangs, "callers past timeout + 1 tick")
+	require.Zero(t, early, "busy answers for instances settled before the deadline")
+	require.Positive(t, busy-unanswered, "some timeouts hit")
+	require.NotEmpty(t, same)
+	require.NotEmpty(t, cross)
+	require.Less(t, sameP95, 10*time.Millisecond, "same-node p95")
+	require.Less(t, crossP95, tick+50*time.Millisecond, "cross-node p95")
+}

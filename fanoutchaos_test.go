@@ -1,0 +1,160 @@
+package gendurable_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/oracle"
+	"github.com/stretchr/testify/require"
+)
+
+// fanState is the fan-out parent's state: the plan (waves of perWave children over queues) set
+// at insert, and what the join steps saw.
+type fanState struct {
+	I       int      `json:"i"`
+	Path    []string `json:"path"`
+	Waves   int      `json:"waves"`
+	PerWave int      `json:"per_wave"`
+	Queues  []string `json:"queues"`
+	Wave    int      `json:"wave"`
+	// Seen counts the children the join steps saw done.
+	Seen int `json:"seen"`
+}
+
+// fanMachine is the fan-out parent ("fan", queue "crash"): step spawn starts perWave linear5
+// children spread over the plan's queues and parks until they finish; step join counts those
+// done and spawns the next wave, or finishes after the last. onStep (may be nil) records the
+// step's effect.
+func fanMachine(onStep func(ctx *gendurable.Ctx)) gendurable.FSM[fanState] {
+	child := linear("linear5", 0, nil)
+	return gendurable.FSM[fanState]{Name: "fan", Start: "spawn", Queue: "crash", Steps: map[string]gendurable.StepFunc[fanState]{
+		"spawn": func(ctx *gendurable.Ctx, s fanState) (gendurable.Outcome, error) {
+			if onStep != nil {
+				onStep(ctx)
+			}
+			kids := make([]gendurable.Child, s.PerWave)
+			for i := range kids {
+				kids[i] = gendurable.Child{Input: child.With(path{}), Opts: &gendurable.InsertOpts{Queue: s.Queues[i%len(s.Queues)]}}
+			}
+			s.I++
+			s.Path = append(s.Path, "spawn")
+			return gendurable.Spawn(kids, "join", s), nil
+		},
+		"join": func(ctx *gendurable.Ctx, s fanState) (gendurable.Outcome, error) {
+			if onStep != nil {
+				onStep(ctx)
+			}
+			for _, c := range ctx.Children {
+				if c.Status == gendurable.StatusDone {
+					s.Seen++
+				}
+			}
+			s.Wave++
+			s.I++
+			s.Path = append(s.Path, "join")
+			if s.Wave < s.Waves {
+				return gendurable.Next("spawn", s), nil
+			}
+			return gendurable.Done(s), nil
+		},
+	}}
+}
+
+// T17: parents fan out waves of linear5 children over two queues while three worker processes
+// (each running both queues and the parents) are SIGKILLed every 2s and restarted. Every parent
+// wakes exactly once per wave (one joining → runnable transition, one committed join step), its
+// join count never goes below 0, every child finishes, the decrements sum to the number of
+// children (no child's completion counted twice or lost), and the join steps saw every child
+// done.
+func TestFanOutJoinsExactlyOnceUnderKills(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	require.NoError(t, oracle.Install(ctx, e.pool, e.schema))
+	deadlocksBefore, err := oracle.Deadlocks(ctx, e.pool)
+	require.NoError(t, err)
+	seed, rng := oracle.Seed(t)
+	const waves = 2
+	parents, children := oracle.Size(5, 20), oracle.Size(50, 200)
+	began := time.Now()
+	c := newCrew(t, e, 3, nil, t1Worker("GD_QUEUES=crash,crash2")...)
+
+	// The join counters, sampled while the run goes on: never below 0.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	minPending, samples := 0, 0
+	var sampleErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		q := expand(`SELECT coalesce(min(pending_children), 0) FROM {schema}.instances WHERE machine = 'fan'`, e.schema)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			var m int
+			if err := e.pool.QueryRow(ctx, q).Scan(&m); err != nil {
+				sampleErr = err
+				return
+			}
+			minPending, samples = min(minPending, m), samples+1
+		}
+	}()
+
+	fan := fanMachine(nil)
+	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{fan}})
+	params := make([]gendurable.InsertManyParams, parents)
+	for i := range params {
+		params[i] = gendurable.InsertManyParams{Input: fan.With(fanState{Path: []string{}, Waves: waves,
+			PerWave: children / waves, Queues: []string{"crash", "crash2"}})}
+	}
+	_, err = cl.InsertMany(ctx, params)
+	require.NoError(t, err)
+	// The first kill as soon as children run, then one every 2s.
+	eventually(t, time.Minute, "children running", func() bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE machine = 'linear5' AND status = 'executing'`) > 0
+	})
+	c.kill(rng.IntN(len(c.workers)))
+	c.killLoop(rng, oracle.Size(3*time.Minute, 15*time.Minute), func() time.Duration { return 2 * time.Second },
+		func() bool {
+			return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE machine = 'fan' AND status = 'done'`) == parents
+		})
+	close(stop)
+	wg.Wait()
+	require.NoError(t, sampleErr)
+	t.Logf("%d kills; %d samples of the join counters, the least %d", c.kills, samples, minPending)
+
+	require.Equal(t, parents*children, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE machine = 'linear5' AND status = 'done'`),
+		"every child done")
+	require.Zero(t, e.count(t, `SELECT count(*) FROM (
+		SELECT (SELECT count(*) FROM {schema}.t_outcome_log l
+		        WHERE l.id = p.id AND l.old_status = 'joining' AND l.new_status <> 'joining') AS wakes,
+		       (SELECT count(*) FROM {schema}.t_outcome_log l
+		        WHERE l.id = p.id AND l.old_status = 'executing' AND l.old_step = 'join'
+		          AND (l.new_step <> 'join' OR l.new_status = 'done')) AS joins
+		FROM {schema}.instances p WHERE p.machine = 'fan') x WHERE wakes <> $1 OR joins <> $1`, waves),
+		"a parent woke or joined other than once per wave")
+	require.Equal(t, parents*children, e.count(t, `SELECT coalesce(sum(d), 0) FROM (
+		SELECT lag(pending) OVER (PARTITION BY id ORDER BY seq) - pending AS d
+		FROM {schema}.t_outcome_log WHERE id IN (SELECT id FROM {schema}.instances WHERE machine = 'fan')) x WHERE d > 0`),
+		"the decrements sum to the children")
+	require.Zero(t, e.count(t, `SELECT count(*) FROM {schema}.t_outcome_log WHERE pending < 0`), "a join counter below 0")
+	require.Zero(t, minPending, "a sampled join counter below 0")
+	require.Zero(t, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE machine = 'fan'
+		AND NOT (result @> jsonb_build_object('seen', $1::int, 'wave', $2::int))`, children, waves),
+		"a join step did not see every child of its wave done")
+	require.Zero(t, unexplainedDuplicates(t, e, c.faulted, map[string]int{"fan": waves}), "unexplained duplicate effects")
+	joinPath := []string{}
+	for range waves {
+		joinPath = append(joinPath, "spawn", "join")
+	}
+	verdict(t, e, oracle.Opts{N: parents + parents*children, Effects: true, Counter: true, Path: linearPath,
+		Paths: map[string][]string{"fan": joinPath}, DeadlocksBefore: deadlocksBefore},
+		oracle.Summary{Test: "T17 fan-out join", Seed: seed, Instances: parents + parents*children, Kills: c.kills,
+			Seconds: time.Since(began).Seconds()})
+}
