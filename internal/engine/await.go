@@ -81,6 +81,10 @@ func (e *Engine) Await(ctx context.Context, db store.DB, id int64, parked bool, 
 		switch {
 		case err != nil && ctx.Err() == nil && rctx.Err() != nil:
 			return store.Probe{}, false, errReadLate
+		case err != nil && ctx.Err() == nil && store.Retryable(err):
+			// A lost connection or a restarting server: the next tick reads again (the
+			// watcher retries its failed reads the same way).
+			return store.Probe{}, false, nil
 		case err != nil:
 			return store.Probe{}, false, fmt.Errorf("read instance %d: %w", id, err)
 		case len(ps) == 0:
@@ -95,10 +99,11 @@ func (e *Engine) Await(ctx context.Context, db store.DB, id int64, parked bool, 
 	// last is the read at the deadline, by the waiter itself.
 	last := func() (store.Probe, error) {
 		p, _, err := read(grace, true)
+		unread := err == nil && !p.Missing && p.Instance == nil // a retryable failure
 		switch {
-		case errors.Is(err, errReadLate) && latest != nil:
+		case (errors.Is(err, errReadLate) || unread) && latest != nil:
 			return *latest, nil
-		case errors.Is(err, errReadLate):
+		case errors.Is(err, errReadLate) || unread:
 			return p, ErrAwaitNoAnswer
 		}
 		return p, err
