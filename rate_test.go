@@ -9,6 +9,7 @@ import (
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/durabletest"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
@@ -28,6 +29,13 @@ func TestRateLimitConservesTokensAcrossEightClients(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	createStarts(t, e)
+	// Every grant, with its pick's transaction time (now()), logged by a trigger of the test's.
+	e.exec(t, `CREATE TABLE {schema}.t_grants (id bigint, tx_at timestamptz NOT NULL DEFAULT now());
+		CREATE FUNCTION {schema}.t_log_grant() RETURNS trigger LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+		BEGIN INSERT INTO {schema}.t_grants (id) VALUES (NEW.id); RETURN NULL; END $fn$;
+		CREATE TRIGGER t_log_grant AFTER UPDATE ON {schema}.instances FOR EACH ROW
+		WHEN (OLD.status = 'available' AND NEW.status = 'executing' AND NEW.rate_limit IS NOT NULL)
+		EXECUTE FUNCTION {schema}.t_log_grant()`)
 	job := rateJob(e, "rated", "r")
 	const allowed, burst = 20, 10 // 20 per second, 10 at once
 	limits := map[string]gendurable.Rate{"api": {Allowed: allowed, Period: time.Second, Burst: burst}}
@@ -44,20 +52,27 @@ func TestRateLimitConservesTokensAcrossEightClients(t *testing.T) {
 		start(t, cl)
 	}
 	time.Sleep(3 * time.Second)
-	// From the rows: for every start, the starts up to it never exceed burst + rate × elapsed
-	// since the first (plus one for rounding), and by the end the limit was used in full.
-	rows, err := e.pool.Query(context.Background(), expand(`SELECT extract(epoch FROM at - min(at) OVER ())::float8,
-		row_number() OVER (ORDER BY at) FROM {schema}.t_starts ORDER BY at`, e.schema))
+	// From the grants, each stamped with its pick's transaction time (the clock the bucket counts
+	// in; a step's own start can lag its grant by a loaded machine's scheduling delay, which made
+	// this check see overdraws that were not there): for every grant, the grants up to it never
+	// exceed burst + rate × elapsed since the first, and by the end the limit was used in full.
+	// The rows are read in full before any check, so that a failed check cannot leave their
+	// connection busy (the pool's Close would wait for it forever).
+	rows, err := e.pool.Query(context.Background(), expand(`SELECT extract(epoch FROM tx_at - min(tx_at) OVER ())::float8,
+		row_number() OVER (ORDER BY tx_at) FROM {schema}.t_grants ORDER BY tx_at`, e.schema))
+	require.NoError(t, err)
+	type grant struct {
+		Since float64
+		N     int64
+	}
+	grants, err := pgx.CollectRows(rows, pgx.RowToStructByPos[grant])
 	require.NoError(t, err)
 	var last float64
 	var n int64
-	for rows.Next() {
-		var since float64
-		require.NoError(t, rows.Scan(&since, &n))
-		require.LessOrEqual(t, float64(n), burst+allowed*since+1, "start %d at +%.3fs overdraws the bucket", n, since)
-		last = since
+	for _, g := range grants {
+		require.LessOrEqual(t, float64(g.N), burst+allowed*g.Since+1e-6, "grant %d at +%.3fs overdraws the bucket", g.N, g.Since)
+		last, n = g.Since, g.N
 	}
-	require.NoError(t, rows.Err())
 	t.Logf("%d grants in %.2fs: burst %d + %d/s", n, last, burst, allowed)
 	require.GreaterOrEqual(t, float64(n), burst+allowed*last-allowed*0.15, "the limit was not used in full")
 	require.Less(t, n, int64(300), "the backlog outlasted the run")
