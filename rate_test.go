@@ -49,6 +49,7 @@ func TestRateLimitConservesTokensAcrossEightClients(t *testing.T) {
 	rows, err := e.pool.Query(context.Background(), expand(`SELECT extract(epoch FROM at - min(at) OVER ())::float8,
 		row_number() OVER (ORDER BY at) FROM {schema}.t_starts ORDER BY at`, e.schema))
 	require.NoError(t, err)
+	defer rows.Close() // a failed check inside the loop must not leave the pool's Close waiting
 	var last float64
 	var n int64
 	for rows.Next() {
