@@ -45,7 +45,8 @@ func TestAwaitBridgeUnderFaults(t *testing.T) {
 	const tick = 25 * time.Millisecond
 	began := time.Now()
 
-	c := newCrew(t, e, 2, func(i, _ int) string { return fmt.Sprint("p", i) }, t1Worker()...)
+	// Steps of 20ms, so that the producer killed holds claims when the SIGKILL lands.
+	c := newCrew(t, e, 2, func(i, _ int) string { return fmt.Sprint("p", i) }, t1Worker("GD_STEP_MS=20")...)
 	// When this client's commits finished instances: step.finished is emitted right after the
 	// commit, so it marks when a same-node result exists.
 	var mu sync.Mutex
@@ -112,7 +113,7 @@ func TestAwaitBridgeUnderFaults(t *testing.T) {
 		}(&calls[i])
 	}
 	// Kill one producer once, while it holds claims.
-	eventually(t, time.Minute, "p0 holding claims", func() bool { return executingBy(t, e, "p0") > 0 })
+	eventually(t, time.Minute, "p0 holding claims", func() bool { return executingBy(t, e, "p0") >= 2 })
 	c.kill(0)
 
 	returned := make(chan struct{})
@@ -235,6 +236,7 @@ func TestAwaitBridgeUnderFaults(t *testing.T) {
 	require.Zero(t, hangs, "callers past timeout + 1 tick")
 	require.Zero(t, early, "busy answers for instances settled before the deadline")
 	require.Positive(t, busy-unanswered, "some timeouts hit")
+	require.NotEmpty(t, killed, "the kill stranded no claim")
 	require.GreaterOrEqual(t, len(sameClean), len(same)/4, "too few same-node waits without a stall to judge")
 	require.GreaterOrEqual(t, len(crossClean), len(cross)/4, "too few cross-node waits without a stall to judge")
 	require.NotEmpty(t, sameClean)
