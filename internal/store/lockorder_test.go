@@ -43,6 +43,7 @@ func TestSettleLocksParentsInIDOrder(t *testing.T) {
 	require.NoError(t, err)
 	rows, err := pool.Query(ctx, `SELECT id, locked_by FROM `+q+`.instances WHERE status = 'executing' AND locked_by LIKE '%-1'`)
 	require.NoError(t, err)
+	defer rows.Close()
 	var batch []OutcomeRow
 	for rows.Next() {
 		var o OutcomeRow
