@@ -33,11 +33,7 @@ import (
 func TestAwaitBridgeUnderFaults(t *testing.T) {
 	// Not parallel: it measures milliseconds, so it runs before the package's parallel tests
 	// (the other fault tests among them) are let go.
-	e := newEnv(t)
-	ctx := context.Background()
-	require.NoError(t, oracle.Install(ctx, e.pool, e.schema))
-	deadlocksBefore, err := oracle.Deadlocks(ctx, e.pool)
-	require.NoError(t, err)
+	e, ctx, deadlocksBefore := oracleEnv(t)
 	seed, rng := oracle.Seed(t)
 	n := oracle.Size(200, 1000)
 	spread := oracle.Size(3*time.Second, 10*time.Second) // instances fall due over this window

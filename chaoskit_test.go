@@ -237,3 +237,15 @@ func percentile(xs []time.Duration, p float64) time.Duration {
 	i := int(float64(len(s))*p+0.999999) - 1
 	return s[min(max(i, 0), len(s)-1)]
 }
+
+// oracleEnv is a reliability test's start: its own schema with the oracle installed, and the
+// database's deadlock count before the test (invariant I8).
+func oracleEnv(t *testing.T) (*env, context.Context, int64) {
+	t.Helper()
+	e := newEnv(t)
+	ctx := context.Background()
+	require.NoError(t, oracle.Install(ctx, e.pool, e.schema))
+	before, err := oracle.Deadlocks(ctx, e.pool)
+	require.NoError(t, err)
+	return e, ctx, before
+}

@@ -1,7 +1,6 @@
 package gendurable_test
 
 import (
-	"context"
 	"sync"
 	"testing"
 	"time"
@@ -71,11 +70,7 @@ func fanMachine(onStep func(ctx *gendurable.Ctx)) gendurable.FSM[fanState] {
 // done.
 func TestFanOutJoinsExactlyOnceUnderKills(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	ctx := context.Background()
-	require.NoError(t, oracle.Install(ctx, e.pool, e.schema))
-	deadlocksBefore, err := oracle.Deadlocks(ctx, e.pool)
-	require.NoError(t, err)
+	e, ctx, deadlocksBefore := oracleEnv(t)
 	seed, rng := oracle.Seed(t)
 	const waves = 2
 	parents, children := oracle.Size(5, 20), oracle.Size(50, 200)
@@ -113,7 +108,7 @@ func TestFanOutJoinsExactlyOnceUnderKills(t *testing.T) {
 		params[i] = gendurable.InsertManyParams{Input: fan.With(fanState{Path: []string{}, Waves: waves,
 			PerWave: children / waves, Queues: []string{"crash", "crash2"}})}
 	}
-	_, err = cl.InsertMany(ctx, params)
+	_, err := cl.InsertMany(ctx, params)
 	require.NoError(t, err)
 	// The first kill as soon as children run, then one every 2s.
 	eventually(t, time.Minute, "children running", func() bool {

@@ -6,7 +6,6 @@ package gendurable_test
 // line; GD_CHAOS=full runs the full size.
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -28,11 +27,7 @@ func doneCount(t *testing.T, e *env) int {
 // same workers first gives the throughput baseline.
 func TestKillLoopLosesNothing(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	ctx := context.Background()
-	require.NoError(t, oracle.Install(ctx, e.pool, e.schema))
-	deadlocksBefore, err := oracle.Deadlocks(ctx, e.pool)
-	require.NoError(t, err)
+	e, ctx, deadlocksBefore := oracleEnv(t)
 	seed, rng := oracle.Seed(t)
 	n, baseN := oracle.Size(1000, 10000), oracle.Size(200, 1000)
 	began := time.Now()
@@ -80,11 +75,7 @@ func executingBy(t *testing.T, e *env, name string) int {
 // outcome.stale equals the claims the database shows it lost.
 func TestPausedWorkersLateCommitsAreDropped(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	ctx := context.Background()
-	require.NoError(t, oracle.Install(ctx, e.pool, e.schema))
-	deadlocksBefore, err := oracle.Deadlocks(ctx, e.pool)
-	require.NoError(t, err)
+	e, _, deadlocksBefore := oracleEnv(t)
 	seed, rng := oracle.Seed(t)
 	rounds, perRound := oracle.Size(1, 5), oracle.Size(300, 1000)
 	began := time.Now()
@@ -138,11 +129,7 @@ func TestPausedWorkersLateCommitsAreDropped(t *testing.T) {
 // anyone (no repeated effect of its pid), since nothing else is faulted.
 func TestTerminatedWorkerDrainsCleanly(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	ctx := context.Background()
-	require.NoError(t, oracle.Install(ctx, e.pool, e.schema))
-	deadlocksBefore, err := oracle.Deadlocks(ctx, e.pool)
-	require.NoError(t, err)
+	e, _, deadlocksBefore := oracleEnv(t)
 	seed, rng := oracle.Seed(t)
 	rounds, perRound := oracle.Size(3, 20), oracle.Size(200, 500)
 	began := time.Now()
@@ -185,11 +172,7 @@ func TestTerminatedWorkerDrainsCleanly(t *testing.T) {
 // lease + reaper + 1s, P2 finishes them, and no step attempt ran in two live processes.
 func TestSameNameWorkerLeavesLiveClaimsAlone(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	ctx := context.Background()
-	require.NoError(t, oracle.Install(ctx, e.pool, e.schema))
-	deadlocksBefore, err := oracle.Deadlocks(ctx, e.pool)
-	require.NoError(t, err)
+	e, ctx, deadlocksBefore := oracleEnv(t)
 	seed, _ := oracle.Seed(t)
 	rounds := oracle.Size(1, 3)
 	const n = 16
