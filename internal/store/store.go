@@ -284,7 +284,11 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 		rows = r
 	} else {
 		b := &pgx.Batch{}
-		b.Queue(s.sql("pick_settings"), pickLockTimeout)
+		settings := "pick_settings_admission"
+		if stmt == "pick" {
+			settings = "pick_settings"
+		}
+		b.Queue(s.sql(settings), pickLockTimeout)
 		b.Queue(s.sql(stmt), args)
 		br := db.SendBatch(ctx, b)
 		defer func() { _ = br.Close() }()
@@ -496,7 +500,15 @@ func (s *Store) insertRound(ctx context.Context, db DB, in []InsertRow, idx []in
 		}
 		weights[j] = int32(max(r.Weight, 1))
 	}
-	rows, err := db.Query(ctx, s.sql("insert_many"), machines, steps, states, queues, prios, sched, delays, maxAtt, keys, masks, ords, ckeys, rates, weights)
+	var rows pgx.Rows
+	var err error
+	if n == 1 {
+		rows, err = db.Query(ctx, s.sql("insert_one"), machines[0], steps[0], states[0], queues[0], prios[0], sched[0],
+			delays[0], maxAtt[0], keys[0], masks[0], ords[0], ckeys[0], rates[0], weights[0])
+	} else {
+		rows, err = db.Query(ctx, s.sql("insert_many"), machines, steps, states, queues, prios, sched, delays, maxAtt,
+			keys, masks, ords, ckeys, rates, weights)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -93,5 +94,51 @@ func TestEveryPickClaimsByPrimaryKey(t *testing.T) {
 		require.NoError(t, err)
 		plan := strings.Join(lines, "\n")
 		require.NotContains(t, plan, "Seq Scan on instances", "%s:\n%s", stmt, plan)
+	}
+}
+
+// The statements every step pays for are planned once per connection, not on every execution:
+// after a few runs Postgres settles on their generic plan. (The single insert over arrays, and
+// the plain pick when it ran with plan_cache_mode forced to custom, were planned anew each time,
+// and planning cost more than executing.) The admission picks are the exception, by design:
+// their generic plan walks every runnable row.
+func TestHotStatementsKeepTheirCachedPlan(t *testing.T) {
+	pool := durabledbtest.Pool(t, 2)
+	schema := durabledbtest.Schema(t, pool)
+	s, err := New(schema)
+	require.NoError(t, err)
+	ctx := context.Background()
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	db := conn.Conn()
+	const runs = 12
+	for i := range runs {
+		_, err := s.InsertMany(ctx, db, []InsertRow{{Machine: "m", Step: "s", State: "{}", Queue: "q", Priority: 5,
+			MaxAttempts: 1, Weight: 1}})
+		require.NoError(t, err, "insert %d", i)
+		res, err := s.Pick(ctx, db, "q", 10, "o#"+string(rune('a'+i)), time.Minute, 0, nil, nil)
+		require.NoError(t, err, "pick %d", i)
+		require.Len(t, res.Rows, 1)
+	}
+	plans := map[string][2]int64{}
+	params := regexp.MustCompile(`@\w+|\$\d+`) // pgx sends named parameters as positional ones
+	rows, err := db.Query(ctx, `SELECT statement, generic_plans, custom_plans FROM pg_catalog.pg_prepared_statements`)
+	require.NoError(t, err)
+	var text string
+	var generic, custom int64
+	_, err = pgx.ForEachRow(rows, []any{&text, &generic, &custom}, func() error {
+		for _, name := range []string{"insert_one", "pick"} {
+			if params.ReplaceAllString(text, "?") == params.ReplaceAllString(s.sql(name), "?") {
+				plans[name] = [2]int64{generic, custom}
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	for _, name := range []string{"insert_one", "pick"} {
+		p, ok := plans[name]
+		require.True(t, ok, "%s was not prepared on the connection: %v", name, plans)
+		require.GreaterOrEqual(t, p[0], int64(runs-5), "%s: %d generic plans, %d custom (planned on every run)", name, p[0], p[1])
 	}
 }

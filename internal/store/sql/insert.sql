@@ -28,6 +28,23 @@ WITH input AS (
        AS u(machine, step, state, queue, priority, scheduled_at, delay_ms, max_attempts,
             correlation_key, scope_mask, ord, concurrency_key, rate_limit, weight)
 )
+{{insert_rows}};
+
+-- The same insert of one row, its parameters scalars in the same order. A statement over arrays
+-- is planned anew on every execution when it inserts one row (the custom plan, which knows the
+-- arrays' length, always looks cheaper than the generic plan's guess of ten rows), and planning
+-- costs more than executing; this one's generic plan is exact, so it is planned once per
+-- connection.
+-- name: insert_one
+WITH input AS (
+  SELECT $1::text AS machine, $2::text AS step, $3::text AS state, $4::text AS queue,
+         $5::smallint AS priority, $6::timestamptz AS scheduled_at, $7::bigint AS delay_ms,
+         $8::integer AS max_attempts, $9::text AS correlation_key, $10::smallint AS scope_mask,
+         $11::integer AS ord, $12::text AS concurrency_key, $13::text AS rate_limit, $14::integer AS weight
+)
+{{insert_rows}};
+
+-- fragment: insert_rows
 INSERT INTO {schema}.instances (machine, step, state, queue, priority, scheduled_at, max_attempts, correlation_key,
                                 concurrency_key, rate_limit, weight)
 SELECT u.machine, u.step, u.state::jsonb, u.queue, u.priority,
@@ -47,7 +64,7 @@ ORDER BY u.correlation_key IS NULL, CASE WHEN u.correlation_key IS NULL THEN u.o
 ON CONFLICT (machine, correlation_key)
   WHERE correlation_key IS NOT NULL AND status IN ('available', 'executing', 'awaiting', 'joining')
   DO NOTHING
-RETURNING id, machine, coalesce(correlation_key, '');
+RETURNING id, machine, coalesce(correlation_key, '')
 
 -- The instances that keyed rows deduplicated against: for each input position, the live
 -- instance of that machine and key, else the newest finished one in the row's scope.
