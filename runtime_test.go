@@ -306,3 +306,54 @@ func TestRowOfAnUnknownMachineIsHandedBack(t *testing.T) {
 		return in.Status == gendurable.StatusDone
 	})
 }
+
+// The committer sends one outcome statement at a time, but one that cannot finish (here it waits
+// on a row lock another transaction holds) does not hold back the outcomes behind it: they go
+// beside it after a short wait, and the blocked one commits once the lock is gone.
+func TestAStuckOutcomeStatementDoesNotHoldBackOthers(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	// Instance A's row is locked while its step runs, so its outcome statement waits.
+	running, locked := make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
+	job := gendurable.Job[counter]{Name: "quick", Perform: func(*gendurable.Ctx, counter) error {
+		if first.CompareAndSwap(false, true) {
+			close(running)
+			<-locked
+		}
+		return nil
+	}}
+	cl := e.client(t, &gendurable.Config{
+		Machines: []gendurable.Machine{job},
+		Queues:   map[string]gendurable.QueueConfig{"default": {Concurrency: 4}},
+	})
+	a, err := cl.Insert(ctx, job.With(counter{}), nil)
+	require.NoError(t, err)
+	tx, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	start(t, cl)
+	<-running
+	_, err = tx.Exec(ctx, expand(`SELECT 1 FROM {schema}.instances WHERE id = $1 FOR UPDATE`, e.schema), a.ID)
+	require.NoError(t, err)
+	close(locked)
+	time.Sleep(50 * time.Millisecond) // A's outcome statement is sent and waits on the lock
+	// Outcomes that finish meanwhile commit while A's statement is still waiting.
+	var later []int64
+	for range 20 {
+		r, err := cl.Insert(ctx, job.With(counter{}), nil)
+		require.NoError(t, err)
+		later = append(later, r.ID)
+		time.Sleep(5 * time.Millisecond)
+	}
+	eventually(t, 10*time.Second, "the later instances done", func() bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE id = ANY($1) AND status = 'done'`, later) == len(later)
+	})
+	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE id = $1 AND status = 'executing'`, a.ID),
+		"A's outcome cannot have committed while its row was locked")
+	require.NoError(t, tx.Rollback(ctx))
+	eventually(t, 10*time.Second, "A done", func() bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE id = $1 AND status = 'done'`, a.ID) == 1
+	})
+}

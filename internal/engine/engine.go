@@ -55,7 +55,8 @@ type Config struct {
 	Rates  *store.Rates
 	Logger *slog.Logger
 	Hooks  []func(durabletype.Event)
-	// Committers is how many outcome statements may be in flight at once.
+	// Committers is how many outcome statements may be in flight at once: they take turns, and
+	// a second is sent beside the first only while that one stalls (see committer).
 	Committers int
 	// MaxCommitBatch caps the outcomes one statement applies.
 	MaxCommitBatch int
