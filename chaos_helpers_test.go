@@ -143,6 +143,39 @@ type chaosStats struct {
 	Steps         int `json:"steps"`          // step.finished
 	Errors22P02   int `json:"errors_22p02"`   // invalid_text_representation seen in any event or log
 	Prepared      int `json:"prepared"`       // "prepared statement" errors seen in any event or log
+	// Ticks (GD_TICKS=1) holds, for each of the client's loops, when it reported doing its work
+	// (unix milliseconds, at most one per 50ms): scheduler.picked, heartbeat.beat, reaper.swept,
+	// gc.swept.
+	Ticks map[string][]int64 `json:"ticks,omitempty"`
+}
+
+// tickLog records the ticks of a worker's loops (see chaosStats.Ticks).
+type tickLog struct {
+	mu    sync.Mutex
+	ticks map[string][]int64
+}
+
+func (l *tickLog) add(name string) {
+	now := time.Now().UnixMilli()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if ts := l.ticks[name]; len(ts) == 0 || now-ts[len(ts)-1] >= 50 {
+		l.ticks[name] = append(ts, now)
+	}
+}
+
+// firstTickAfter returns, for each loop, how long after t its first tick came (absent: none).
+func (st chaosStats) firstTickAfter(t time.Time) map[string]time.Duration {
+	out := map[string]time.Duration{}
+	for name, ts := range st.Ticks {
+		for _, ms := range ts {
+			if at := time.UnixMilli(ms); !at.Before(t) {
+				out[name] = at.Sub(t)
+				break
+			}
+		}
+	}
+	return out
 }
 
 // chaosWorkerMain runs a chaos worker process: a client working queue "chaos" with chaosMachine,
@@ -192,8 +225,19 @@ func chaosWorkerMain() int {
 			prepared.Add(1)
 		}
 	}
+	var ticks *tickLog
+	if os.Getenv("GD_TICKS") != "" {
+		ticks = &tickLog{ticks: map[string][]int64{}}
+	}
 	hook := func(ev gendurable.Event) {
 		scan(ev.Err)
+		if ticks != nil {
+			switch ev.Name {
+			case gendurable.EventSchedulerPicked, gendurable.EventHeartbeatBeat, gendurable.EventReaperSwept,
+				gendurable.EventGCSwept:
+				ticks.add(string(ev.Name))
+			}
+		}
 		switch ev.Name {
 		case gendurable.EventOutcomeStale:
 			stale.Add(1)
@@ -237,9 +281,11 @@ func chaosWorkerMain() int {
 		Heartbeat:    ms("GD_HEARTBEAT_MS", int(lease.Milliseconds()/5)),
 		PollInterval: ms("GD_POLL_MS", 200),
 		Reaper:       &gendurable.ReaperConfig{Interval: ms("GD_REAPER_MS", 250), Disabled: env("GD_REAPER_MS", 250) == 0},
-		GC:           &gendurable.GCConfig{Disabled: true},
-		Hooks:        []func(gendurable.Event){hook},
-		Logger:       slog.New(logs),
+		// GD_GC_MS sweeps (0: GC off) that delete nothing the oracle reads: a day's retention.
+		GC: &gendurable.GCConfig{Disabled: env("GD_GC_MS", 0) == 0, Interval: ms("GD_GC_MS", 0),
+			Retention: 24 * time.Hour},
+		Hooks:  []func(gendurable.Event){hook},
+		Logger: slog.New(logs),
 	}
 	if os.Getenv("GD_POKE") == "postgres" {
 		c.Poke = gendurable.PokePostgres()
@@ -262,9 +308,13 @@ func chaosWorkerMain() int {
 		fmt.Fprintln(os.Stderr, "chaos worker: stop:", err)
 		code = 1
 	}
-	b, _ := json.Marshal(chaosStats{Stale: int(stale.Load()), CommitFailed: int(commitFailed.Load()),
+	st := chaosStats{Stale: int(stale.Load()), CommitFailed: int(commitFailed.Load()),
 		Unknown: int(unknown.Load()), HeartbeatLost: int(lost.Load()), Steps: int(steps.Load()),
-		Errors22P02: int(bad22.Load()), Prepared: int(prepared.Load())})
+		Errors22P02: int(bad22.Load()), Prepared: int(prepared.Load())}
+	if ticks != nil {
+		st.Ticks = ticks.ticks
+	}
+	b, _ := json.Marshal(st)
 	fmt.Println("stats " + string(b))
 	return code
 }

@@ -57,8 +57,9 @@ func (d *chaosDB) waitProgress(t *testing.T, n int, frac float64, timeout time.D
 // mode (no checkpoint: crash recovery) and started again. 200 Await callers (30s each) wait
 // across both on instances that run last. Pass: I1-I8; all done within 60s of the second start
 // with no process restarted; every Await caller answered (done, busy or an error) by its
-// deadline plus one tick; and pokes work again: 100 fresh inserts, each into an idle queue of its
-// own (so only a poke can start it before the 5s poll), start with p95 < 100ms.
+// deadline plus one tick; every loop of each worker (picks, heartbeat, reaper, GC) ticks within
+// twice its interval of the second start; and pokes work again: 100 fresh inserts, each into an
+// idle queue of its own (so only a poke can start it before the 5s poll), start with p95 < 100ms.
 func TestPostgresRestartMidRun(t *testing.T) {
 	seed, _ := chaosSeed(t)
 	began := time.Now()
@@ -72,7 +73,7 @@ func TestPostgresRestartMidRun(t *testing.T) {
 
 	env := []string{"GD_LEASE_MS=2000", "GD_POLL_MS=" + fmt.Sprint(poll.Milliseconds()), "GD_POKE=postgres",
 		"GD_STEP_MS=10", "GD_CONC=8", "GD_REAPER_MS=500", fmt.Sprint("GD_PROBES=", probes), fmt.Sprint("GD_SEED=", seed),
-		"GD_CONNS=16", "GD_QUIET=1"}
+		"GD_CONNS=16", "GD_QUIET=1", "GD_TICKS=1", "GD_GC_MS=1000"}
 	workers := []*chaosWorker{
 		startChaosWorker(t, cluster.URL, cluster.URL, db.schema, "w0", append(env, "GD_APP=gd-t8-w0")...),
 		startChaosWorker(t, cluster.URL, cluster.URL, db.schema, "w1", append(env, "GD_APP=gd-t8-w1")...),
@@ -169,6 +170,22 @@ func TestPostgresRestartMidRun(t *testing.T) {
 		stats = append(stats, w.stop(t))
 	}
 	st := sum(stats...)
+	// Every loop of every worker came back by itself: its first tick after the second start
+	// within twice its interval (the plan's bound; the heartbeat beats every lease/5 = 400ms,
+	// the reaper sweeps every 500ms, GC every 1s, and a pick follows within the 5s poll).
+	bounds := map[string]time.Duration{
+		string(gendurable.EventSchedulerPicked): 2 * poll, string(gendurable.EventHeartbeatBeat): 2 * 400 * time.Millisecond,
+		string(gendurable.EventReaperSwept): 2 * 500 * time.Millisecond, string(gendurable.EventGCSwept): 2 * time.Second,
+	}
+	for i, ws := range stats {
+		first := ws.firstTickAfter(secondStart)
+		t.Logf("worker %d: first tick after the second start: %v", i, first)
+		for name, bound := range bounds {
+			d, ok := first[name]
+			require.True(t, ok, "worker %d: %s never ticked after the second start", i, name)
+			require.LessOrEqual(t, d, bound, "worker %d: %s came back %v after the second start (bound %v)", i, name, d, bound)
+		}
+	}
 	violations, dup := db.check(t, n+probes)
 	oracle.Report(t, oracle.Summary{Test: "T8", Seed: seed, Instances: n + probes, Restarts: 2,
 		Violations: violations, Lost: n + probes - db.done(t), DuplicateTerminal: dup, Deadlocks: db.deadlocks(t),

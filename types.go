@@ -42,6 +42,8 @@ const (
 	EventCommitFailed         = durabletype.EventCommitFailed
 	EventFSMUnknown           = durabletype.EventFSMUnknown
 	EventHeartbeatLost        = durabletype.EventHeartbeatLost
+	EventHeartbeatBeat        = durabletype.EventHeartbeatBeat
+	EventReaperSwept          = durabletype.EventReaperSwept
 	EventReaperReclaimed      = durabletype.EventReaperReclaimed
 	EventAwaitTimeout         = durabletype.EventAwaitTimeout
 	EventInstanceCancelled    = durabletype.EventInstanceCancelled

@@ -31,6 +31,14 @@ const (
 	// EventHeartbeatLost: the heartbeat found claims this worker no longer owns; their steps'
 	// contexts are cancelled with ErrLeaseLost. Count = claims.
 	EventHeartbeatLost EventName = "heartbeat.lost"
+	// EventHeartbeatBeat: the heartbeat extended the leases of this client's claims (a beat
+	// with no claims in flight sends nothing and reports nothing). Count = claims sent,
+	// Duration = the statement's time.
+	EventHeartbeatBeat EventName = "heartbeat.beat"
+	// EventReaperSwept: a reaper sweep ran to its end (every sweep, also one that found
+	// nothing). Count = rows it changed (claims released, parked rows woken at their await
+	// deadline), Duration = the sweep's time.
+	EventReaperSwept EventName = "reaper.swept"
 	// EventReaperReclaimed: the reaper released rows whose lease had expired. Count = rows
 	// released, Failed = rows failed because they had no attempts left.
 	EventReaperReclaimed EventName = "reaper.reclaimed"

@@ -467,6 +467,7 @@ func (e *Engine) beat() {
 		}
 	}
 	ctx, cancel := context.WithTimeout(e.baseCtx, e.cfg.Heartbeat)
+	began := time.Now()
 	lost, err := e.store.Heartbeat(ctx, e.pool, ids, owners, e.cfg.Lease)
 	cancel()
 	if err != nil {
@@ -477,6 +478,7 @@ func (e *Engine) beat() {
 		return
 	}
 	e.lastBeat = time.Now()
+	e.Emit(durabletype.Event{Name: durabletype.EventHeartbeatBeat, Count: len(ids), Duration: e.lastBeat.Sub(began)})
 	if len(lost) > 0 {
 		// The statement names lost claims by row id; the claim is the one this beat sent for
 		// that id (one per id: flights holds one claim per row).

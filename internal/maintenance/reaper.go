@@ -59,8 +59,11 @@ func (r *Reaper) Run(stop <-chan struct{}) {
 				timeout = 30 * time.Second
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), timeout)
-			if _, err := r.Sweep(ctx); err != nil {
+			began := time.Now()
+			if n, err := r.Sweep(ctx); err != nil {
 				r.Logger.Warn("gendurable: reaper sweep failed", "error", err)
+			} else {
+				r.Emit(durabletype.Event{Name: durabletype.EventReaperSwept, Count: n, Duration: time.Since(began)})
 			}
 			cancel()
 		}
