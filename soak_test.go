@@ -131,8 +131,8 @@ func insertSoak(ctx context.Context, cl *gendurable.Client, n int) error {
 // at 30% of the run (the plan's minute 10 of 35); finished rows older than retention + 10s never
 // above 2 × the GC batch. Then I1-I8.
 //
-// CI: 10 windows of 5s, retention 5s. GD_CHAOS=full: windows of 60s, retention 60s, for 25
-// minutes or until 1,000,000 instances completed, whichever comes first.
+// CI: 10 windows of 5s, retention 5s. GD_CHAOS=full: windows of 60s, retention 60s, until
+// 1,000,000 instances completed (the plan's size; about 34 minutes at 500/s), at most 40.
 func TestBloatSoak(t *testing.T) {
 	seed, _ := chaosSeed(t)
 	began := time.Now()
@@ -143,7 +143,7 @@ func TestBloatSoak(t *testing.T) {
 	const gcInterval, gcBatch = time.Second, 1000
 	maxCompleted := 1 << 62
 	if full {
-		windows, window = 25, time.Minute
+		windows, window = 40, time.Minute // until the millionth completion: about 34 at 500/s
 		lease, retention = 10*time.Second, time.Minute
 		maxCompleted = 1_000_000
 	}
