@@ -13,7 +13,6 @@ import (
 	"hash/fnv"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -35,36 +34,6 @@ import (
 
 // linear5Path is the path every finished chaos instance must have (I5).
 var linear5Path = []string{"s0", "s1", "s2", "s3", "s4"}
-
-// chaosFull reports whether the full sizes were asked for (GD_CHAOS=full).
-func chaosFull() bool { return os.Getenv("GD_CHAOS") == "full" }
-
-// chaosSize is ci, or full under GD_CHAOS=full.
-func chaosSize(ci, full int) int {
-	if chaosFull() {
-		return full
-	}
-	return ci
-}
-
-// chaosSeed is the test's seed: GD_SEED to replay one, else the clock. It is logged at the start
-// and again if the test fails.
-func chaosSeed(t *testing.T) (uint64, *rand.Rand) {
-	t.Helper()
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("GD_SEED"); s != "" {
-		v, err := strconv.ParseUint(s, 10, 64)
-		require.NoError(t, err, "GD_SEED")
-		seed = v
-	}
-	t.Logf("seed=%d (replay with GD_SEED=%d)", seed, seed)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("seed=%d (replay with GD_SEED=%d)", seed, seed)
-		}
-	})
-	return seed, rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
-}
 
 // chaosMachine is linear5 for fault tests: each step records its external effect on fx (a pool
 // of its own, in autocommit, retried until it lands, so a step never moves on without its

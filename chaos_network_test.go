@@ -31,11 +31,11 @@ func viaProxy(t *testing.T, dbURL string) (*faultproxy.Proxy, string) {
 // gd-…) are terminated with pg_terminate_backend, during a run of 2,000 steps (CI; 10,000 with
 // GD_CHAOS=full) by two worker processes. Pass: all done within 2 minutes, I1-I8.
 func TestSessionKills(t *testing.T) {
-	seed, _ := chaosSeed(t)
+	seed, _ := oracle.Seed(t)
 	began := time.Now()
 	ctx := context.Background()
 	cluster, db := privateCluster(t, nil)
-	n := chaosSize(2000, 10000) / 5
+	n := oracle.Size(2000, 10000) / 5
 	db.insert(t, n, 5)
 	env := []string{"GD_LEASE_MS=2000", "GD_STEP_MS=80", "GD_CONC=4", fmt.Sprint("GD_SEED=", seed), "GD_QUIET=1"}
 	workers := []*chaosWorker{
@@ -80,11 +80,11 @@ func TestSessionKills(t *testing.T) {
 // retry of a commit that did land finds its rows fenced and reports them stale), and at least
 // one such unknown-outcome commit was seen.
 func TestConnectionResetsLoseCommitAcks(t *testing.T) {
-	seed, rng := chaosSeed(t)
+	seed, rng := oracle.Seed(t)
 	began := time.Now()
 	cluster, db := privateCluster(t, nil)
 	proxy, via := viaProxy(t, cluster.URL)
-	faultFor := time.Duration(chaosSize(15, 60)) * time.Second
+	faultFor := time.Duration(oracle.Size(15, 60)) * time.Second
 	env := []string{"GD_LEASE_MS=2000", "GD_STEP_MS=10", "GD_CONC=8", fmt.Sprint("GD_SEED=", seed), "GD_QUIET=1"}
 	workers := []*chaosWorker{
 		startChaosWorker(t, via, cluster.URL, db.schema, "w0", append(env, "GD_APP=gd-t9b-w0")...),
@@ -130,12 +130,12 @@ func TestConnectionResetsLoseCommitAcks(t *testing.T) {
 // every instance A held is done within lease + reaper + 2s of the moment its lease ran out
 // (blackhole start + lease).
 func TestPartitionedWorkerIsFencedOut(t *testing.T) {
-	seed, _ := chaosSeed(t)
+	seed, _ := oracle.Seed(t)
 	began := time.Now()
 	ctx := context.Background()
 	cluster, db := privateCluster(t, nil)
 	proxy, via := viaProxy(t, cluster.URL)
-	n := chaosSize(300, 1000)
+	n := oracle.Size(300, 1000)
 	db.insert(t, n, 5)
 	const lease, reaper, hole = 2 * time.Second, 250 * time.Millisecond, 10 * time.Second
 	env := []string{fmt.Sprint("GD_LEASE_MS=", lease.Milliseconds()), fmt.Sprint("GD_REAPER_MS=", reaper.Milliseconds()),

@@ -61,11 +61,11 @@ func (d *chaosDB) waitProgress(t *testing.T, n int, frac float64, timeout time.D
 // twice its interval of the second start; and pokes work again: 100 fresh inserts, each into an
 // idle queue of its own (so only a poke can start it before the 5s poll), start with p95 < 100ms.
 func TestPostgresRestartMidRun(t *testing.T) {
-	seed, _ := chaosSeed(t)
+	seed, _ := oracle.Seed(t)
 	began := time.Now()
 	ctx := context.Background()
 	cluster, db := privateCluster(t, nil)
-	n := chaosSize(1000, 5000)
+	n := oracle.Size(1000, 5000)
 	const awaiters, probes = 200, 100
 	const poll, awaitTimeout, tick = 5 * time.Second, 30 * time.Second, 250 * time.Millisecond
 	db.insert(t, n-awaiters, 5)

@@ -254,7 +254,7 @@ func smokeReport(t *testing.T, test string, seed uint64, began time.Time, deadlo
 // among the modes: its describe and its execution are two round trips, which the pooler may send
 // to different server connections (the unnamed statement is then gone).
 func TestSmokeSuiteThroughPgBouncer(t *testing.T) {
-	seed, _ := chaosSeed(t)
+	seed, _ := oracle.Seed(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	b, err := devdb.StartPgBouncer(ctx, durabledbtest.URL(t), devdb.PgBouncerOptions{PoolSize: 10})
@@ -270,7 +270,7 @@ func TestSmokeSuiteThroughPgBouncer(t *testing.T) {
 	}
 	documented.Close()
 	modes := []string{"exec"}
-	if chaosFull() {
+	if oracle.Full() {
 		modes = append(modes, "simple") // T10c covers the simple protocol direct in CI
 	}
 	if m := os.Getenv("GD_EXEC_MODES"); m != "" {
@@ -311,7 +311,7 @@ func poolerPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
 // QueryExecModeSimpleProtocol, where pgx sends []byte as bytea (river#1153): JSON must travel as
 // text and be cast ::text::jsonb. Pass: 0 22P02 errors, and LISTEN works (no "poke degraded").
 func TestSmokeSuiteSimpleProtocol(t *testing.T) {
-	seed, _ := chaosSeed(t)
+	seed, _ := oracle.Seed(t)
 	began := time.Now()
 	before, err := oracle.Deadlocks(context.Background(), durabledbtest.Pool(t, 1))
 	require.NoError(t, err)

@@ -134,10 +134,10 @@ func insertSoak(ctx context.Context, cl *gendurable.Client, n int) error {
 // CI: 10 windows of 5s, retention 5s. GD_CHAOS=full: windows of 60s, retention 60s, until
 // 1,000,000 instances completed (the plan's size; about 34 minutes at 500/s), at most 40.
 func TestBloatSoak(t *testing.T) {
-	seed, _ := chaosSeed(t)
+	seed, _ := oracle.Seed(t)
 	began := time.Now()
 	ctx := context.Background()
-	full := chaosFull()
+	full := oracle.Full()
 	windows, window := 10, 5*time.Second
 	lease, retention := 2*time.Second, 5*time.Second
 	const gcInterval, gcBatch = time.Second, 1000
@@ -159,7 +159,7 @@ func TestBloatSoak(t *testing.T) {
 	// Capacity: how fast one client drains a backlog here (a schema of its own, dropped after).
 	calSchema := durabledbtest.Schema(t, db.pool)
 	cal := soakClient(t, db.pool, calSchema, lease, retention, nil)
-	backlog := chaosSize(3000, 20000)
+	backlog := oracle.Size(3000, 20000)
 	t0 := time.Now()
 	require.NoError(t, insertSoak(ctx, cal, backlog))
 	eventually(t, 5*time.Minute, "the calibration backlog drained", func() bool {
@@ -357,12 +357,12 @@ func (l *openLoad) stop() (int, error) {
 // CI: windows of 5s, 3 of baseline, a 30s snapshot, 150 instances/s. GD_CHAOS=full: windows of
 // 30s, 4 of baseline, the plan's 5 minutes, 500 instances/s (the plan's load).
 func TestLongSnapshotDuringSoak(t *testing.T) {
-	seed, _ := chaosSeed(t)
+	seed, _ := oracle.Seed(t)
 	began := time.Now()
 	ctx := context.Background()
 	window, baseWindows, hold, rate := 5*time.Second, 3, 30*time.Second, 150.0
 	lease, retention := 2*time.Second, 5*time.Second
-	if chaosFull() {
+	if oracle.Full() {
 		window, baseWindows, hold, rate = 30*time.Second, 4, 5*time.Minute, 500
 		lease, retention = 10*time.Second, time.Minute
 	}
