@@ -15,7 +15,7 @@ RUN        ?= .
 CHAOSFLAGS ?= -p 1 -parallel 1 -timeout 90m
 CHAOSLOG   ?= chaos.log
 
-.PHONY: help demo test test/race lint bench chaos tidy
+.PHONY: help demo test test/race lint bench chaos fuzz tidy
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -58,6 +58,14 @@ chaos: ## the reliability suite at full size (GD_CHAOS=full), then its summary t
 	@echo; echo "== chaos summary ($(CHAOSLOG))"
 	@status=$$(cat $(CHAOSLOG).status); rm -f $(CHAOSLOG).status; \
 	$(GO) run ./internal/chaosreport $(CHAOSLOG) && exit $$status
+
+# make fuzz: every fuzz target for FUZZTIME each, one after the other (go test takes one -fuzz
+# target per package and run); scripts/fuzz says why a bare deadline error is not a failure.
+FUZZTIME ?= 5m
+FUZZ     := .:FuzzInsertValidate .:FuzzSignal .:FuzzConfig .:FuzzOutcome ./durablemigrate:FuzzIdentifier ./internal/jsonx:FuzzDecodeState
+
+fuzz: ## run every fuzz target for FUZZTIME (default 5m) each, then a summary
+	FUZZTIME=$(FUZZTIME) GO=$(GO) ./scripts/fuzz $(FUZZ)
 
 bench: ## run the benchmark suite (gendurable bench) on the resolved Postgres
 	$(GO) run ./cmd/gendurable bench
