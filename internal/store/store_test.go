@@ -2,7 +2,9 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -65,7 +67,8 @@ func TestRateLimitCostsNothingWhenUnused(t *testing.T) {
 }
 
 // Every pick claims its rows by primary key, whatever the configuration: on a table of 20,000
-// runnable rows no variant's plan reads the whole table (a hash join over it cost 10 ms a pick).
+// runnable rows no variant's plan reads the whole table (a hash join over it cost 10 ms a pick),
+// neither the plan for the arguments at hand nor the generic plan cached for any arguments.
 func TestEveryPickClaimsByPrimaryKey(t *testing.T) {
 	pool := durabledbtest.Pool(t, 2)
 	schema := durabledbtest.Schema(t, pool)
@@ -87,21 +90,52 @@ func TestEveryPickClaimsByPrimaryKey(t *testing.T) {
 	args := pgx.NamedArgs{"queue": "q", "limit": 100, "owner": "o#1", "lease": time.Minute.Milliseconds(), "horizon": int64(0),
 		"g_names": []string{"g"}, "g_limits": []int32{100000}, "g_shards": []int32{8},
 		"r_names": []string{"r"}, "r_rates": []float64{1e7}, "r_bursts": []float64{1e7}}
+	literal := map[string]string{"queue": "'q'", "limit": "100", "owner": "'o#1'", "lease": "60000", "horizon": "0",
+		"g_names": "'{g}'", "g_limits": "'{100000}'", "g_shards": "'{8}'", "r_names": "'{r}'", "r_rates": "'{1e7}'",
+		"r_bursts": "'{1e7}'"}
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`)
+	require.NoError(t, err)
+	defer func() { _, _ = conn.Exec(ctx, `RESET plan_cache_mode`) }()
 	for _, stmt := range []string{"pick", "pick_gated", "pick_rated", "pick_admitted"} {
+		// The plan for these arguments (a custom plan), and the plan cached for any arguments
+		// (the generic plan, which the admission picks use from their first run).
 		r, err := pool.Query(ctx, "EXPLAIN (COSTS OFF) "+s.sql(stmt), args)
 		require.NoError(t, err)
 		lines, err := pgx.CollectRows(r, pgx.RowTo[string])
 		require.NoError(t, err)
 		plan := strings.Join(lines, "\n")
 		require.NotContains(t, plan, "Seq Scan on instances", "%s:\n%s", stmt, plan)
+
+		var names, values []string
+		positional := regexp.MustCompile(`@\w+`).ReplaceAllStringFunc(s.sql(stmt), func(m string) string {
+			if i := slices.Index(names, m[1:]); i >= 0 {
+				return fmt.Sprintf("$%d", i+1)
+			}
+			names, values = append(names, m[1:]), append(values, literal[m[1:]])
+			return fmt.Sprintf("$%d", len(names))
+		})
+		_, err = conn.Exec(ctx, "PREPARE generic_"+stmt+" AS "+positional)
+		require.NoError(t, err, stmt)
+		r, err = conn.Query(ctx, "EXPLAIN (COSTS OFF) EXECUTE generic_"+stmt+"("+strings.Join(values, ", ")+")")
+		require.NoError(t, err)
+		lines, err = pgx.CollectRows(r, pgx.RowTo[string])
+		require.NoError(t, err)
+		plan = strings.Join(lines, "\n")
+		require.NotContains(t, plan, "Seq Scan on instances", "%s, generic plan:\n%s", stmt, plan)
+		require.Contains(t, plan, "Index Scan using instances_pkey on instances i\n", "%s, generic plan:\n%s", stmt, plan)
+		_, err = conn.Exec(ctx, "DEALLOCATE generic_"+stmt)
+		require.NoError(t, err)
 	}
 }
 
 // The statements every step pays for are planned once per connection, not on every execution:
 // after a few runs Postgres settles on their generic plan. (The single insert over arrays, and
 // the plain pick when it ran with plan_cache_mode forced to custom, were planned anew each time,
-// and planning cost more than executing.) The admission picks are the exception, by design:
-// their generic plan walks every runnable row.
+// and planning cost more than executing.) The admission picks use their generic plan from the
+// first run (TestEveryPickClaimsByPrimaryKey checks that plan).
 func TestHotStatementsKeepTheirCachedPlan(t *testing.T) {
 	pool := durabledbtest.Pool(t, 2)
 	schema := durabledbtest.Schema(t, pool)
@@ -113,14 +147,31 @@ func TestHotStatementsKeepTheirCachedPlan(t *testing.T) {
 	defer conn.Release()
 	db := conn.Conn()
 	const runs = 12
-	for i := range runs {
-		_, err := s.InsertMany(ctx, db, []InsertRow{{Machine: "m", Step: "s", State: "{}", Queue: "q", Priority: 5,
-			MaxAttempts: 1, Weight: 1}})
-		require.NoError(t, err, "insert %d", i)
-		res, err := s.Pick(ctx, db, "q", 10, "o#"+string(rune('a'+i)), time.Minute, 0, nil, nil)
-		require.NoError(t, err, "pick %d", i)
-		require.Len(t, res.Rows, 1)
+	gates := &Gates{Names: []string{"g"}, Limits: []int32{1000}, Shards: []int32{4}}
+	rates := &Rates{Names: []string{"r"}, Rates: []float64{1e6}, Bursts: []float64{1e6}}
+	picks := []struct {
+		stmt         string
+		gates        *Gates
+		rates        *Rates
+		ckey, rlimit string
+	}{
+		{"pick", nil, nil, "", ""},
+		{"pick_gated", gates, nil, "g:k", ""},
+		{"pick_rated", nil, rates, "", "r:k"},
+		{"pick_admitted", gates, rates, "g:k", "r:k"},
 	}
+	for i := range runs {
+		for _, p := range picks {
+			queue := "q" + p.stmt
+			_, err := s.InsertMany(ctx, db, []InsertRow{{Machine: "m", Step: "s", State: "{}", Queue: queue, Priority: 5,
+				MaxAttempts: 1, Weight: 1, ConcurrencyKey: p.ckey, RateLimit: p.rlimit}})
+			require.NoError(t, err, "insert %d", i)
+			res, err := s.Pick(ctx, db, queue, 10, fmt.Sprintf("o#%d", i), time.Minute, 0, p.gates, p.rates)
+			require.NoError(t, err, "%s %d", p.stmt, i)
+			require.Len(t, res.Rows, 1, p.stmt)
+		}
+	}
+	hot := []string{"insert_one", "pick", "pick_gated", "pick_rated", "pick_admitted"}
 	plans := map[string][2]int64{}
 	params := regexp.MustCompile(`@\w+|\$\d+`) // pgx sends named parameters as positional ones
 	rows, err := db.Query(ctx, `SELECT statement, generic_plans, custom_plans FROM pg_catalog.pg_prepared_statements`)
@@ -128,7 +179,7 @@ func TestHotStatementsKeepTheirCachedPlan(t *testing.T) {
 	var text string
 	var generic, custom int64
 	_, err = pgx.ForEachRow(rows, []any{&text, &generic, &custom}, func() error {
-		for _, name := range []string{"insert_one", "pick"} {
+		for _, name := range hot {
 			if params.ReplaceAllString(text, "?") == params.ReplaceAllString(s.sql(name), "?") {
 				plans[name] = [2]int64{generic, custom}
 			}
@@ -136,9 +187,13 @@ func TestHotStatementsKeepTheirCachedPlan(t *testing.T) {
 		return nil
 	})
 	require.NoError(t, err)
-	for _, name := range []string{"insert_one", "pick"} {
+	for _, name := range hot {
 		p, ok := plans[name]
 		require.True(t, ok, "%s was not prepared on the connection: %v", name, plans)
 		require.GreaterOrEqual(t, p[0], int64(runs-5), "%s: %d generic plans, %d custom (planned on every run)", name, p[0], p[1])
+		if strings.HasPrefix(name, "pick_") {
+			// The admission picks are told to use their generic plan from the first run.
+			require.Zero(t, p[1], "%s: %d custom plans", name, p[1])
+		}
 	}
 }

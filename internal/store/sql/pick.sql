@@ -41,14 +41,18 @@
 SELECT pg_catalog.set_config('lock_timeout', $1, true),
        pg_catalog.set_config('jit', 'off', true);
 
--- The admission picks' settings add a custom plan on every execution: their generic plan, which
--- Postgres may switch a prepared statement to after five runs, walks every runnable row (seconds
--- per pick). The plain pick keeps the plan cache: its generic plan is the custom one, and
--- planning it anew each time cost a sixth of the jobs benchmark's throughput.
+-- The admission picks' settings add a generic plan from the first execution on: planning one of
+-- them took a third of its cost (1.6 ms of 5), and Postgres, left to choose, would keep planning
+-- them forever, since their generic plan's estimates (a batch of a tenth of the table) make it
+-- look dearer than any custom plan. Their generic plan is safe at any size because nothing in
+-- them joins a table by a size the planner must guess: the candidates are an index scan in the
+-- pick index's order stopped by LIMIT, every gate counter and bucket is read by key, and the
+-- claim walks an array by primary key (see pick_claim). The plain pick keeps the server's
+-- choice: its generic plan is chosen on its own, and a role's plan_cache_mode stays in force.
 -- name: pick_settings_admission
 SELECT pg_catalog.set_config('lock_timeout', $1, true),
        pg_catalog.set_config('jit', 'off', true),
-       pg_catalog.set_config('plan_cache_mode', 'force_custom_plan', true);
+       pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
 
 -- fragment: pick_claim
 UPDATE {schema}.instances AS i
@@ -56,10 +60,16 @@ SET status            = 'executing',
     attempt           = i.attempt + 1,
     locked_by         = @owner,
     locked_until      = now() + @lease::bigint * interval '1 millisecond',
-    concurrency_shard = chosen.shard,
+    concurrency_shard = c.shard,
     updated_at        = now()
-FROM chosen
-WHERE i.id = chosen.id
+-- The claim walks chosen's rows as arrays (unnested in order) rather than joining the CTE: a
+-- plan cached for every batch size (the plan cache's generic plan) knows the array holds few
+-- elements, so it always claims by primary key in chosen's order, where a join with the CTE
+-- would be estimated at a tenth of the table and hash it whole.
+FROM (SELECT array_agg(id ORDER BY ckey NULLS FIRST, id) AS ids,
+             array_agg(shard ORDER BY ckey NULLS FIRST, id) AS shards FROM chosen) AS a,
+     unnest(a.ids, a.shards) AS c(id, shard)
+WHERE i.id = c.id
 RETURNING i.id, i.machine, i.step, i.state, i.attempt, i.max_attempts, i.priority,
           coalesce(i.correlation_key, ''), i.inserted_at, i.await_names, i.signalled IS TRUE,
           CASE WHEN i.signalled THEN
@@ -96,12 +106,11 @@ WITH candidates AS MATERIALIZED (
   LIMIT @limit
   FOR NO KEY UPDATE OF i SKIP LOCKED
 ), chosen AS MATERIALIZED (
-  SELECT c.id, NULL::smallint AS shard
+  SELECT c.id, c.ckey, NULL::smallint AS shard
   FROM candidates AS c
   WHERE c.ckey IS NULL
      OR NOT EXISTS (SELECT 1 FROM candidates AS d
                     WHERE d.ckey = c.ckey AND (d.priority, d.scheduled_at, d.id) < (c.priority, c.scheduled_at, c.id))
-  ORDER BY c.ckey NULLS FIRST, c.id
 ), refused AS (
   SELECT 0::bigint AS n, 0::bigint AS denied
 )
@@ -198,15 +207,16 @@ candidates AS MATERIALIZED (
 
 -- fragment: pa_rate_ctes
 balances AS (
-  -- Each limited key of the window with its bucket's balance now (read once per key).
+  -- Each limited key of the window with its bucket's balance now (read once per key, by key: a
+  -- join could hash the whole buckets table).
   SELECT k.rkey, rc.rate, rc.burst,
-         coalesce(least(rc.burst, b.tokens + rc.rate * extract(epoch FROM now() - b.updated_at)), rc.burst) AS balance
+         coalesce((SELECT least(rc.burst, b.tokens + rc.rate * extract(epoch FROM now() - b.updated_at))
+                   FROM {schema}.buckets AS b WHERE b.key = k.rkey), rc.burst) AS balance
   FROM (SELECT DISTINCT rkey FROM candidates WHERE rkey IS NOT NULL) AS k
   JOIN rcfg AS rc ON rc.name = split_part(k.rkey, ':', 1)
-  LEFT JOIN {schema}.buckets AS b ON b.key = k.rkey
-), rated AS (
+), rated AS MATERIALIZED (
   -- Each limited candidate with the cumulative weight up to it in its bucket's urgency order.
-  SELECT c.id, c.rkey, bl.rate, bl.burst, bl.balance,
+  SELECT c.*, bl.rate, bl.burst, bl.balance,
          sum(c.weight) OVER (PARTITION BY c.rkey ORDER BY c.priority, c.scheduled_at, c.id) AS upto
   FROM candidates AS c
   JOIN balances AS bl ON bl.rkey = c.rkey
@@ -230,10 +240,13 @@ balances AS (
   RETURNING key
 ), admitted AS (
   -- Rows the rate limits let through (or that have none).
-  SELECT c.*
+  SELECT c.id, c.ckey, c.rkey, c.weight, c.priority, c.scheduled_at
   FROM candidates AS c
   WHERE c.rkey IS NULL
-     OR EXISTS (SELECT 1 FROM granted AS g JOIN rdebit AS d ON d.key = g.rkey WHERE g.id = c.id)
+  UNION ALL
+  SELECT r.id, r.ckey, r.rkey, r.weight, r.priority, r.scheduled_at
+  FROM rated AS r
+  WHERE r.upto <= r.balance AND r.rkey IN (SELECT d.key FROM rdebit AS d)
 )
 
 -- fragment: pa_no_rate_ctes
@@ -247,24 +260,25 @@ ranked AS (
          row_number() OVER (PARTITION BY c.ckey ORDER BY c.priority, c.scheduled_at, c.id) AS rk
   FROM admitted AS c
   LEFT JOIN cfg ON cfg.name = split_part(c.ckey, ':', 1)
-), shards AS (
+), shards AS MATERIALIZED (
+  -- (The counter is read by key, row by row: a join could hash the whole gates table. Materialized:
+  -- the window below would otherwise read each counter three times.)
   SELECT k.ckey, s.shard,
          k.lim / k.shards + CASE WHEN s.shard < k.lim % k.shards THEN 1 ELSE 0 END AS cap,
-         coalesce(g.held, 0) AS held
+         coalesce((SELECT g.held FROM {schema}.gates AS g WHERE g.key = k.ckey AND g.shard = s.shard), 0) AS held
   FROM (SELECT DISTINCT ckey, lim, shards FROM ranked WHERE gate IS NOT NULL) AS k
   CROSS JOIN LATERAL generate_series(0, k.shards - 1) AS s(shard)
-  LEFT JOIN {schema}.gates AS g ON g.key = k.ckey AND g.shard = s.shard
 ), ranges AS (
   -- Each shard's free slots as a range of ranks, emptiest shard first.
   SELECT ckey, shard, cap, greatest(cap - held, 0) AS free,
          sum(greatest(cap - held, 0)) OVER (PARTITION BY ckey ORDER BY cap - held DESC, shard) AS upto
   FROM shards
 ), wanted AS (
-  SELECT r.id, NULL::smallint AS shard, NULL::text AS gkey, NULL::integer AS cap
+  SELECT r.id, r.ckey, NULL::smallint AS shard, NULL::text AS gkey, NULL::integer AS cap
   FROM ranked AS r
   WHERE r.ckey IS NULL OR (r.gate IS NULL AND r.rk = 1)
   UNION ALL
-  SELECT r.id, rg.shard::smallint, r.ckey, rg.cap
+  SELECT r.id, r.ckey, rg.shard::smallint, r.ckey, rg.cap
   FROM ranked AS r
   JOIN ranges AS rg ON rg.ckey = r.ckey AND r.rk > rg.upto - rg.free AND r.rk <= rg.upto
   WHERE r.gate IS NOT NULL
@@ -281,27 +295,20 @@ ranked AS (
     WHERE gates.held + EXCLUDED.held <= gates.capacity
   RETURNING key, shard
 ), chosen AS MATERIALIZED (
-  SELECT w.id, w.shard
+  SELECT w.id, w.ckey, w.shard
   FROM wanted AS w
-  JOIN candidates AS c ON c.id = w.id
   WHERE w.gkey IS NULL
-     OR EXISTS (SELECT 1 FROM debit AS d WHERE d.key = w.gkey AND d.shard = w.shard)
-  ORDER BY c.ckey NULLS FIRST, c.id
-  -- Never more than the candidates; said here so that the planner claims them by primary key
-  -- instead of hashing the whole table.
-  LIMIT @limit
+     OR (w.gkey, w.shard) IN (SELECT d.key, d.shard FROM debit AS d)
 )
 
 -- fragment: pa_k1_chosen
 chosen AS MATERIALIZED (
   -- No gate is configured: every key is K = 1, and a key gets its most urgent admitted row.
-  SELECT c.id, NULL::smallint AS shard
+  SELECT c.id, c.ckey, NULL::smallint AS shard
   FROM admitted AS c
   WHERE c.ckey IS NULL
      OR NOT EXISTS (SELECT 1 FROM admitted AS d
                     WHERE d.ckey = c.ckey AND (d.priority, d.scheduled_at, d.id) < (c.priority, c.scheduled_at, c.id))
-  ORDER BY c.ckey NULLS FIRST, c.id
-  LIMIT @limit -- as in pa_gate_ctes
 )
 
 -- fragment: pa_refused
