@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gendurable/gendurable/durabletype"
@@ -14,17 +15,21 @@ import (
 // (group commit). Nothing is reported (events, wakes, the await bridge) before its commit. A
 // bounded queue is the executors' backpressure.
 //
-// The workers take turns: one statement is in flight at a time, and the next batch grows while
-// it is, so a busy client sends few, large statements (two workers sending side by side split
-// the same outcomes into twice as many smaller ones: a sixth fewer jobs a second in the jobs
-// benchmark). A worker whose turn does not come within stallAfter sends anyway, so a statement
-// that waits on a lock, or retries against a restarting server, never holds back the rest.
+// The workers take turns: the one holding the turn takes outcomes off the queue and sends them,
+// so one statement is in flight at a time and the next batch grows while it is, and a busy client
+// sends few, large statements (two workers sending side by side split the same outcomes into
+// twice as many smaller ones: a sixth fewer jobs a second in the jobs benchmark). Once the
+// statement in flight has taken stallAfter, a waiting worker sends what is queued beside it, so
+// a statement that waits on a lock, or retries against a restarting server, never holds back the
+// rest.
 type committer struct {
 	e    *Engine
 	ch   chan *commitReq
-	turn chan struct{} // holds the token while no statement is in flight
-	quit chan struct{}
-	wg   sync.WaitGroup
+	turn chan struct{} // holds the token while no worker is taking outcomes or sending them
+	// inFlight is when the turn holder's statement was sent (Unix ns), 0 while none is.
+	inFlight atomic.Int64
+	quit     chan struct{}
+	wg       sync.WaitGroup
 }
 
 // stallAfter is how long a worker with outcomes waits for the statement in flight before it
@@ -74,49 +79,78 @@ func (c *committer) work() {
 	batch := make([]*commitReq, 0, maxBatch)
 	for {
 		batch = batch[:0]
-		select {
-		case r := <-c.ch:
-			batch = append(batch, r)
-		case <-c.quit:
-			for {
-				batch = c.take(batch[:0], maxBatch)
-				if len(batch) == 0 {
-					return
-				}
-				c.commit(batch, true)
+		held := c.awaitTurn()
+		switch {
+		case held:
+			// Only the worker holding the turn takes outcomes off the queue as they come: a
+			// worker that took one while another's statement was in flight would send it
+			// nearly alone once its turn came.
+			select {
+			case r := <-c.ch:
+				batch = c.fill(append(batch, r), maxBatch)
+			case <-c.quit:
+				c.turn <- struct{}{}
+				c.drain(batch, maxBatch)
+				return
 			}
-		}
-		held, waited := c.awaitTurn()
-		if waited {
-			batch = c.take(batch, maxBatch) // the wait for the turn was the linger
-		} else {
-			batch = c.fill(batch, maxBatch)
-		}
-		c.commit(batch, false)
-		if held {
+			c.inFlight.Store(time.Now().UnixNano())
+			c.commit(batch, false)
+			c.inFlight.Store(0)
 			c.turn <- struct{}{}
+		case c.stopping():
+			c.drain(batch, maxBatch)
+			return
+		default:
+			// The statement in flight has stalled: send what is queued beside it.
+			if batch = c.take(batch, maxBatch); len(batch) > 0 {
+				c.commit(batch, false)
+			}
 		}
 	}
 }
 
-// awaitTurn waits until no other worker's statement is in flight (held: the caller now holds the
-// turn and must give it back), or until that statement has taken stallAfter, or the committer
-// stops (not held). waited reports that the turn was not free at once.
-func (c *committer) awaitTurn() (held, waited bool) {
+// drain applies everything queued, for a committer that is stopping.
+func (c *committer) drain(batch []*commitReq, maxBatch int) {
+	for {
+		batch = c.take(batch[:0], maxBatch)
+		if len(batch) == 0 {
+			return
+		}
+		c.commit(batch, true)
+	}
+}
+
+func (c *committer) stopping() bool {
+	select {
+	case <-c.quit:
+		return true
+	default:
+		return false
+	}
+}
+
+// awaitTurn waits until no other worker holds the turn (true: the caller now holds it and must
+// give it back), or until outcomes are queued while the statement in flight has taken
+// stallAfter, or the committer stops (false).
+func (c *committer) awaitTurn() bool {
 	select {
 	case <-c.turn:
-		return true, false
+		return true
 	default:
 	}
-	t := time.NewTimer(stallAfter)
+	t := time.NewTicker(stallAfter / 4)
 	defer t.Stop()
-	select {
-	case <-c.turn:
-		return true, true
-	case <-t.C:
-		return false, true
-	case <-c.quit:
-		return false, true
+	for {
+		select {
+		case <-c.turn:
+			return true
+		case <-c.quit:
+			return false
+		case <-t.C:
+			if since := c.inFlight.Load(); since != 0 && time.Since(time.Unix(0, since)) >= stallAfter && len(c.ch) > 0 {
+				return false
+			}
+		}
 	}
 }
 

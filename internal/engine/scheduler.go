@@ -22,10 +22,13 @@ const maxPickBatch = 1000
 //
 // When to pick: when there is demand (a free slot) and a reason to expect work: a poke (an
 // insert or an outcome of this client made rows due), the poll timer, or a backlog (the last pick
-// came back full). While there is a backlog the runner waits for minDemand free slots, so picks
-// stay batches rather than one row each. After a short pick the queue is idle: the runner waits
-// for a poke or the poll timer, whose interval grows from a short cooldown to PollInterval over
-// consecutive empty picks (the idle backoff); a poke-driven empty pick does not stretch it.
+// came back full). While there is a backlog the runner waits for minDemand free slots, then up to
+// pickLinger more for all of them, so picks stay batches rather than a few rows each: a pick
+// costs nearly as much for ten rows as for a hundred, and short steps give their slots back
+// within the linger; a poke does not cut that wait short (the backlog already means another pick
+// is coming). After a short pick the queue is idle: the runner waits for a poke or the poll
+// timer, whose interval grows from a short cooldown to PollInterval over consecutive empty picks
+// (the idle backoff); a poke-driven empty pick does not stretch it.
 type runner struct {
 	e           *Engine
 	queue       string
@@ -116,7 +119,9 @@ func (r *runner) loop() {
 		case <-r.stop:
 			return
 		case <-r.wake:
-			want, urgent = true, true
+			// With a backlog the runner picks again as soon as slots free anyway: a poke
+			// (an outcome that freed a key, say) must not turn that into a pick of one slot.
+			want, urgent = true, urgent || !backlog
 		case <-timer.C:
 			want, urgent = true, true
 			if !backlog {
@@ -130,6 +135,9 @@ func (r *runner) loop() {
 		free := r.free()
 		if free == 0 || (backlog && !urgent && free < r.minDemand) {
 			continue // a freed slot brings us back
+		}
+		if backlog && !urgent && free < min(r.conc, maxPickBatch) {
+			free = r.gather(min(r.conc, maxPickBatch))
 		}
 		n := min(free, maxPickBatch)
 		rows, err := r.pick(n)
@@ -146,7 +154,7 @@ func (r *runner) loop() {
 		switch {
 		case len(rows) == n:
 			backlog, idle = true, cooldown
-			if r.free() > 0 { // the batch cap, not the slots, limited this pick
+			if free > maxPickBatch { // the batch cap, not the slots, limited this pick
 				r.poke()
 			}
 			resetTimer(timer, r.poll)
@@ -156,6 +164,28 @@ func (r *runner) loop() {
 		default:
 			want, backlog = false, false
 			resetTimer(timer, idle)
+		}
+	}
+}
+
+// pickLinger is the longest a runner with a backlog waits for more free slots before it picks
+// for the ones it has.
+const pickLinger = time.Millisecond
+
+// gather waits until want slots are free, at most pickLinger, and returns how many are.
+func (r *runner) gather(want int) int {
+	t := time.NewTimer(pickLinger)
+	defer t.Stop()
+	for {
+		if free := r.free(); free >= want {
+			return free
+		}
+		select {
+		case <-r.slotFreed:
+		case <-t.C:
+			return r.free()
+		case <-r.stop:
+			return r.free()
 		}
 	}
 }
