@@ -142,13 +142,42 @@ type InsertManyParams struct {
 }
 
 // Insert inserts one instance and, once it is committed, pokes its queue (Config.Poke) so that a
-// scheduler picks it at once. An instance scheduled for later wakes nobody.
+// scheduler picks it at once. An instance scheduled for later wakes nobody. If this client is
+// running and works the instance's queue with a free slot, and the instance has no correlation
+// key, concurrency key or rate limit and is due now, it is inserted already claimed by this client
+// (unless a due instance of its queue is ahead of it) and its first step starts as Insert returns,
+// without waiting for a pick.
 func (c *Client) Insert(ctx context.Context, in Input, opts *InsertOpts) (InsertResult, error) {
-	res, err := c.insert(ctx, c.pool, []InsertManyParams{{Input: in, Opts: opts}})
+	params := []InsertManyParams{{Input: in, Opts: opts}}
+	var row store.InsertRow
+	if err := c.row(&params[0], -1, &row); err != nil {
+		return InsertResult{}, err
+	}
+	if row.Runnable() {
+		if owner, ok := c.eng.ReserveInsert(row.Queue, row.Machine); ok {
+			return c.insertClaimed(ctx, &row, owner)
+		}
+	}
+	res, err := c.insertRows(ctx, c.pool, []store.InsertRow{row})
 	if err != nil {
 		return InsertResult{}, err
 	}
 	return res[0], nil
+}
+
+// insertClaimed inserts a row this client runs at once if nothing of its queue is due ahead of it
+// (its executor slot is reserved for owner): the step starts without waiting for a pick.
+func (c *Client) insertClaimed(ctx context.Context, row *store.InsertRow, owner string) (InsertResult, error) {
+	began := time.Now()
+	id, claimed, err := c.store.InsertClaim(ctx, c.pool, row, owner, c.eng.Lease())
+	c.eng.RunInserted(row.Queue, claimed, time.Since(began))
+	if err != nil {
+		return InsertResult{}, fmt.Errorf("gendurable: insert 1 rows: %w", err)
+	}
+	if claimed == nil {
+		c.eng.Poke(row.Queue)
+	}
+	return InsertResult{ID: id}, nil
 }
 
 // InsertTx inserts one instance inside the caller's transaction: workers see it only once tx
@@ -194,6 +223,11 @@ func (c *Client) insert(ctx context.Context, db store.DB, params []InsertManyPar
 			return nil, err
 		}
 	}
+	return c.insertRows(ctx, db, rows)
+}
+
+// insertRows inserts validated rows and pokes the queues of those due now.
+func (c *Client) insertRows(ctx context.Context, db store.DB, rows []store.InsertRow) ([]InsertResult, error) {
 	ins, err := c.store.InsertMany(ctx, db, rows)
 	if err != nil {
 		return nil, fmt.Errorf("gendurable: insert %d rows: %w", len(rows), err)

@@ -8,7 +8,8 @@ type EventName string
 // The events the engine emits. docs/events.md is the catalogue: when each fires and what it
 // carries (a test keeps it complete).
 const (
-	// EventSchedulerPicked: a pick claimed rows. Count = rows, Duration = the pick's round trip.
+	// EventSchedulerPicked: a pick claimed rows, or an Insert claimed its row for its own client.
+	// Count = rows, Duration = the pick's (the Insert's) round trip.
 	EventSchedulerPicked EventName = "scheduler.picked"
 	// EventSchedulerReclaimed: startup reclaim released a dead predecessor's claims. Count = rows.
 	EventSchedulerReclaimed EventName = "scheduler.reclaimed"

@@ -172,6 +172,9 @@ func New(pool Pool, st *store.Store, cfg Config) *Engine {
 // Store returns the engine's statements.
 func (e *Engine) Store() *store.Store { return e.store }
 
+// Lease is how long a claim stays valid without a heartbeat.
+func (e *Engine) Lease() time.Duration { return e.cfg.Lease }
+
 // Machine returns the registered machine of that name, or nil.
 func (e *Engine) Machine(name string) *MachineDef { return e.cfg.Machines[name] }
 
@@ -337,7 +340,7 @@ func (e *Engine) Stop(ctx context.Context) error {
 	}
 	e.loops.Wait()
 	for _, r := range e.runners {
-		close(r.work) // the executor goroutines finish what they hold, then exit
+		r.closeWork() // the executor goroutines finish what they hold, then exit
 	}
 
 	done := make(chan struct{})

@@ -43,6 +43,7 @@ type runner struct {
 	work        chan store.Claimed // claimed rows for the executor goroutines
 	mu          sync.Mutex
 	busy        int
+	closed      bool // Stop has begun: no reservations, and work is closed or about to be
 	pickTimeout time.Duration
 }
 
@@ -93,6 +94,26 @@ func (r *runner) take(n int) {
 	r.mu.Lock()
 	r.busy += n
 	r.mu.Unlock()
+}
+
+// reserve takes a free slot for a row this client inserts already claimed; false once the runner
+// stops, or while every slot is busy.
+func (r *runner) reserve() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed || r.busy >= r.conc {
+		return false
+	}
+	r.busy++
+	return true
+}
+
+// closeWork closes work once the loop has ended; a reserved row that arrives later is not run.
+func (r *runner) closeWork() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.closed = true
+	close(r.work)
 }
 
 func (r *runner) release() {
@@ -264,6 +285,41 @@ func (r *runner) dispatch(rows []store.Claimed) {
 	for _, c := range rows {
 		r.work <- c // never blocks: a slot was free for each row, and work holds Concurrency
 	}
+}
+
+// ReserveInsert takes an executor slot of queue for an Insert that this client claims as it
+// inserts the row (store.InsertClaim), and returns the claim token for it. ok is false when the
+// client is not running, does not work the queue or know the machine, or has no free slot; the
+// Insert then goes the ordinary way. Every reservation ends in RunInserted.
+func (e *Engine) ReserveInsert(queue, machine string) (owner string, ok bool) {
+	r, found := e.runners[queue]
+	if !found || e.Machine(machine) == nil || !e.Running() || !r.reserve() {
+		return "", false
+	}
+	return r.workerID + "#" + strconv.FormatUint(r.seq.Add(1), 10), true
+}
+
+// RunInserted ends a reservation: it hands the claimed row to the queue's executors, or, with c
+// nil (the row went in available, or the insert failed), gives the slot back. took is the
+// insert's round trip, reported as the pick's would be.
+func (e *Engine) RunInserted(queue string, c *store.Claimed, took time.Duration) {
+	r := e.runners[queue]
+	r.mu.Lock()
+	if c != nil && !r.closed {
+		e.inFlight.Add(1)
+		r.work <- *c // never blocks: the reserved slot is this row's, and work holds Concurrency
+		r.mu.Unlock()
+		e.Emit(durabletype.Event{Name: durabletype.EventSchedulerPicked, Queue: queue, Count: 1, Duration: took})
+		return
+	}
+	r.mu.Unlock()
+	if c != nil {
+		// The client began to stop while the row was being inserted: it stays claimed until its
+		// lease runs out, and then the reaper makes it available again.
+		e.log.Info("gendurable: stopping: an instance inserted for this client will run after its lease",
+			"client", e.cfg.Name, "queue", queue, "id", c.ID)
+	}
+	r.release()
 }
 
 // run executes one claimed step and hands its outcome to the committer (or, for a step that

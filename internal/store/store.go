@@ -444,6 +444,32 @@ type Inserted struct {
 	Duplicate bool
 }
 
+// Runnable reports whether an Insert of r may be claimed by its own client as it is inserted
+// (InsertClaim): no correlation key, concurrency key or rate limit, and due now.
+func (r *InsertRow) Runnable() bool {
+	return r.CorrelationKey == "" && r.ConcurrencyKey == "" && r.RateLimit == "" && r.ScheduledAt == nil && r.Delay == 0
+}
+
+// InsertClaim inserts one row (r.Runnable() must hold) claimed for owner with a lease, unless a
+// due row of its queue is ahead of it; then it is inserted available and c is nil.
+func (s *Store) InsertClaim(ctx context.Context, db DB, r *InsertRow, owner string, lease time.Duration) (id int64, c *Claimed, err error) {
+	if !r.Runnable() {
+		return 0, nil, errors.New("insert: only a row without keys or limits, due now, can be claimed as it is inserted")
+	}
+	var claimed bool
+	var state []byte
+	var at time.Time
+	if err := db.QueryRow(ctx, s.sql("insert_claim"), r.Machine, r.Step, r.State, r.Queue, int16(r.Priority),
+		int32(r.MaxAttempts), owner, lease.Milliseconds()).Scan(&id, &claimed, &state, &at); err != nil {
+		return 0, nil, err
+	}
+	if !claimed {
+		return id, nil, nil
+	}
+	return id, &Claimed{ID: id, Machine: r.Machine, Step: r.Step, State: state, Attempt: 1, MaxAttempts: r.MaxAttempts,
+		Priority: r.Priority, InsertedAt: at, Owner: owner}, nil
+}
+
 // InsertMany inserts rows in one statement and returns, per input row, the id of the new
 // instance, or of the existing one it deduplicated against.
 func (s *Store) InsertMany(ctx context.Context, db DB, in []InsertRow) ([]Inserted, error) {

@@ -161,6 +161,10 @@ func TestHotStatementsKeepTheirCachedPlan(t *testing.T) {
 		{"pick_admitted", gates, rates, "g:k", "r:k"},
 	}
 	for i := range runs {
+		_, c, err := s.InsertClaim(ctx, db, &InsertRow{Machine: "m", Step: "s", State: "{}", Queue: "own", Priority: 5,
+			MaxAttempts: 1}, fmt.Sprintf("c#%d", i), time.Minute)
+		require.NoError(t, err, "insert_claim %d", i)
+		require.NotNil(t, c)
 		for _, p := range picks {
 			queue := "q" + p.stmt
 			_, err := s.InsertMany(ctx, db, []InsertRow{{Machine: "m", Step: "s", State: "{}", Queue: queue, Priority: 5,
@@ -171,7 +175,7 @@ func TestHotStatementsKeepTheirCachedPlan(t *testing.T) {
 			require.Len(t, res.Rows, 1, p.stmt)
 		}
 	}
-	hot := []string{"insert_one", "pick", "pick_gated", "pick_rated", "pick_admitted"}
+	hot := []string{"insert_one", "insert_claim", "pick", "pick_gated", "pick_rated", "pick_admitted"}
 	plans := map[string][2]int64{}
 	params := regexp.MustCompile(`@\w+|\$\d+`) // pgx sends named parameters as positional ones
 	rows, err := db.Query(ctx, `SELECT statement, generic_plans, custom_plans FROM pg_catalog.pg_prepared_statements`)

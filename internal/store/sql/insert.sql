@@ -44,6 +44,34 @@ WITH input AS (
 )
 {{insert_rows}};
 
+-- An Insert that its own client runs at once: one row with no correlation key, concurrency key
+-- or rate limit, due now, of a queue the inserting client works and has a free executor slot
+-- for. The row is inserted already claimed by that client (as a pick would claim it: executing,
+-- the claim token @owner, a lease, attempt 1), which saves the pick's round trip and its row
+-- version; the client hands it to an executor as soon as the statement returns. It is claimed
+-- only if no due row of its queue is ahead of it (as urgent or more: a row inserted now is
+-- behind every due row of its priority); otherwise it is inserted available, like any other, and
+-- waits its turn. A claim whose client dies before running it is released by the reaper when
+-- its lease runs out, like a pick's.
+--
+-- Locks: none beyond the inserted row. (The test for rows ahead reads the pick index without
+-- locking: an insert racing with it can at worst start before an older row of its priority.)
+--
+-- $1 machine, $2 step, $3 state JSON text, $4 queue, $5 priority, $6 max attempts, $7 the claim
+-- token, $8 the lease in ms.
+-- name: insert_claim
+INSERT INTO {schema}.instances (machine, step, state, queue, priority, max_attempts,
+                                status, attempt, locked_by, locked_until)
+SELECT $1::text, $2::text, $3::text::jsonb, $4::text, $5::smallint, $6::integer,
+       (CASE WHEN a.clear THEN 'executing' ELSE 'available' END)::{schema}.status,
+       CASE WHEN a.clear THEN 1 ELSE 0 END,
+       CASE WHEN a.clear THEN $7::text END,
+       CASE WHEN a.clear THEN now() + $8::bigint * interval '1 millisecond' END
+FROM (SELECT NOT EXISTS (SELECT 1 FROM {schema}.instances AS x
+                         WHERE x.status = 'available' AND x.queue = $4::text AND x.priority <= $5::smallint
+                           AND x.scheduled_at <= now())) AS a(clear)
+RETURNING id, status = 'executing', state, inserted_at;
+
 -- fragment: insert_rows
 INSERT INTO {schema}.instances (machine, step, state, queue, priority, scheduled_at, max_attempts, correlation_key,
                                 concurrency_key, rate_limit, weight)

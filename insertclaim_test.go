@@ -1,0 +1,127 @@
+package gendurable_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/stretchr/testify/require"
+)
+
+// A running client that works the queue runs what it inserts at once: the row is inserted
+// already claimed (no pick's update: its updated_at is its inserted_at), while a free slot
+// remains; with every slot busy, the row goes in available and is picked in its turn.
+func TestInsertStartsTheStepWithoutAPick(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	release := make(chan struct{})
+	started := make(chan int, 10)
+	job := gendurable.Job[counter]{Name: "held", Perform: func(_ *gendurable.Ctx, c counter) error {
+		started <- c.N
+		<-release
+		return nil
+	}}
+	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{job},
+		Queues: map[string]gendurable.QueueConfig{"default": {Concurrency: 2}}})
+	start(t, cl)
+	claimedAtInsert := func(id int64) bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.instances
+			WHERE id = $1 AND status = 'executing' AND attempt = 1 AND updated_at = inserted_at`, id) == 1
+	}
+	var ids []int64
+	for i := range 2 {
+		r, err := cl.Insert(ctx, job.With(counter{N: i}), nil)
+		require.NoError(t, err)
+		require.True(t, claimedAtInsert(r.ID), "instance %d was not claimed by its insert", i)
+		ids = append(ids, r.ID)
+		<-started
+	}
+	// Both slots are busy: the third waits, available, for a pick.
+	third, err := cl.Insert(ctx, job.With(counter{N: 2}), nil)
+	require.NoError(t, err)
+	ids = append(ids, third.ID)
+	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE id = $1 AND status = 'available'`, third.ID))
+	close(release)
+	require.Equal(t, 2, <-started)
+	eventually(t, 10*time.Second, "all three done", func() bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE id = ANY($1) AND status = 'done'`, ids) == 3
+	})
+	// A client that does not run the queue inserts rows for others to pick.
+	other, err := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{job}}).Insert(ctx, job.With(counter{N: 3}), nil)
+	require.NoError(t, err)
+	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE id = $1 AND updated_at > inserted_at OR status = 'available'`, other.ID))
+}
+
+// Inserts racing with each other, with picks and with Stop never run more steps at once than
+// the queue's Concurrency, and never lose one: every instance inserted, whether claimed by its
+// insert, inserted while the client stopped, or claimed and then left behind by the stop, is
+// done exactly once in the end (a second client, whose reaper releases what the first left
+// claimed, finishes the rest).
+func TestInsertsClaimedRacingStopLoseNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	const conc, writers, each = 4, 16, 40
+	var running, most atomic.Int64
+	var mu sync.Mutex
+	runs := map[int]int{}
+	job := gendurable.Job[counter]{Name: "brief", Perform: func(_ *gendurable.Ctx, c counter) error {
+		now := running.Add(1)
+		defer running.Add(-1)
+		for {
+			m := most.Load()
+			if now <= m || most.CompareAndSwap(m, now) {
+				break
+			}
+		}
+		mu.Lock()
+		runs[c.N]++
+		mu.Unlock()
+		time.Sleep(time.Millisecond)
+		return nil
+	}}
+	cfg := &gendurable.Config{Machines: []gendurable.Machine{job}, Lease: time.Second,
+		Reaper: &gendurable.ReaperConfig{Interval: 100 * time.Millisecond},
+		Queues: map[string]gendurable.QueueConfig{"default": {Concurrency: conc}}}
+	first := e.client(t, cfg)
+	require.NoError(t, first.Start(ctx))
+	var wg sync.WaitGroup
+	var inserted atomic.Int64
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				_, err := first.Insert(ctx, job.With(counter{N: w*each + i}), nil)
+				if err != nil {
+					t.Errorf("insert: %v", err)
+					return
+				}
+				inserted.Add(1)
+			}
+		}()
+	}
+	eventually(t, 10*time.Second, "a third inserted", func() bool { return inserted.Load() >= writers*each/3 })
+	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, first.Stop(stopCtx))
+	wg.Wait()
+	require.LessOrEqual(t, most.Load(), int64(conc), "more steps ran at once than the queue's Concurrency")
+	second := e.client(t, cfg)
+	start(t, second)
+	eventually(t, 30*time.Second, "every instance done", func() bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'done'`) == writers*each
+	})
+	require.Equal(t, writers*each, e.count(t, `SELECT count(*) FROM {schema}.instances`))
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, runs, writers*each)
+	for n, k := range runs {
+		require.Equal(t, 1, k, "instance %d ran %d times", n, k)
+	}
+	require.LessOrEqual(t, most.Load(), int64(conc))
+}
