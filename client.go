@@ -141,12 +141,12 @@ type InsertManyParams struct {
 	Opts  *InsertOpts
 }
 
-// Insert inserts one instance and, once it is committed, pokes its queue (Config.Poke) so that a
-// scheduler picks it at once. An instance scheduled for later wakes nobody. If this client is
-// running and works the instance's queue with a free slot, and the instance has no correlation
-// key, concurrency key or rate limit and is due now, it is inserted already claimed by this client
-// (unless a due instance of its queue is ahead of it) and its first step starts as Insert returns,
-// without waiting for a pick.
+// Insert inserts one instance. If this client is running and works the instance's queue with a
+// free slot, and the instance has no correlation key, concurrency key or rate limit and is due
+// now, it is inserted already claimed by this client (unless a due instance of its queue is ahead
+// of it) and its first step starts as Insert returns, without a pick and without a poke.
+// Otherwise, once it is committed, Insert pokes its queue (Config.Poke) so that a scheduler picks
+// it at once; an instance scheduled for later wakes nobody.
 func (c *Client) Insert(ctx context.Context, in Input, opts *InsertOpts) (InsertResult, error) {
 	params := []InsertManyParams{{Input: in, Opts: opts}}
 	var row store.InsertRow

@@ -25,9 +25,13 @@ func TestInsertStartsTheStepWithoutAPick(t *testing.T) {
 		<-release
 		return nil
 	}}
-	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{job},
+	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{job}, PollInterval: time.Minute,
 		Queues: map[string]gendurable.QueueConfig{"default": {Concurrency: 2}}})
 	start(t, cl)
+	// An idle queue's picks hold its free slots while in flight (an Insert meanwhile goes in
+	// available): they come 10, 20, 40, ... ms apart after the start, so the inserts below go
+	// between two of them (310 and 630 ms).
+	time.Sleep(450 * time.Millisecond)
 	claimedAtInsert := func(id int64) bool {
 		return e.count(t, `SELECT count(*) FROM {schema}.instances
 			WHERE id = $1 AND status = 'executing' AND attempt = 1 AND updated_at = inserted_at`, id) == 1
@@ -124,4 +128,52 @@ func TestInsertsClaimedRacingStopLoseNothing(t *testing.T) {
 		require.Equal(t, 1, k, "instance %d ran %d times", n, k)
 	}
 	require.LessOrEqual(t, most.Load(), int64(conc))
+}
+
+// A pick in flight holds the slots it asked for: an Insert meanwhile finds none free and inserts
+// its row available, so the client never holds more claims than its Concurrency. (The pick is
+// held in flight by a lock on the gate counters it must write.)
+func TestAnInsertDoesNotTakeTheSlotsOfAPickInFlight(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	var running, most atomic.Int64
+	job := gendurable.Job[counter]{Name: "slot", Perform: func(*gendurable.Ctx, counter) error {
+		now := running.Add(1)
+		defer running.Add(-1)
+		for m := most.Load(); now > m && !most.CompareAndSwap(m, now); m = most.Load() {
+		}
+		time.Sleep(20 * time.Millisecond)
+		return nil
+	}}
+	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{job},
+		ConcurrencyLimits: map[string]gendurable.ConcurrencyLimit{"g": {Limit: 100}},
+		Queues:            map[string]gendurable.QueueConfig{"default": {Concurrency: 2}}})
+	start(t, cl)
+	tx, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, expand(`LOCK TABLE {schema}.gates IN EXCLUSIVE MODE`, e.schema))
+	require.NoError(t, err)
+	gated, err := cl.InsertMany(ctx, []gendurable.InsertManyParams{
+		{Input: job.With(counter{N: 1}), Opts: &gendurable.InsertOpts{ConcurrencyKey: "g:a", Priority: 9}},
+		{Input: job.With(counter{N: 2}), Opts: &gendurable.InsertOpts{ConcurrencyKey: "g:a", Priority: 9}},
+	})
+	require.NoError(t, err)
+	eventually(t, 10*time.Second, "the pick waiting on the gate counters", func() bool {
+		return e.count(t, `SELECT count(*) FROM pg_catalog.pg_locks l JOIN pg_catalog.pg_class c ON c.oid = l.relation
+			JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+			WHERE NOT l.granted AND c.relname = 'gates' AND n.nspname = $1`, e.schema) > 0
+	})
+	// More urgent than the waiting rows: nothing is ahead of it, only the slots are taken.
+	plain, err := cl.Insert(ctx, job.With(counter{N: 3}), &gendurable.InsertOpts{Priority: 1})
+	require.NoError(t, err)
+	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE id = $1 AND status = 'available'`, plain.ID),
+		"an Insert claimed a slot the pick in flight holds")
+	require.NoError(t, tx.Rollback(ctx))
+	ids := []int64{gated[0].ID, gated[1].ID, plain.ID}
+	eventually(t, 10*time.Second, "all three done", func() bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE id = ANY($1) AND status = 'done'`, ids) == 3
+	})
+	require.LessOrEqual(t, most.Load(), int64(2))
 }

@@ -154,14 +154,20 @@ func (r *runner) loop() {
 			continue
 		}
 		free := r.free()
-		if free == 0 || (backlog && !urgent && free < r.minDemand) {
+		if free <= 0 || (backlog && !urgent && free < r.minDemand) {
 			continue // a freed slot brings us back
 		}
 		if backlog && !urgent && free < min(r.conc, maxPickBatch) {
-			free = r.gather(min(r.conc, maxPickBatch))
+			if free = r.gather(min(r.conc, maxPickBatch)); free <= 0 {
+				continue
+			}
 		}
 		n := min(free, maxPickBatch)
+		// The pick's slots are taken before it is sent: an Insert that claims its own row
+		// meanwhile (reserve) must not count them as free. What the pick did not fill goes back.
+		r.take(n)
 		rows, err := r.pick(n)
+		r.take(len(rows) - n)
 		if err != nil {
 			if r.e.baseCtx.Err() == nil {
 				r.e.log.Warn("gendurable: pick failed", "client", r.e.cfg.Name, "queue", r.queue, "error", err)
@@ -176,6 +182,7 @@ func (r *runner) loop() {
 		case len(rows) == n:
 			backlog, idle = true, cooldown
 			if free > maxPickBatch { // the batch cap, not the slots, limited this pick
+				urgent = true
 				r.poke()
 			}
 			resetTimer(timer, r.poll)
@@ -193,7 +200,8 @@ func (r *runner) loop() {
 // for the ones it has.
 const pickLinger = time.Millisecond
 
-// gather waits until want slots are free, at most pickLinger, and returns how many are.
+// gather waits until want slots are free, at most pickLinger, and returns how many are (0 once
+// the runner stops).
 func (r *runner) gather(want int) int {
 	t := time.NewTimer(pickLinger)
 	defer t.Stop()
@@ -206,7 +214,7 @@ func (r *runner) gather(want int) int {
 		case <-t.C:
 			return r.free()
 		case <-r.stop:
-			return r.free()
+			return 0 // no pick: the loop sees the stop next
 		}
 	}
 }
@@ -276,14 +284,14 @@ func (e *Engine) pickOnce(ctx context.Context, db store.DB, queue string, n int,
 	}
 }
 
+// dispatch hands a pick's rows to the executors; their slots were taken before the pick.
 func (r *runner) dispatch(rows []store.Claimed) {
 	if len(rows) == 0 {
 		return
 	}
-	r.take(len(rows))
 	r.e.inFlight.Add(int64(len(rows)))
 	for _, c := range rows {
-		r.work <- c // never blocks: a slot was free for each row, and work holds Concurrency
+		r.work <- c // never blocks: each row has its slot, and work holds Concurrency
 	}
 }
 
