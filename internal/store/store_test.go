@@ -66,16 +66,24 @@ func TestRateLimitCostsNothingWhenUnused(t *testing.T) {
 	}
 }
 
-// Every pick claims its rows by primary key, whatever the configuration: on a table of 20,000
-// runnable rows no variant's plan reads the whole table (a hash join over it cost 10 ms a pick),
-// neither the plan for the arguments at hand nor the generic plan cached for any arguments.
+// Every pick claims its rows by primary key, whatever the configuration: no variant's plan reads
+// the instances table whole (a hash join over it cost 10 ms a pick at 20,000 rows), neither the
+// plan for the arguments at hand nor the generic plan cached for any arguments, and not even a
+// plan made while the table held 20 rows (a cached plan outlives the table's growth until the
+// next ANALYZE).
 func TestEveryPickClaimsByPrimaryKey(t *testing.T) {
+	for _, size := range []int{20, 20000} {
+		t.Run(fmt.Sprint(size), func(t *testing.T) { everyPickClaimsByPrimaryKey(t, size) })
+	}
+}
+
+func everyPickClaimsByPrimaryKey(t *testing.T, size int) {
 	pool := durabledbtest.Pool(t, 2)
 	schema := durabledbtest.Schema(t, pool)
 	s, err := New(schema)
 	require.NoError(t, err)
 	ctx := context.Background()
-	rows := make([]InsertRow, 20000)
+	rows := make([]InsertRow, size)
 	for i := range rows {
 		rows[i] = InsertRow{Machine: "m", Step: "s", State: "{}", Queue: "q", Priority: 5, MaxAttempts: 1, Weight: 1,
 			ConcurrencyKey: "g:x"}
@@ -85,30 +93,48 @@ func TestEveryPickClaimsByPrimaryKey(t *testing.T) {
 	}
 	_, err = s.InsertMany(ctx, pool, rows)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `ANALYZE "`+schema+`".instances`)
-	require.NoError(t, err)
+	for _, table := range []string{"instances", "gates", "buckets"} {
+		_, err = pool.Exec(ctx, `ANALYZE "`+schema+`".`+table)
+		require.NoError(t, err)
+	}
 	args := pgx.NamedArgs{"queue": "q", "limit": 100, "owner": "o#1", "lease": time.Minute.Milliseconds(), "horizon": int64(0),
 		"g_names": []string{"g"}, "g_limits": []int32{100000}, "g_shards": []int32{8},
 		"r_names": []string{"r"}, "r_rates": []float64{1e7}, "r_bursts": []float64{1e7}}
 	literal := map[string]string{"queue": "'q'", "limit": "100", "owner": "'o#1'", "lease": "60000", "horizon": "0",
 		"g_names": "'{g}'", "g_limits": "'{100000}'", "g_shards": "'{8}'", "r_names": "'{r}'", "r_rates": "'{1e7}'",
 		"r_bursts": "'{1e7}'"}
-	conn, err := pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	_, err = conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`)
-	require.NoError(t, err)
-	defer func() { _, _ = conn.Exec(ctx, `RESET plan_cache_mode`) }()
+	explain := func(settings, query string, args ...any) string {
+		t.Helper()
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		_, err = tx.Exec(ctx, s.sql(settings), pickLockTimeout)
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`)
+		require.NoError(t, err)
+		var plan []string
+		for _, q := range strings.Split(query, ";\n") {
+			r, err := tx.Query(ctx, q, args...)
+			require.NoError(t, err)
+			lines, err := pgx.CollectRows(r, pgx.RowTo[string])
+			require.NoError(t, err)
+			if len(lines) > 0 {
+				plan = lines
+			}
+		}
+		return strings.Join(plan, "\n")
+	}
 	for _, stmt := range []string{"pick", "pick_gated", "pick_rated", "pick_admitted"} {
-		// The plan for these arguments (a custom plan), and the plan cached for any arguments
-		// (the generic plan, which the admission picks use from their first run).
-		r, err := pool.Query(ctx, "EXPLAIN (COSTS OFF) "+s.sql(stmt), args)
-		require.NoError(t, err)
-		lines, err := pgx.CollectRows(r, pgx.RowTo[string])
-		require.NoError(t, err)
-		plan := strings.Join(lines, "\n")
-		require.NotContains(t, plan, "Seq Scan on instances", "%s:\n%s", stmt, plan)
+		settings := "pick_settings_admission"
+		if stmt == "pick" {
+			settings = "pick_settings"
+		}
+		// The plan for these arguments (a custom plan), under the pick's settings.
+		plan := explain(settings, "EXPLAIN (COSTS OFF) "+s.sql(stmt), args)
+		require.NotContains(t, plan, "Seq Scan on instances", "%s, %d rows:\n%s", stmt, size, plan)
 
+		// The plan cached for any arguments (the generic plan, which the admission picks use from
+		// their first run).
 		var names, values []string
 		positional := regexp.MustCompile(`@\w+`).ReplaceAllStringFunc(s.sql(stmt), func(m string) string {
 			if i := slices.Index(names, m[1:]); i >= 0 {
@@ -117,17 +143,12 @@ func TestEveryPickClaimsByPrimaryKey(t *testing.T) {
 			names, values = append(names, m[1:]), append(values, literal[m[1:]])
 			return fmt.Sprintf("$%d", len(names))
 		})
-		_, err = conn.Exec(ctx, "PREPARE generic_"+stmt+" AS "+positional)
-		require.NoError(t, err, stmt)
-		r, err = conn.Query(ctx, "EXPLAIN (COSTS OFF) EXECUTE generic_"+stmt+"("+strings.Join(values, ", ")+")")
-		require.NoError(t, err)
-		lines, err = pgx.CollectRows(r, pgx.RowTo[string])
-		require.NoError(t, err)
-		plan = strings.Join(lines, "\n")
-		require.NotContains(t, plan, "Seq Scan on instances", "%s, generic plan:\n%s", stmt, plan)
-		require.Contains(t, plan, "Index Scan using instances_pkey on instances i\n", "%s, generic plan:\n%s", stmt, plan)
-		_, err = conn.Exec(ctx, "DEALLOCATE generic_"+stmt)
-		require.NoError(t, err)
+		plan = explain(settings, "PREPARE generic_"+stmt+" AS "+positional+";\n"+
+			"EXPLAIN (COSTS OFF) EXECUTE generic_"+stmt+"("+strings.Join(values, ", ")+");\n"+
+			"DEALLOCATE generic_"+stmt)
+		require.NotContains(t, plan, "Seq Scan on instances", "%s, %d rows, generic plan:\n%s", stmt, size, plan)
+		require.NotContains(t, plan, "Hash Join", "%s, %d rows, generic plan:\n%s", stmt, size, plan)
+		require.Contains(t, plan, "Index Scan using instances_pkey on instances i\n", "%s, %d rows, generic plan:\n%s", stmt, size, plan)
 	}
 }
 

@@ -20,10 +20,11 @@
 -- slots; the rest of the batch's candidates of that key stay available. Two picks on two nodes
 -- racing for the same K = 1 key both pass this test; the second to commit fails on the unique
 -- index instances_concurrency_active and is retried by the caller. The claims are made in key
--- order (chosen is sorted, and the claim's nested loop follows it), so the unique index's waits
--- between two picks always go the same way and cannot form a deadlock. Two picks racing for a gate's
--- last slots serialize on the gate's counter row: the second finds it full and claims nothing of
--- that key (the gates CHECK backs this up: over-admission cannot commit).
+-- order (the claim walks chosen's ids sorted by key, in a nested loop: the only join method the
+-- pick's settings leave), so the unique index's waits between two picks always go the same way
+-- and cannot form a deadlock. Two picks racing for a gate's last slots serialize on the gate's
+-- counter row: the second finds it full and claims nothing of that key (the gates CHECK backs
+-- this up: over-admission cannot commit).
 --
 -- The statement also loads, for each claimed row, the inbox of a row that ever received a signal
 -- (as of the statement's snapshot: the step sees exactly these signals, and its progress consumes
@@ -36,22 +37,34 @@
 
 -- The settings a pick runs under, local to its implicit transaction (the batch that sends the
 -- pick): a lock wait of at most $1 (see Store.Pick); no JIT (a pick is a few milliseconds of work,
--- and a row estimate that crosses jit_above_cost would spend tens of milliseconds compiling it).
+-- and a row estimate that crosses jit_above_cost would spend tens of milliseconds compiling it);
+-- and no sequential scan, hash join or merge join. Every table a pick reads, it reads by an index
+-- (the pick index in urgency order, then primary keys, the executing rows of a key, a counter or
+-- bucket by key), and the joins it has are between its own few rows; but a plan made while the
+-- table was small (a new installation, or stale statistics) would read a tiny table whole or hash
+-- it, and Postgres keeps a cached plan until the table is analyzed again, by which time it may
+-- hold millions of rows. With these off, the plan is the same at every size.
 -- name: pick_settings
 SELECT pg_catalog.set_config('lock_timeout', $1, true),
-       pg_catalog.set_config('jit', 'off', true);
+       pg_catalog.set_config('jit', 'off', true),
+       pg_catalog.set_config('enable_seqscan', 'off', true),
+       pg_catalog.set_config('enable_hashjoin', 'off', true),
+       pg_catalog.set_config('enable_mergejoin', 'off', true);
 
 -- The admission picks' settings add a generic plan from the first execution on: planning one of
 -- them took a third of its cost (1.6 ms of 5), and Postgres, left to choose, would keep planning
 -- them forever, since their generic plan's estimates (a batch of a tenth of the table) make it
--- look dearer than any custom plan. Their generic plan is safe at any size because nothing in
--- them joins a table by a size the planner must guess: the candidates are an index scan in the
--- pick index's order stopped by LIMIT, every gate counter and bucket is read by key, and the
--- claim walks an array by primary key (see pick_claim). The plain pick keeps the server's
--- choice: its generic plan is chosen on its own, and a role's plan_cache_mode stays in force.
+-- look dearer than any custom plan. Their generic plan is safe at any size: the candidates are an
+-- index scan in the pick index's order stopped by LIMIT, every gate counter and bucket is read by
+-- key, and the claim walks an array by primary key (see pick_claim), with the join methods that
+-- could read a table whole turned off as above. The plain pick keeps the server's choice: its
+-- generic plan is chosen on its own, and a role's plan_cache_mode stays in force.
 -- name: pick_settings_admission
 SELECT pg_catalog.set_config('lock_timeout', $1, true),
        pg_catalog.set_config('jit', 'off', true),
+       pg_catalog.set_config('enable_seqscan', 'off', true),
+       pg_catalog.set_config('enable_hashjoin', 'off', true),
+       pg_catalog.set_config('enable_mergejoin', 'off', true),
        pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
 
 -- fragment: pick_claim
@@ -62,10 +75,11 @@ SET status            = 'executing',
     locked_until      = now() + @lease::bigint * interval '1 millisecond',
     concurrency_shard = c.shard,
     updated_at        = now()
--- The claim walks chosen's rows as arrays (unnested in order) rather than joining the CTE: a
--- plan cached for every batch size (the plan cache's generic plan) knows the array holds few
--- elements, so it always claims by primary key in chosen's order, where a join with the CTE
--- would be estimated at a tenth of the table and hash it whole.
+-- The claim walks chosen's rows as arrays (unnested in key order) rather than joining the CTE: a
+-- plan cached for every batch size (the plan cache's generic plan) takes the array for a few
+-- elements and claims them by primary key in that order, where a join with the CTE would be
+-- estimated at a tenth of the table and hash it whole (pick_settings rules out the hash join
+-- and the whole-table scan in any case).
 FROM (SELECT array_agg(id ORDER BY ckey NULLS FIRST, id) AS ids,
              array_agg(shard ORDER BY ckey NULLS FIRST, id) AS shards FROM chosen) AS a,
      unnest(a.ids, a.shards) AS c(id, shard)
