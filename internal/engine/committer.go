@@ -26,8 +26,10 @@ type committer struct {
 	e    *Engine
 	ch   chan *commitReq
 	turn chan struct{} // holds the token while no worker is taking outcomes or sending them
-	// inFlight is when the turn holder's statement was sent (Unix ns), 0 while none is.
+	// inFlight is when the turn holder's statement was sent (Unix ns), 0 while none is; sent
+	// tells a waiting worker that one was.
 	inFlight atomic.Int64
+	sent     chan struct{}
 	quit     chan struct{}
 	wg       sync.WaitGroup
 }
@@ -48,7 +50,8 @@ func newCommitter(e *Engine) *committer {
 	for _, q := range e.cfg.Queues {
 		capacity += q.Concurrency
 	}
-	c := &committer{e: e, ch: make(chan *commitReq, capacity), turn: make(chan struct{}, 1), quit: make(chan struct{})}
+	c := &committer{e: e, ch: make(chan *commitReq, capacity), turn: make(chan struct{}, 1), quit: make(chan struct{}),
+		sent: make(chan struct{}, 1)}
 	c.turn <- struct{}{}
 	return c
 }
@@ -94,6 +97,10 @@ func (c *committer) work() {
 				return
 			}
 			c.inFlight.Store(time.Now().UnixNano())
+			select {
+			case c.sent <- struct{}{}: // a waiting worker times the statement from now
+			default:
+			}
 			c.commit(batch, false)
 			c.inFlight.Store(0)
 			c.turn <- struct{}{}
@@ -131,25 +138,38 @@ func (c *committer) stopping() bool {
 
 // awaitTurn waits until no other worker holds the turn (true: the caller now holds it and must
 // give it back), or until outcomes are queued while the statement in flight has taken
-// stallAfter, or the committer stops (false).
+// stallAfter, or the committer stops (false). While no statement is in flight it only waits: an
+// idle client's committers never wake.
 func (c *committer) awaitTurn() bool {
 	select {
 	case <-c.turn:
 		return true
 	default:
 	}
-	t := time.NewTicker(stallAfter / 4)
+	t := time.NewTimer(stallAfter)
 	defer t.Stop()
+	var check <-chan time.Time // armed while a statement is in flight: when it would count as stalled
+	arm := func() {
+		check = nil
+		if since := c.inFlight.Load(); since != 0 {
+			t.Reset(max(stallAfter-time.Since(time.Unix(0, since)), stallAfter/4))
+			check = t.C
+		}
+	}
+	arm()
 	for {
 		select {
 		case <-c.turn:
 			return true
 		case <-c.quit:
 			return false
-		case <-t.C:
+		case <-c.sent:
+			arm()
+		case <-check:
 			if since := c.inFlight.Load(); since != 0 && time.Since(time.Unix(0, since)) >= stallAfter && len(c.ch) > 0 {
 				return false
 			}
+			arm()
 		}
 	}
 }
