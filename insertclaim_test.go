@@ -70,18 +70,11 @@ func TestInsertsClaimedRacingStopLoseNothing(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	const conc, writers, each = 4, 16, 40
-	var running, most atomic.Int64
+	var steps atOnce
 	var mu sync.Mutex
 	runs := map[int]int{}
 	job := gendurable.Job[counter]{Name: "brief", Perform: func(_ *gendurable.Ctx, c counter) error {
-		now := running.Add(1)
-		defer running.Add(-1)
-		for {
-			m := most.Load()
-			if now <= m || most.CompareAndSwap(m, now) {
-				break
-			}
-		}
+		defer steps.enter()()
 		mu.Lock()
 		runs[c.N]++
 		mu.Unlock()
@@ -114,7 +107,7 @@ func TestInsertsClaimedRacingStopLoseNothing(t *testing.T) {
 	defer cancel()
 	require.NoError(t, first.Stop(stopCtx))
 	wg.Wait()
-	require.LessOrEqual(t, most.Load(), int64(conc), "more steps ran at once than the queue's Concurrency")
+	require.LessOrEqual(t, steps.most.Load(), int64(conc), "more steps ran at once than the queue's Concurrency")
 	second := e.client(t, cfg)
 	start(t, second)
 	eventually(t, 30*time.Second, "every instance done", func() bool {
@@ -127,7 +120,7 @@ func TestInsertsClaimedRacingStopLoseNothing(t *testing.T) {
 	for n, k := range runs {
 		require.Equal(t, 1, k, "instance %d ran %d times", n, k)
 	}
-	require.LessOrEqual(t, most.Load(), int64(conc))
+	require.LessOrEqual(t, steps.most.Load(), int64(conc))
 }
 
 // A pick in flight holds the slots it asked for: an Insert meanwhile finds none free and inserts
@@ -137,12 +130,9 @@ func TestAnInsertDoesNotTakeTheSlotsOfAPickInFlight(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx := context.Background()
-	var running, most atomic.Int64
+	var steps atOnce
 	job := gendurable.Job[counter]{Name: "slot", Perform: func(*gendurable.Ctx, counter) error {
-		now := running.Add(1)
-		defer running.Add(-1)
-		for m := most.Load(); now > m && !most.CompareAndSwap(m, now); m = most.Load() {
-		}
+		defer steps.enter()()
 		time.Sleep(20 * time.Millisecond)
 		return nil
 	}}
@@ -175,5 +165,16 @@ func TestAnInsertDoesNotTakeTheSlotsOfAPickInFlight(t *testing.T) {
 	eventually(t, 10*time.Second, "all three done", func() bool {
 		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE id = ANY($1) AND status = 'done'`, ids) == 3
 	})
-	require.LessOrEqual(t, most.Load(), int64(2))
+	require.LessOrEqual(t, steps.most.Load(), int64(2))
+}
+
+// atOnce counts the steps running at once and the most there ever were.
+type atOnce struct{ running, most atomic.Int64 }
+
+// enter counts a step in; the function it returns counts it out.
+func (a *atOnce) enter() func() {
+	now := a.running.Add(1)
+	for m := a.most.Load(); now > m && !a.most.CompareAndSwap(m, now); m = a.most.Load() {
+	}
+	return func() { a.running.Add(-1) }
 }

@@ -43,7 +43,7 @@ type runner struct {
 	work        chan store.Claimed // claimed rows for the executor goroutines
 	mu          sync.Mutex
 	busy        int
-	closed      bool // Stop has begun: no reservations, and work is closed or about to be
+	closed      bool // work is closed (Stop): no reservations, and a reserved row is not sent
 	pickTimeout time.Duration
 }
 
