@@ -148,9 +148,8 @@ type InsertManyParams struct {
 // Otherwise, once it is committed, Insert pokes its queue (Config.Poke) so that a scheduler picks
 // it at once; an instance scheduled for later wakes nobody.
 func (c *Client) Insert(ctx context.Context, in Input, opts *InsertOpts) (InsertResult, error) {
-	params := []InsertManyParams{{Input: in, Opts: opts}}
 	var row store.InsertRow
-	if err := c.row(&params[0], -1, &row); err != nil {
+	if err := c.row(&InsertManyParams{Input: in, Opts: opts}, -1, &row); err != nil {
 		return InsertResult{}, err
 	}
 	if row.Runnable() {
