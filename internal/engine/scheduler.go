@@ -45,6 +45,9 @@ type runner struct {
 	busy        int
 	closed      bool // work is closed (Stop): no reservations, and a reserved row is not sent
 	pickTimeout time.Duration
+	// hint names the gate and rate-limit keys of the last batch, which the next admission pick
+	// reads once each instead of once per candidate row (the loop's own).
+	hint store.Hint
 }
 
 func newRunner(e *Engine, queue string, qc QueueConfig) *runner {
@@ -230,9 +233,12 @@ func (r *runner) pick(n int) ([]store.Claimed, error) {
 	ctx, cancel := context.WithTimeout(r.e.baseCtx, r.pickTimeout)
 	defer cancel()
 	start := time.Now()
-	rows, err := r.e.pickOnce(ctx, r.e.pool, r.queue, n, owner, 0)
+	rows, err := r.e.pickOnce(ctx, r.e.pool, r.queue, n, owner, 0, r.hint)
 	if err != nil {
 		return nil, err
+	}
+	if len(rows) > 0 && (r.e.cfg.Gates != nil || r.e.cfg.Rates != nil) {
+		r.hint = store.HintFrom(rows)
 	}
 	if fault.Enabled && len(rows) > 0 {
 		// The claims are committed; nothing runs them yet. An error here loses them to this
@@ -255,9 +261,9 @@ const pickContentionRetries = 10
 
 // pickOnce runs the pick, retrying a lost race for a concurrency key or gate slot a few times
 // (concurrency.contended), and reports throttling (concurrency.throttled).
-func (e *Engine) pickOnce(ctx context.Context, db store.DB, queue string, n int, owner string, horizon time.Duration) ([]store.Claimed, error) {
+func (e *Engine) pickOnce(ctx context.Context, db store.DB, queue string, n int, owner string, horizon time.Duration, hint store.Hint) ([]store.Claimed, error) {
 	for try := 1; ; try++ {
-		res, err := e.store.Pick(ctx, db, queue, n, owner, e.cfg.Lease, horizon, e.cfg.Gates, e.cfg.Rates)
+		res, err := e.store.Pick(ctx, db, queue, n, owner, e.cfg.Lease, horizon, e.cfg.Gates, e.cfg.Rates, hint)
 		if err != nil {
 			if store.GateContention(err) && try <= pickContentionRetries {
 				e.Emit(durabletype.Event{Name: durabletype.EventConcurrencyContended, Queue: queue, Err: err})

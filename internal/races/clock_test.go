@@ -40,7 +40,8 @@ func TestEveryTimeComparisonUsesTheDatabaseClock(t *testing.T) {
 		// a deadline; a skewed CLI clock shifts the window it shows.
 		"list.sql: AND inserted_at >= @since": "operator filter",
 		// Urgency order between two candidate rows of one pick: row against row, no clock.
-		"pick.sql: WHERE d.ckey = c.ckey AND (d.priority, d.scheduled_at, d.id) < (c.priority, c.scheduled_at, c.id))": "row order",
+		"pick.sql: WHERE d.ckey = c.ckey AND (d.priority, d.scheduled_at, d.id) < (c.priority, c.scheduled_at, c.id))":  "row order",
+		"pick.sql: WHERE d.ckey = c.ckey AND (d.priority, d.scheduled_at, d.id) < (c.priority, c.scheduled_at, c.id)))": "row order",
 	}
 	files, err := filepath.Glob(filepath.Join("..", "store", "sql", "*.sql"))
 	require.NoError(t, err)

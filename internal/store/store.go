@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -193,6 +194,8 @@ type Claimed struct {
 	// debited (nil: not gated). The outcome credits that shard back.
 	ConcurrencyKey   *string
 	ConcurrencyShard *int16
+	// RateLimit is the rate limit the claim was granted under (nil: none).
+	RateLimit *string
 	// Owner is the claim token the pick set (filled in by the caller).
 	Owner string
 }
@@ -243,8 +246,39 @@ type PickResult struct {
 	RateDenied int
 }
 
-// Pick claims up to limit due rows of queue for the claim token owner.
-func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner string, lease, horizon time.Duration, gates *Gates, rates *Rates) (PickResult, error) {
+// Hint names the gate and rate-limit keys an admission pick expects among its candidates,
+// usually the keys of the caller's last batch (HintFrom). The pick reads each hinted
+// key's gate or bucket once, where it would read it once per candidate row; what it claims is the
+// same with any hint, or none.
+type Hint struct {
+	GateKeys []string
+	RateKeys []string
+}
+
+// maxHintKeys bounds a hint: a batch of many keys gains little from it, and each hinted key costs
+// a read whether or not the batch holds a row of it.
+const maxHintKeys = 32
+
+// HintFrom returns the hint for the pick after the one that claimed rows: their gated keys and
+// rate limits, each once, at most 32 of each.
+func HintFrom(rows []Claimed) Hint {
+	var h Hint
+	for i := range rows {
+		c := &rows[i]
+		if c.ConcurrencyShard != nil && c.ConcurrencyKey != nil && len(h.GateKeys) < maxHintKeys &&
+			!slices.Contains(h.GateKeys, *c.ConcurrencyKey) {
+			h.GateKeys = append(h.GateKeys, *c.ConcurrencyKey)
+		}
+		if c.RateLimit != nil && len(h.RateKeys) < maxHintKeys && !slices.Contains(h.RateKeys, *c.RateLimit) {
+			h.RateKeys = append(h.RateKeys, *c.RateLimit)
+		}
+	}
+	return h
+}
+
+// Pick claims up to limit due rows of queue for the claim token owner. hint only makes an
+// admission pick cheaper (see Hint).
+func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner string, lease, horizon time.Duration, gates *Gates, rates *Rates, hint Hint) (PickResult, error) {
 	args := pgx.NamedArgs{"queue": queue, "limit": limit, "owner": owner, "lease": lease.Milliseconds(), "horizon": horizon.Milliseconds()}
 	// The statement carries only the admission machinery the configuration can use.
 	hasGates, hasRates := gates != nil && len(gates.Names) > 0, rates != nil && len(rates.Names) > 0
@@ -259,9 +293,11 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 	}
 	if hasGates {
 		args["g_names"], args["g_limits"], args["g_shards"] = gates.Names, gates.Limits, gates.Shards
+		args["g_hint"] = hint.GateKeys
 	}
 	if hasRates {
 		args["r_names"], args["r_rates"], args["r_bursts"] = rates.Names, rates.Rates, rates.Bursts
+		args["r_hint"] = hint.RateKeys
 	}
 	// A pick never waits long: the statement's lock_timeout (its own implicit transaction, via
 	// the batch) turns a wait on another transaction (a claim of the same concurrency key, a
@@ -312,7 +348,7 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 		var considered, refused, denied int64
 		if err := rows.Scan(&c.ID, &c.Machine, &c.Step, &c.State, &attempt, &maxAttempts, &priority,
 			&c.CorrelationKey, &c.InsertedAt, &c.AwaitNames, &c.Signalled, &inbox, &c.Child, &children,
-			&c.ConcurrencyKey, &c.ConcurrencyShard, &considered, &refused, &denied); err != nil {
+			&c.ConcurrencyKey, &c.ConcurrencyShard, &c.RateLimit, &considered, &refused, &denied); err != nil {
 			return PickResult{}, err
 		}
 		res.Considered, res.Refused, res.RateDenied = int(considered), int(refused), int(denied)

@@ -51,6 +51,7 @@ func TestRateLimitCostsNothingWhenUnused(t *testing.T) {
 
 	base["g_names"], base["g_limits"], base["g_shards"] = []string{}, []int32{}, []int32{}
 	base["r_names"], base["r_rates"], base["r_bursts"] = []string{"api"}, []float64{1}, []float64{1}
+	base["g_hint"], base["r_hint"] = []string{}, []string{"api"}
 	for _, stmt := range []string{"pick_rated", "pick_admitted"} {
 		admitted := explainPick(t, s, pool, stmt, base)
 		for _, line := range strings.Split(admitted, "\n") {
@@ -99,10 +100,11 @@ func everyPickClaimsByPrimaryKey(t *testing.T, size int) {
 	}
 	args := pgx.NamedArgs{"queue": "q", "limit": 100, "owner": "o#1", "lease": time.Minute.Milliseconds(), "horizon": int64(0),
 		"g_names": []string{"g"}, "g_limits": []int32{100000}, "g_shards": []int32{8},
-		"r_names": []string{"r"}, "r_rates": []float64{1e7}, "r_bursts": []float64{1e7}}
+		"r_names": []string{"r"}, "r_rates": []float64{1e7}, "r_bursts": []float64{1e7},
+		"g_hint": []string{"g:x"}, "r_hint": []string{"r"}}
 	literal := map[string]string{"queue": "'q'", "limit": "100", "owner": "'o#1'", "lease": "60000", "horizon": "0",
 		"g_names": "'{g}'", "g_limits": "'{100000}'", "g_shards": "'{8}'", "r_names": "'{r}'", "r_rates": "'{1e7}'",
-		"r_bursts": "'{1e7}'"}
+		"r_bursts": "'{1e7}'", "g_hint": "'{g:x}'", "r_hint": "'{r}'"}
 	explain := func(settings, query string, args ...any) string {
 		t.Helper()
 		tx, err := pool.Begin(ctx)
@@ -191,7 +193,7 @@ func TestHotStatementsKeepTheirCachedPlan(t *testing.T) {
 			_, err := s.InsertMany(ctx, db, []InsertRow{{Machine: "m", Step: "s", State: "{}", Queue: queue, Priority: 5,
 				MaxAttempts: 1, Weight: 1, ConcurrencyKey: p.ckey, RateLimit: p.rlimit}})
 			require.NoError(t, err, "insert %d", i)
-			res, err := s.Pick(ctx, db, queue, 10, fmt.Sprintf("o#%d", i), time.Minute, 0, p.gates, p.rates)
+			res, err := s.Pick(ctx, db, queue, 10, fmt.Sprintf("o#%d", i), time.Minute, 0, p.gates, p.rates, Hint{})
 			require.NoError(t, err, "%s %d", p.stmt, i)
 			require.Len(t, res.Rows, 1, p.stmt)
 		}

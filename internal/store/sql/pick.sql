@@ -98,7 +98,7 @@ RETURNING i.id, i.machine, i.step, i.state, i.attempt, i.max_attempts, i.priorit
                               ORDER BY c.id)
              FROM {schema}.instances AS c WHERE c.parent_id = i.id AND c.parent_wave = i.spawn_wave)
           END,
-          i.concurrency_key, i.concurrency_shard,
+          i.concurrency_key, i.concurrency_shard, i.rate_limit,
           (SELECT count(*) FROM candidates), (SELECT n FROM refused), (SELECT denied FROM refused)
 
 -- The pick of a client with no gates or rate limits configured: every key is K = 1.
@@ -134,32 +134,44 @@ WITH candidates AS MATERIALIZED (
 --
 -- Gates. A gated key's candidates take its free slots in urgency order, from the emptiest shard
 -- first (which spreads a busy key over its shards); a shard with no row yet is empty (its
--- capacity from the configuration). The debit is one upsert per (key, shard) in key order, so
--- picks racing over the same gates lock their counters in the same order and cannot deadlock;
--- racing first debits of a cold shard merge in ON CONFLICT, which applies a debit only while it
--- fits; the CHECK backs that up.
+-- capacity from the configuration). In the common case, a key far from its limit, all of the
+-- key's rows in the batch fit in its emptiest shard and go there; only a key whose rows do not
+-- fit is ranked and spread over its shards' free slots (the general case, which costs a sort and
+-- two window passes the common case does not run). The debit is one upsert per (key, shard) in
+-- key order, so picks racing over the same gates lock their counters in the same order and
+-- cannot deadlock; racing first debits of a cold shard merge in ON CONFLICT, which applies a
+-- debit only while it fits; the CHECK backs that up.
 --
 -- Rate limits. A row with a rate limit is a candidate only if its bucket holds a token (rows of a
 -- limit no configuration here names are not candidates at all: they stall, and the maintenance
 -- sweep reports them). Each bucket refills to now: min(burst, tokens + rate × elapsed), a missing
 -- bucket being full. Its candidates are granted in urgency order while their cumulative weight
 -- fits: a heavy row at the head that does not fit yet blocks the lighter rows behind it (strict
--- order, the head of the line keeps its place). The writeback is one upsert per bucket in key
--- order; it recomputes the balance on the locked newest row and applies only while the grant
+-- order, the head of the line keeps its place). In the common case the whole batch of a key fits
+-- its balance and is granted without that running sum. The writeback is one upsert per bucket in
+-- key order; it recomputes the balance on the locked newest row and applies only while the grant
 -- still fits, so picks racing over a bucket never overdraw it (a refused grant claims nothing:
 -- rate_limit.contended), and racing first grants of a cold bucket meet on its primary key.
 -- A row under both a gate and a limit takes a gate slot only once the limit granted it.
 --
+-- Hints. The candidate scan must test each row's gate or bucket (so that rows of a saturated key
+-- never take the batch's places from the work behind them), and a test per row is a sub-select
+-- per row: a third of the statement's cost. The caller names the keys it expects (@g_hint,
+-- @r_hint: the keys of its last batch); the statement reads each of those once, at its start,
+-- and tests a row of a hinted key against that answer: the same answer as the row-by-row test,
+-- from the same snapshot. Rows of other keys are tested one by one. A hint is only ever a list
+-- of what to read first: a wrong or stale one costs nothing but its own reads.
+--
 -- Locks, besides the candidates: the gate counters and buckets it writes (until commit).
--- Also: @g_names, @g_limits, @g_shards (gates); @r_names, @r_rates (tokens per second),
--- @r_bursts (limits).
+-- Also: @g_names, @g_limits, @g_shards, @g_hint (gates); @r_names, @r_rates (tokens per second),
+-- @r_bursts, @r_hint (limits).
 
 -- The pick_admitted family is assembled from the fragments below (Store.New, once): pick_gated
 -- for a client with gates and no rate limits, pick_rated for one with rate limits and no gates,
 -- pick_admitted for one with both. A statement carries only the machinery its configuration can
 -- use: it plans and runs none of what its configuration cannot need.
 --
---   WITH {{pa_gate_cfg}} | {{pa_rate_cfg}},   (the configuration present)
+--   WITH {{pa_gate_cfg}} | {{pa_rate_cfg}},   (the configuration present, and the hinted keys)
 --   candidates (... {{pa_gate_filter}} or {{pa_k1_filter}} ... {{pa_rate_filter}} or {{pa_no_rate_filter}}),
 --   {{pa_rate_ctes}} or {{pa_no_rate_ctes}},  (admitted: the rows the rate limits let through)
 --   {{pa_gate_ctes}} or {{pa_k1_chosen}},     (chosen: the rows claimed, with their gate shards)
@@ -169,12 +181,28 @@ WITH candidates AS MATERIALIZED (
 -- fragment: pa_gate_cfg
 cfg AS (
   SELECT * FROM unnest(@g_names::text[], @g_limits::integer[], @g_shards::integer[]) AS g(name, lim, shards)
+), ghint AS (
+  -- The hinted keys a gate owns (known), and those of them with a free slot (roomy).
+  SELECT coalesce(array_agg(h.key), '{}') AS known,
+         coalesce(array_agg(h.key) FILTER (WHERE cfg.lim > coalesce((SELECT sum(g.held) FROM {schema}.gates AS g
+                                                                     WHERE g.key = h.key), 0)), '{}') AS roomy
+  FROM (SELECT DISTINCT key FROM unnest(@g_hint::text[]) AS u(key)) AS h
+  JOIN cfg ON cfg.name = split_part(h.key, ':', 1)
 )
 
 -- fragment: pa_rate_cfg
 rcfg AS (
   SELECT * FROM unnest(@r_names::text[], @r_rates::double precision[], @r_bursts::double precision[])
          AS r(name, rate, burst)
+), rhint AS (
+  -- The hinted keys a configured limit owns (known), and those of them whose bucket holds a
+  -- token (affordable).
+  SELECT coalesce(array_agg(h.key), '{}') AS known,
+         coalesce(array_agg(h.key) FILTER (WHERE coalesce((SELECT least(rc.burst, b.tokens + rc.rate * extract(epoch FROM now() - b.updated_at))
+                                                           FROM {schema}.buckets AS b WHERE b.key = h.key), rc.burst) >= 1),
+                  '{}') AS affordable
+  FROM (SELECT DISTINCT key FROM unnest(@r_hint::text[]) AS u(key)) AS h
+  JOIN rcfg AS rc ON rc.name = split_part(h.key, ':', 1)
 )
 
 -- fragment: pa_candidates_head
@@ -188,13 +216,18 @@ candidates AS MATERIALIZED (
 
 -- fragment: pa_gate_filter
     AND (i.concurrency_key IS NULL
-         -- A gated key: its gate has a free slot. (NULL: no gate owns the key; then K = 1.)
-         OR coalesce((SELECT cfg.lim > coalesce((SELECT sum(g.held) FROM {schema}.gates AS g
-                                                 WHERE g.key = i.concurrency_key), 0)
-                      FROM cfg WHERE cfg.name = split_part(i.concurrency_key, ':', 1)),
-                     NOT EXISTS (SELECT 1 FROM {schema}.instances AS x
-                                 WHERE x.concurrency_key = i.concurrency_key AND x.status = 'executing'
-                                   AND x.concurrency_shard IS NULL)))
+         -- A hinted gated key: as read at the start (ghint).
+         OR CASE WHEN i.concurrency_key = ANY (CAST((SELECT known FROM ghint) AS text[]))
+                 THEN i.concurrency_key = ANY (CAST((SELECT roomy FROM ghint) AS text[]))
+                 -- Any other gated key: its gate has a free slot. (NULL: no gate owns the key;
+                 -- then K = 1.)
+                 ELSE coalesce((SELECT cfg.lim > coalesce((SELECT sum(g.held) FROM {schema}.gates AS g
+                                                           WHERE g.key = i.concurrency_key), 0)
+                                FROM cfg WHERE cfg.name = split_part(i.concurrency_key, ':', 1)),
+                               NOT EXISTS (SELECT 1 FROM {schema}.instances AS x
+                                           WHERE x.concurrency_key = i.concurrency_key AND x.status = 'executing'
+                                             AND x.concurrency_shard IS NULL))
+            END)
 
 -- fragment: pa_k1_filter
     AND (i.concurrency_key IS NULL
@@ -204,10 +237,14 @@ candidates AS MATERIALIZED (
 
 -- fragment: pa_rate_filter
     AND (i.rate_limit IS NULL
-         -- A limited row: its bucket holds a token. (NULL: an unknown limit: not a candidate.)
-         OR (SELECT coalesce((SELECT least(rc.burst, b.tokens + rc.rate * extract(epoch FROM now() - b.updated_at))
-                              FROM {schema}.buckets AS b WHERE b.key = i.rate_limit), rc.burst) >= 1
-             FROM rcfg AS rc WHERE rc.name = split_part(i.rate_limit, ':', 1)))
+         -- A hinted limited key: as read at the start (rhint).
+         OR CASE WHEN i.rate_limit = ANY (CAST((SELECT known FROM rhint) AS text[]))
+                 THEN i.rate_limit = ANY (CAST((SELECT affordable FROM rhint) AS text[]))
+                 -- Any other: its bucket holds a token. (NULL: an unknown limit: not a candidate.)
+                 ELSE (SELECT coalesce((SELECT least(rc.burst, b.tokens + rc.rate * extract(epoch FROM now() - b.updated_at))
+                                        FROM {schema}.buckets AS b WHERE b.key = i.rate_limit), rc.burst) >= 1
+                       FROM rcfg AS rc WHERE rc.name = split_part(i.rate_limit, ':', 1))
+            END)
 
 -- fragment: pa_no_rate_filter
     -- No limit is configured: a row with one stalls (the maintenance sweep reports it).
@@ -220,31 +257,39 @@ candidates AS MATERIALIZED (
 )
 
 -- fragment: pa_rate_ctes
-balances AS (
-  -- Each limited key of the window with its bucket's balance now (read once per key, by key: a
-  -- join could hash the whole buckets table).
-  SELECT k.rkey, rc.rate, rc.burst,
+limited AS MATERIALIZED (
+  -- Each limited key of the window: the weight of its rows, and its bucket's balance now (read
+  -- once per key, by key: a join could hash the whole buckets table).
+  SELECT k.rkey, k.w, rc.rate, rc.burst,
          coalesce((SELECT least(rc.burst, b.tokens + rc.rate * extract(epoch FROM now() - b.updated_at))
                    FROM {schema}.buckets AS b WHERE b.key = k.rkey), rc.burst) AS balance
-  FROM (SELECT DISTINCT rkey FROM candidates WHERE rkey IS NOT NULL) AS k
+  FROM (SELECT rkey, sum(weight) AS w FROM candidates WHERE rkey IS NOT NULL GROUP BY rkey) AS k
   JOIN rcfg AS rc ON rc.name = split_part(k.rkey, ':', 1)
 ), rated AS MATERIALIZED (
-  -- Each limited candidate with the cumulative weight up to it in its bucket's urgency order.
-  SELECT c.*, bl.rate, bl.burst, bl.balance,
+  -- The general case, run only when some key's rows do not all fit its balance: each row of
+  -- such a key with the cumulative weight up to it in its bucket's urgency order.
+  SELECT c.*, l.balance,
          sum(c.weight) OVER (PARTITION BY c.rkey ORDER BY c.priority, c.scheduled_at, c.id) AS upto
   FROM candidates AS c
-  JOIN balances AS bl ON bl.rkey = c.rkey
+  JOIN limited AS l ON l.rkey = c.rkey AND l.w > l.balance
+  WHERE (SELECT bool_or(w > balance) FROM limited)
 ), granted AS (
-  SELECT id, rkey FROM rated WHERE upto <= balance
-), rdebit AS (
-  -- A bucket's grants are a prefix of its rows in urgency order, so their weight is the largest
-  -- cumulative weight among them.
-  INSERT INTO {schema}.buckets (key, tokens, rate, burst, updated_at)
-  SELECT r.rkey, greatest(r.burst - max(r.upto), 0), r.rate, r.burst, now()
+  -- Each bucket's grant: all of its rows' weight when it fits, else the prefix that fits (a
+  -- prefix in urgency order: its weight is the largest cumulative weight in it).
+  SELECT l.rkey, l.w AS weight, l.rate, l.burst
+  FROM limited AS l
+  WHERE l.w <= l.balance
+  UNION ALL
+  SELECT r.rkey, max(r.upto), l.rate, l.burst
   FROM rated AS r
+  JOIN limited AS l ON l.rkey = r.rkey
   WHERE r.upto <= r.balance
-  GROUP BY r.rkey, r.rate, r.burst
-  ORDER BY r.rkey
+  GROUP BY r.rkey, l.rate, l.burst
+), rdebit AS (
+  INSERT INTO {schema}.buckets (key, tokens, rate, burst, updated_at)
+  SELECT g.rkey, greatest(g.burst - g.weight, 0), g.rate, g.burst, now()
+  FROM granted AS g
+  ORDER BY g.rkey
   ON CONFLICT (key) DO UPDATE
     SET tokens = greatest(least(EXCLUDED.burst, buckets.tokens + EXCLUDED.rate * extract(epoch FROM now() - buckets.updated_at))
                           - (EXCLUDED.burst - EXCLUDED.tokens), 0),
@@ -257,10 +302,8 @@ balances AS (
   SELECT c.id, c.ckey, c.rkey, c.weight, c.priority, c.scheduled_at
   FROM candidates AS c
   WHERE c.rkey IS NULL
-  UNION ALL
-  SELECT r.id, r.ckey, r.rkey, r.weight, r.priority, r.scheduled_at
-  FROM rated AS r
-  WHERE r.upto <= r.balance AND r.rkey IN (SELECT d.key FROM rdebit AS d)
+     OR (c.rkey IN (SELECT d.key FROM rdebit AS d)
+         AND (c.rkey NOT IN (SELECT r.rkey FROM rated AS r) OR c.id IN (SELECT r.id FROM rated AS r WHERE r.upto <= r.balance)))
 )
 
 -- fragment: pa_no_rate_ctes
@@ -269,50 +312,71 @@ admitted AS (
 )
 
 -- fragment: pa_gate_ctes
-ranked AS (
-  SELECT c.id, c.ckey, cfg.name AS gate, cfg.lim, cfg.shards,
-         row_number() OVER (PARTITION BY c.ckey ORDER BY c.priority, c.scheduled_at, c.id) AS rk
-  FROM admitted AS c
-  LEFT JOIN cfg ON cfg.name = split_part(c.ckey, ':', 1)
+gated AS MATERIALIZED (
+  -- Each gated key of the batch: its gate, and how many of its rows were admitted.
+  SELECT k.ckey, cfg.lim, cfg.shards, k.n
+  FROM (SELECT c.ckey, count(*) AS n FROM admitted AS c WHERE c.ckey IS NOT NULL GROUP BY c.ckey) AS k
+  JOIN cfg ON cfg.name = split_part(k.ckey, ':', 1)
 ), shards AS MATERIALIZED (
-  -- (The counter is read by key, row by row: a join could hash the whole gates table. Materialized:
-  -- the window below would otherwise read each counter three times.)
-  SELECT k.ckey, s.shard,
+  -- Their shards, each with its capacity and its counter (read by key, shard by shard: a join
+  -- could hash the whole gates table).
+  SELECT k.ckey, k.n, s.shard,
          k.lim / k.shards + CASE WHEN s.shard < k.lim % k.shards THEN 1 ELSE 0 END AS cap,
          coalesce((SELECT g.held FROM {schema}.gates AS g WHERE g.key = k.ckey AND g.shard = s.shard), 0) AS held
-  FROM (SELECT DISTINCT ckey, lim, shards FROM ranked WHERE gate IS NOT NULL) AS k
+  FROM gated AS k
   CROSS JOIN LATERAL generate_series(0, k.shards - 1) AS s(shard)
-), ranges AS (
-  -- Each shard's free slots as a range of ranks, emptiest shard first.
-  SELECT ckey, shard, cap, greatest(cap - held, 0) AS free,
-         sum(greatest(cap - held, 0)) OVER (PARTITION BY ckey ORDER BY cap - held DESC, shard) AS upto
+), best AS MATERIALIZED (
+  -- Each key's emptiest shard (the lowest numbered among equals).
+  SELECT DISTINCT ON (ckey) ckey, n, shard, cap, cap - held AS free
   FROM shards
-), wanted AS (
-  SELECT r.id, r.ckey, NULL::smallint AS shard, NULL::text AS gkey, NULL::integer AS cap
-  FROM ranked AS r
-  WHERE r.ckey IS NULL OR (r.gate IS NULL AND r.rk = 1)
-  UNION ALL
-  SELECT r.id, r.ckey, rg.shard::smallint, r.ckey, rg.cap
+  ORDER BY ckey, cap - held DESC, shard
+), ranked AS (
+  -- The general case, only for keys whose rows do not fit their emptiest shard: their rows in
+  -- urgency order, and each shard's free slots as a range of ranks, emptiest shard first.
+  SELECT c.id, c.ckey, row_number() OVER (PARTITION BY c.ckey ORDER BY c.priority, c.scheduled_at, c.id) AS rk
+  FROM admitted AS c
+  JOIN best AS b ON b.ckey = c.ckey AND b.free < b.n
+), ranges AS MATERIALIZED (
+  SELECT s.ckey, s.shard, s.cap, greatest(s.cap - s.held, 0) AS free,
+         sum(greatest(s.cap - s.held, 0)) OVER (PARTITION BY s.ckey ORDER BY s.cap - s.held DESC, s.shard) AS upto
+  FROM shards AS s
+  JOIN best AS b ON b.ckey = s.ckey AND b.free < b.n
+), spread AS MATERIALIZED (
+  SELECT r.id, r.ckey, rg.shard::smallint AS shard, rg.cap
   FROM ranked AS r
   JOIN ranges AS rg ON rg.ckey = r.ckey AND r.rk > rg.upto - rg.free AND r.rk <= rg.upto
-  WHERE r.gate IS NOT NULL
+  -- (Decided once: in the common case neither ranked nor ranges is ever computed.)
+  WHERE (SELECT bool_or(free < n) FROM best)
 ), debit AS (
   -- A debit that no longer fits (another pick took the slots since this statement's snapshot)
   -- does not apply, and its rows are not claimed: they stay available for the next pick.
   INSERT INTO {schema}.gates (key, shard, held, capacity)
-  SELECT gkey, shard, count(*), cap
-  FROM wanted
-  WHERE gkey IS NOT NULL
-  GROUP BY gkey, shard, cap
-  ORDER BY gkey, shard
+  SELECT d.key, d.shard, d.n, d.cap
+  FROM (SELECT b.ckey AS key, b.shard::smallint AS shard, b.n::integer AS n, b.cap FROM best AS b WHERE b.free >= b.n
+        UNION ALL
+        SELECT s.ckey, s.shard, count(*)::integer, s.cap FROM spread AS s GROUP BY s.ckey, s.shard, s.cap) AS d
+  ORDER BY d.key, d.shard
   ON CONFLICT (key, shard) DO UPDATE SET held = gates.held + EXCLUDED.held
     WHERE gates.held + EXCLUDED.held <= gates.capacity
   RETURNING key, shard
 ), chosen AS MATERIALIZED (
-  SELECT w.id, w.ckey, w.shard
-  FROM wanted AS w
-  WHERE w.gkey IS NULL
-     OR (w.gkey, w.shard) IN (SELECT d.key, d.shard FROM debit AS d)
+  -- Rows with no key, the most urgent row of each K = 1 key (one no gate owns), and the rows of
+  -- gated keys whose debit applied.
+  SELECT c.id, c.ckey, NULL::smallint AS shard
+  FROM admitted AS c
+  WHERE c.ckey IS NULL
+     OR (split_part(c.ckey, ':', 1) <> ALL (@g_names::text[])
+         AND NOT EXISTS (SELECT 1 FROM admitted AS d
+                         WHERE d.ckey = c.ckey AND (d.priority, d.scheduled_at, d.id) < (c.priority, c.scheduled_at, c.id)))
+  UNION ALL
+  SELECT c.id, c.ckey, b.shard::smallint
+  FROM admitted AS c
+  JOIN best AS b ON b.ckey = c.ckey AND b.free >= b.n
+  WHERE (b.ckey, b.shard::smallint) IN (SELECT d.key, d.shard FROM debit AS d)
+  UNION ALL
+  SELECT s.id, s.ckey, s.shard
+  FROM spread AS s
+  WHERE (s.ckey, s.shard) IN (SELECT d.key, d.shard FROM debit AS d)
 )
 
 -- fragment: pa_k1_chosen
@@ -329,9 +393,8 @@ chosen AS MATERIALIZED (
 refused AS (
   -- n: buckets whose grant another pick's writeback beat this one to; denied: limited rows in
   -- the window their bucket could not afford.
-  SELECT (SELECT count(*) FROM (SELECT DISTINCT rkey FROM granted) AS k
-          WHERE NOT EXISTS (SELECT 1 FROM rdebit AS d WHERE d.key = k.rkey)) AS n,
-         (SELECT count(*) FROM rated) - (SELECT count(*) FROM granted) AS denied
+  SELECT (SELECT count(*) FROM granted AS g WHERE NOT EXISTS (SELECT 1 FROM rdebit AS d WHERE d.key = g.rkey)) AS n,
+         (SELECT count(*) FROM rated AS r WHERE r.upto > r.balance) AS denied
 )
 
 -- fragment: pa_no_refused
