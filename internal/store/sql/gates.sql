@@ -42,14 +42,22 @@ WITH cfg AS (
   SELECT * FROM unnest(@g_names::text[], @g_limits::integer[], @g_shards::integer[]) AS c(name, lim, shards)
 ), locked AS (
   SELECT * FROM unnest(@keys::text[], @shards::smallint[]) AS l(key, shard)
+), held AS (
+  -- The executing rows holding the locked counters' slots, counted in one pass over the
+  -- executing rows (there is no index by key and shard; see the schema).
+  SELECT i.concurrency_key AS key, i.concurrency_shard AS shard, count(*)::integer AS n
+  FROM {schema}.instances AS i
+  WHERE i.status = 'executing' AND i.concurrency_shard IS NOT NULL
+    AND (i.concurrency_key, i.concurrency_shard) IN (SELECT l.key, l.shard FROM locked AS l)
+  GROUP BY 1, 2
 ), truth AS (
   SELECT l.key, l.shard,
-         (SELECT count(*)::integer FROM {schema}.instances AS i
-          WHERE i.status = 'executing' AND i.concurrency_key = l.key AND i.concurrency_shard = l.shard) AS n,
+         coalesce(h.n, 0) AS n,
          cfg.name IS NULL OR l.shard >= cfg.shards AS retired,
          CASE WHEN cfg.name IS NOT NULL
               THEN cfg.lim / cfg.shards + CASE WHEN l.shard < cfg.lim % cfg.shards THEN 1 ELSE 0 END END AS cap
   FROM locked AS l
+  LEFT JOIN held AS h ON h.key = l.key AND h.shard = l.shard
   LEFT JOIN cfg ON cfg.name = split_part(l.key, ':', 1)
 ), removed AS (
   DELETE FROM {schema}.gates AS g
