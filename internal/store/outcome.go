@@ -123,9 +123,9 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []OutcomeRow) (ma
 	keys := make([]*string, n)
 	rateLimits := make([]*string, n)
 	weights := make([]int32, n)
-	var crIDs []int64
-	var crOwners, crKeys []string
-	var crShards []int16
+	crKeys := make([]*string, n)
+	crShards := make([]*int16, n)
+	credits := false
 	var seenInst, seenSig, purge, parked, spawners []int64
 	var children childArrays
 	settles := false
@@ -137,8 +137,7 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []OutcomeRow) (ma
 		keyModes[i], keys[i] = o.KeyMode, o.Key
 		rateLimits[i], weights[i] = o.RateLimit, int32(max(o.Weight, 1))
 		if o.CreditShard != nil && o.CreditKey != nil {
-			crIDs, crOwners = append(crIDs, o.ID), append(crOwners, o.Owner)
-			crKeys, crShards = append(crKeys, *o.CreditKey), append(crShards, *o.CreditShard)
+			crKeys[i], crShards[i], credits = o.CreditKey, o.CreditShard, true
 		}
 		switch o.Kind {
 		case KindDone, KindFailed:
@@ -171,10 +170,10 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []OutcomeRow) (ma
 		"ids": ids, "owners": owners, "kinds": kinds, "steps": steps, "states": states, "delays": delays,
 		"results": results, "err_kinds": errKinds, "err_msgs": errMsgs, "await_names": awaitNames,
 		"await_ms": awaitMs, "spawned": spawned, "ckey_modes": keyModes, "ckeys": keys,
-		"rate_limits": rateLimits, "weights": weights,
+		"rate_limits": rateLimits, "weights": weights, "cr_keys": crKeys, "cr_shards": crShards,
 	}
 	var stmt string
-	plain := len(seenSig) == 0 && len(spawners) == 0 && !settles && len(crIDs) == 0
+	plain := len(seenSig) == 0 && len(spawners) == 0 && !settles && !credits
 	if plain {
 		stmt = s.frag("outcome_update") // the hot path: one plain UPDATE
 	} else {
@@ -188,9 +187,8 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []OutcomeRow) (ma
 			b.WriteString(", kids AS (\n" + s.frag("outcome_spawn") + "\n  RETURNING 1\n)")
 			children.into(args)
 		}
-		if len(crIDs) > 0 {
+		if credits {
 			b.WriteString(", credited AS (\n" + s.frag("outcome_credit") + "\n)")
-			args["cr_ids"], args["cr_owners"], args["cr_keys"], args["cr_shards"] = crIDs, crOwners, crKeys, crShards
 		}
 		if settles {
 			b.WriteString(", finished AS (SELECT parent_id FROM upd WHERE kind IN (3, 4) AND parent_id IS NOT NULL)")
@@ -223,7 +221,9 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []OutcomeRow) (ma
 		var wave *int32
 		dest := []any{&id, &owner, &signalled, &kind, &queue}
 		if plain {
-			dest = []any{&id, &owner, &signalled, &kind, &parentID, &wave}
+			var crKey *string
+			var crShard *int16
+			dest = []any{&id, &owner, &signalled, &kind, &parentID, &wave, &crKey, &crShard}
 		}
 		_, err := pgx.ForEachRow(rows, dest, func() error {
 			if owner == nil { // a parent the batch's children made runnable
@@ -248,7 +248,10 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []OutcomeRow) (ma
 	}
 	if fault.Enabled {
 		for _, k := range crKeys {
-			if err := fault.PointFor(fault.GateBeforeCredit, k); err != nil {
+			if k == nil {
+				continue
+			}
+			if err := fault.PointFor(fault.GateBeforeCredit, *k); err != nil {
 				return nil, nil, err
 			}
 		}

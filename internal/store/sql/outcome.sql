@@ -37,7 +37,8 @@
 -- (next, retry, released); @results JSON text (done); @err_kinds (NULL: none), @err_msgs;
 -- @await_names joined by the unit separator U+001F (names are printable); @await_ms timeout
 -- (NULL: none); @spawned children count (spawn); @ckey_modes, @ckeys concurrency key control;
--- @rate_limits, @weights the next step's rate limit (next).
+-- @rate_limits, @weights the next step's rate limit (next); @cr_keys, @cr_shards the gate slot the
+-- execution held (see outcome_credit).
 
 -- fragment: outcome_update
 UPDATE {schema}.instances AS i
@@ -89,15 +90,15 @@ SET status           = (CASE u.kind WHEN 3 THEN 'done' WHEN 4 THEN 'failed' WHEN
 FROM unnest(@ids::bigint[], @owners::text[], @kinds::smallint[], @steps::text[], @states::text[],
             @delays::bigint[], @results::text[], @err_kinds::text[], @err_msgs::text[],
             @await_names::text[], @await_ms::bigint[], @spawned::integer[], @ckey_modes::smallint[],
-            @ckeys::text[], @rate_limits::text[], @weights::integer[])
+            @ckeys::text[], @rate_limits::text[], @weights::integer[], @cr_keys::text[], @cr_shards::smallint[])
      AS u(id, owner, kind, step, state, delay_ms, result, err_kind, err_msg, await_names, await_ms, spawned,
-          ckey_mode, ckey, rate_limit, weight)
+          ckey_mode, ckey, rate_limit, weight, cr_key, cr_shard)
 WHERE i.id = u.id
   -- The token alone is the fence (no "status = 'executing'" here): that predicate would let the
   -- planner read the whole instances_executing index, dead entries and all, instead of looking
   -- the rows up by id.
   AND i.locked_by = u.owner
-RETURNING i.id, u.owner, i.signalled IS TRUE AS signalled, u.kind, i.parent_id, i.spawn_wave
+RETURNING i.id, u.owner, i.signalled IS TRUE AS signalled, u.kind, i.parent_id, i.spawn_wave, u.cr_key, u.cr_shard
 
 -- Progress (next, await, spawn) consumes exactly the awaited signals the step saw (its
 -- Ctx.Awaited): (@seen_inst, @seen_sig) pairs of (instance id, signal id) from the pick's inbox
@@ -173,9 +174,10 @@ WHERE p.id = d.id
 RETURNING p.id, p.queue, p.status = 'available' AS woke
 
 -- Gate credits: every applied outcome of an execution that held a gate slot gives it back to the
--- shard it debited (@cr_ids, @cr_owners, @cr_keys, @cr_shards: one element per such execution,
--- as the pick claimed it). A counter never goes below zero here: should it have drifted low, the
--- reconciler (gates.sql) sets it from the executing rows.
+-- shard it debited (@cr_keys, @cr_shards in outcome_update's arrays: the key and shard as the pick
+-- claimed them, NULL for an execution that held none; an applied row returns them). A counter
+-- never goes below zero here: should it have drifted low, the reconciler (gates.sql) sets it from
+-- the executing rows.
 -- Locks: the gate counter rows, in (key, shard) order, like the pick's debit: the sub-select c
 -- takes them after its sort (a join would take them in its scan's order, the heap's).
 
@@ -183,11 +185,10 @@ RETURNING p.id, p.queue, p.status = 'available' AS woke
 UPDATE {schema}.gates AS g
 SET held = greatest(g.held - c.n, 0)
 FROM (SELECT l.key, l.shard, x.n
-      FROM (SELECT cr.key, cr.shard, count(*)::integer AS n
-            FROM unnest(@cr_ids::bigint[], @cr_owners::text[], @cr_keys::text[], @cr_shards::smallint[])
-                 AS cr(id, owner, key, shard)
-            JOIN upd ON upd.id = cr.id AND upd.owner = cr.owner
-            GROUP BY cr.key, cr.shard) AS x
+      FROM (SELECT upd.cr_key AS key, upd.cr_shard AS shard, count(*)::integer AS n
+            FROM upd
+            WHERE upd.cr_shard IS NOT NULL
+            GROUP BY 1, 2) AS x
       JOIN {schema}.gates AS l ON l.key = x.key AND l.shard = x.shard
       ORDER BY l.key, l.shard
       FOR NO KEY UPDATE OF l) AS c
