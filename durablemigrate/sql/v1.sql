@@ -92,8 +92,9 @@ CREATE UNIQUE INDEX instances_concurrency_active ON {schema}.instances (concurre
   WHERE status = 'executing' AND concurrency_key IS NOT NULL AND concurrency_shard IS NULL;
 
 -- (Gated executions, the truth the reconciler repairs gate counters from, have no index of their
--- own: the reconciler reads the executing rows through instances_executing, a few times a
--- minute, where an index would cost every gated claim an insertion: an eighth of its pick.)
+-- own: the reconciler reads the executing rows through instances_executing when a GC sweep (a
+-- minute by default) finds a counter to check, where an index would cost every gated claim an
+-- insertion: an eighth of its pick.)
 
 -- Runnable rows that wait on a rate limit: the maintenance sweep's report of rows whose limit no
 -- node here configures (they stall, rate_limit.unknown).

@@ -15,7 +15,9 @@ import (
 // a K = 1 key; a gated key whose rows fit its emptiest shard (the common case), one whose rows do
 // not (they are spread over its shards' free slots: the general case) and one whose gate is
 // full; a limited key whose bucket affords its whole batch, one that affords a prefix (weights 1,
-// 2, 1, 1 against 3.5 tokens) and one with less than a token.
+// 2, 1, 1 against 3.5 tokens), one with less than a token and one with no bucket yet; rows under
+// both a gate and a limit, and a K = 1 key under a limit. A row's key in the results is its
+// concurrency key followed by its rate limit.
 type admissionFixture struct {
 	s     *Store
 	db    DB
@@ -54,6 +56,9 @@ func newAdmissionFixture(t *testing.T) *admissionFixture {
 	add(5, "", "r:rich")
 	add(4, "", "r:poor", 1, 2, 1, 1)
 	add(2, "", "r:empty")
+	add(3, "g:both", "r:rich") // under a gate and a limit
+	add(2, "", "r:cold")       // a limit with no bucket yet: full
+	add(2, "solo2", "r:cold")  // a K = 1 key under a limit
 	ins, err := s.InsertMany(ctx, pool, rows)
 	require.NoError(t, err)
 	for i, r := range ins {
@@ -114,7 +119,7 @@ func TestAdmissionPickIsTheSameWithAnyHint(t *testing.T) {
 	f := newAdmissionFixture(t)
 	hints := []Hint{
 		{},
-		{GateKeys: []string{"big:a", "g:near"}, RateKeys: []string{"r:rich", "r:poor"}},
+		{GateKeys: []string{"big:a", "g:near", "g:both"}, RateKeys: []string{"r:rich", "r:poor", "r:cold"}},
 		{GateKeys: []string{"g:full", "solo", "nope:x", "big:zzz", "g:near", "g:near"}, RateKeys: []string{"r:empty", "q:x", "r"}},
 		{GateKeys: []string{"big:a", "g:near", "g:full"}, RateKeys: []string{"r:rich", "r:poor", "r:empty"}},
 	}
@@ -126,11 +131,11 @@ func TestAdmissionPickIsTheSameWithAnyHint(t *testing.T) {
 		denied, cons int
 	}{
 		{"both", f.gates, f.rates, map[string]int{"": 5, "solo": 1, "big:a/0": 20, "g:near/2": 3, "g:near/1": 2,
-			"g:near/0": 1, "r:rich": 5, "r:poor": 2}, 2, 45},
+			"g:near/0": 1, "r:rich": 5, "r:poor": 2, "g:bothr:rich/0": 3, "r:cold": 2, "solo2r:cold": 1}, 2, 52},
 		{"gates", f.gates, nil, map[string]int{"": 5, "solo": 1, "big:a/0": 20, "g:near/2": 3, "g:near/1": 2,
 			"g:near/0": 1}, 0, 36},
 		{"rates", nil, f.rates, map[string]int{"": 5, "solo": 1, "big:a": 1, "g:near": 1, "g:full": 1, "r:rich": 5,
-			"r:poor": 2}, 2, 49},
+			"r:poor": 2, "g:bothr:rich": 1, "r:cold": 2, "solo2r:cold": 1}, 2, 56},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var first []string

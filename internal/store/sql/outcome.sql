@@ -10,8 +10,8 @@
 -- effect (consuming signals, clearing an inbox, spawning children, settling a parent's join).
 --
 -- The statement is assembled from the fragments below (Store.ApplyOutcomes): outcome_update
--- always; outcome_consume, outcome_spawn and outcome_settle only for batches that need them, so
--- the common batch is one plain UPDATE. Parameters are named (@name).
+-- always; outcome_consume, outcome_spawn, outcome_settle and outcome_credit only for batches that
+-- need them, so the common batch is one plain UPDATE. Parameters are named (@name).
 --
 -- Locks: the UPDATE takes the row lock (FOR NO KEY UPDATE strength: no key column changes) on
 -- each matched row. Claim tokens are unique per pick, so two committers never contend for an
@@ -20,6 +20,7 @@
 -- statement to its commit, so it and an outcome of the same row are strictly ordered.
 -- outcome_settle also locks each parent it decrements, in parent id order; committers racing to
 -- settle children of the same parents serialize on the parent row and re-read its newest count.
+-- outcome_credit locks the gate counters it credits, in (key, shard) order (see there).
 --
 -- The caller sends the outcome statement, then (in the same implicit transaction, one round
 -- trip) purge_terminal_inboxes for rows that finished with signals in their inbox (as of the

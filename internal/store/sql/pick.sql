@@ -157,8 +157,9 @@ WITH candidates AS MATERIALIZED (
 -- Hints. The candidate scan must test each row's gate or bucket (so that rows of a saturated key
 -- never take the batch's places from the work behind them), and a test per row is a sub-select
 -- per row: a third of the statement's cost. The caller names the keys it expects (@g_hint,
--- @r_hint: the keys of its last batch); the statement reads each of those once, at its start,
--- and tests a row of a hinted key against that answer: the same answer as the row-by-row test,
+-- @r_hint: the keys of its last batch); the statement reads each of those once (when the first
+-- candidate row with a key or a limit needs it), and tests a row of a hinted key against that
+-- answer: the same answer as the row-by-row test,
 -- from the same snapshot. Rows of other keys are tested one by one. A hint is only ever a list
 -- of what to read first: a wrong or stale one costs nothing but its own reads.
 --
