@@ -119,6 +119,35 @@ func lostClaims(t *testing.T, e *env, ownerLike string) int {
 		  AND (next_seq IS NULL OR (next_status = 'available' AND next_step = new_step))`, ownerLike)
 }
 
+// claimEnds sorts the claims of owners matching ownerLike, each as (instance, attempt), by how the
+// database shows them ended: lost (released by the reaper or a startup reclaim, or never ended,
+// as lostClaims counts them) or ended by the claim's own outcome (any other next transition).
+func claimEnds(t *testing.T, e *env, ownerLike string) (lost, ended map[staleClaim]bool) {
+	t.Helper()
+	rows, err := e.pool.Query(context.Background(), expand(`SELECT id, attempt,
+		       next_seq IS NULL OR (next_status = 'available' AND next_step = new_step)
+		FROM (SELECT id, attempt, locked_by, new_status, old_status, new_step,
+		             lead(new_status) OVER w AS next_status, lead(new_step) OVER w AS next_step, lead(seq) OVER w AS next_seq
+		      FROM {schema}.t_outcome_log WINDOW w AS (PARTITION BY id ORDER BY seq)) c
+		WHERE new_status = 'executing' AND old_status IS DISTINCT FROM 'executing' AND locked_by LIKE $1`, e.schema), ownerLike)
+	require.NoError(t, err)
+	defer rows.Close()
+	lost, ended = map[staleClaim]bool{}, map[staleClaim]bool{}
+	for rows.Next() {
+		var id int64
+		var attempt int32
+		var isLost bool
+		require.NoError(t, rows.Scan(&id, &attempt, &isLost))
+		if isLost {
+			lost[staleClaim{id, int64(attempt)}] = true
+		} else {
+			ended[staleClaim{id, int64(attempt)}] = true
+		}
+	}
+	require.NoError(t, rows.Err())
+	return lost, ended
+}
+
 // lostClaimIDs lists the instances that had a claim lost (see lostClaims), by any owner.
 func lostClaimIDs(t *testing.T, e *env) map[int64]bool {
 	t.Helper()

@@ -24,8 +24,9 @@ import (
 // helperMain runs a worker process for the crash tests: a client working queue "crash" (or the
 // queues in GD_QUEUES) with an effect-logging linear5 machine and the fan-out parent
 // (fanMachine), configured from the environment. It prints "ready" once started, drains on
-// SIGTERM, and prints, as its last line, "events " and the JSON count of every event it emitted
-// by name (a SIGKILLed worker prints nothing).
+// SIGTERM, and prints "stale " and the JSON list of the (instance, attempt) of every outcome it
+// dropped as stale, then, as its last line, "events " and the JSON count of every event it
+// emitted by name (a SIGKILLed worker prints nothing).
 func helperMain() int {
 	env := func(k string, def int) int {
 		if v, err := strconv.Atoi(os.Getenv(k)); err == nil {
@@ -100,6 +101,7 @@ func helperMain() int {
 	stopCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	err = cl.Stop(stopCtx)
+	fmt.Println("stale " + events.staleJSON())
 	fmt.Println("events " + events.json())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -108,11 +110,16 @@ func helperMain() int {
 	return 0
 }
 
-// eventCounts counts a client's events by name (a hook).
+// eventCounts counts a client's events by name (a hook), and keeps the claim, as (instance,
+// attempt), of every outcome dropped as stale.
 type eventCounts struct {
-	mu sync.Mutex
-	n  map[gendurable.EventName]int
+	mu    sync.Mutex
+	n     map[gendurable.EventName]int
+	stale []staleClaim
 }
+
+// staleClaim is the claim of an outcome dropped as stale: instance id and attempt.
+type staleClaim [2]int64
 
 func (c *eventCounts) add(ev gendurable.Event) {
 	c.mu.Lock()
@@ -121,6 +128,16 @@ func (c *eventCounts) add(ev gendurable.Event) {
 		c.n = map[gendurable.EventName]int{}
 	}
 	c.n[ev.Name]++
+	if ev.Name == gendurable.EventOutcomeStale {
+		c.stale = append(c.stale, staleClaim{ev.InstanceID, int64(ev.Attempt)})
+	}
+}
+
+func (c *eventCounts) staleJSON() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b, _ := json.Marshal(c.stale)
+	return string(b)
 }
 
 func (c *eventCounts) json() string {
@@ -151,9 +168,10 @@ func effectRecorder(pool *pgxpool.Pool, schema string, pid int) func(ctx *gendur
 type worker struct {
 	cmd  *exec.Cmd
 	name string
-	// events receives the worker's event counts if it exits gracefully; out is closed when its
-	// stdout ends (it exited).
+	// events receives the worker's event counts if it exits gracefully, stale the claims of the
+	// outcomes it dropped as stale (sent first); out is closed when its stdout ends (it exited).
 	events chan map[string]int
+	stale  chan []staleClaim
 	out    chan struct{}
 }
 
@@ -167,7 +185,8 @@ func startWorker(t *testing.T, e *env, name string, extra ...string) *worker {
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
-	w := &worker{cmd: cmd, name: name, events: make(chan map[string]int, 1), out: make(chan struct{})}
+	w := &worker{cmd: cmd, name: name, events: make(chan map[string]int, 1), stale: make(chan []staleClaim, 1),
+		out: make(chan struct{})}
 	t.Cleanup(func() { w.kill() })
 	r := bufio.NewReader(out)
 	line, err := r.ReadString('\n')
@@ -179,6 +198,12 @@ func startWorker(t *testing.T, e *env, name string, extra ...string) *worker {
 		defer close(w.out)
 		for {
 			line, err := r.ReadString('\n')
+			if st, ok := strings.CutPrefix(line, "stale "); ok {
+				var claims []staleClaim
+				if json.Unmarshal([]byte(st), &claims) == nil {
+					w.stale <- claims
+				}
+			}
 			if ev, ok := strings.CutPrefix(line, "events "); ok {
 				counts := map[string]int{}
 				if json.Unmarshal([]byte(ev), &counts) == nil {
@@ -217,6 +242,18 @@ func (w *worker) term(t *testing.T) map[string]int {
 		return ev
 	default:
 		t.Fatalf("worker %s printed no event counts", w.name)
+		return nil
+	}
+}
+
+// staleClaims returns the claims of the outcomes the worker dropped as stale; call it after term.
+func (w *worker) staleClaims(t *testing.T) []staleClaim {
+	t.Helper()
+	select {
+	case s := <-w.stale:
+		return s
+	default:
+		t.Fatalf("worker %s printed no stale outcomes", w.name)
 		return nil
 	}
 }
