@@ -105,23 +105,11 @@ func (c *crew) killLoop(rng *rand.Rand, deadline time.Duration, interval func() 
 	}
 }
 
-// lostClaims counts the claims taken by owners LIKE ownerLike that were lost: the instance's
-// next committed transition was not that claim's outcome (a machine whose every outcome moves
-// the step on or finishes, like linear5 and fan) but a release by the reaper or startup
-// reclaim, or there was none.
-func lostClaims(t *testing.T, e *env, ownerLike string) int {
-	t.Helper()
-	return e.count(t, `SELECT count(*) FROM (
-		SELECT locked_by, new_status, old_status, new_step,
-		       lead(new_status) OVER w AS next_status, lead(new_step) OVER w AS next_step, lead(seq) OVER w AS next_seq
-		FROM {schema}.t_outcome_log WINDOW w AS (PARTITION BY id ORDER BY seq)) c
-		WHERE new_status = 'executing' AND old_status IS DISTINCT FROM 'executing' AND locked_by LIKE $1
-		  AND (next_seq IS NULL OR (next_status = 'available' AND next_step = new_step))`, ownerLike)
-}
-
-// claimEnds sorts the claims of owners matching ownerLike, each as (instance, attempt), by how the
-// database shows them ended: lost (released by the reaper or a startup reclaim, or never ended,
-// as lostClaims counts them) or ended by the claim's own outcome (any other next transition).
+// claimEnds sorts the claims taken by owners LIKE ownerLike, each as (instance, attempt), by how
+// the database shows them ended: lost, when the instance's next committed transition was not
+// that claim's outcome (a machine whose every outcome moves the step on or finishes, like linear5
+// and fan) but a release by the reaper or startup reclaim, or there was none; or ended by the
+// claim's own outcome (any other next transition).
 func claimEnds(t *testing.T, e *env, ownerLike string) (lost, ended map[staleClaim]bool) {
 	t.Helper()
 	rows, err := e.pool.Query(context.Background(), expand(`SELECT id, attempt,
@@ -148,24 +136,14 @@ func claimEnds(t *testing.T, e *env, ownerLike string) (lost, ended map[staleCla
 	return lost, ended
 }
 
-// lostClaimIDs lists the instances that had a claim lost (see lostClaims), by any owner.
+// lostClaimIDs lists the instances that had a claim lost (see claimEnds), by any owner.
 func lostClaimIDs(t *testing.T, e *env) map[int64]bool {
 	t.Helper()
-	rows, err := e.pool.Query(context.Background(), expand(`SELECT DISTINCT id FROM (
-		SELECT id, new_status, old_status, new_step,
-		       lead(new_status) OVER w AS next_status, lead(new_step) OVER w AS next_step, lead(seq) OVER w AS next_seq
-		FROM {schema}.t_outcome_log WINDOW w AS (PARTITION BY id ORDER BY seq)) c
-		WHERE new_status = 'executing' AND old_status IS DISTINCT FROM 'executing'
-		  AND (next_seq IS NULL OR (next_status = 'available' AND next_step = new_step))`, e.schema))
-	require.NoError(t, err)
-	defer rows.Close()
+	lost, _ := claimEnds(t, e, "%")
 	ids := map[int64]bool{}
-	for rows.Next() {
-		var id int64
-		require.NoError(t, rows.Scan(&id))
-		ids[id] = true
+	for c := range lost {
+		ids[c[0]] = true
 	}
-	require.NoError(t, rows.Err())
 	return ids
 }
 

@@ -237,7 +237,7 @@ func (r *runner) pick(n int) ([]store.Claimed, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(rows) > 0 && (r.e.cfg.Gates != nil || r.e.cfg.Rates != nil) {
+	if len(rows) > 0 && store.Admits(r.e.cfg.Gates, r.e.cfg.Rates) {
 		r.hint = store.HintFrom(rows)
 	}
 	if fault.Enabled && len(rows) > 0 {

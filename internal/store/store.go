@@ -232,6 +232,16 @@ type Rates struct {
 	Bursts []float64
 }
 
+// Admits reports whether a pick under gates and rates is an admission pick (it reads gates or
+// buckets, and a Hint can make it cheaper) rather than the plain one.
+func Admits(gates *Gates, rates *Rates) bool {
+	return gates.configured() || rates.configured()
+}
+
+func (g *Gates) configured() bool { return g != nil && len(g.Names) > 0 }
+
+func (r *Rates) configured() bool { return r != nil && len(r.Names) > 0 }
+
 // pickLockTimeout bounds how long a pick waits for a lock (see Pick).
 const pickLockTimeout = "100ms"
 
@@ -281,7 +291,7 @@ func HintFrom(rows []Claimed) Hint {
 func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner string, lease, horizon time.Duration, gates *Gates, rates *Rates, hint Hint) (PickResult, error) {
 	args := pgx.NamedArgs{"queue": queue, "limit": limit, "owner": owner, "lease": lease.Milliseconds(), "horizon": horizon.Milliseconds()}
 	// The statement carries only the admission machinery the configuration can use.
-	hasGates, hasRates := gates != nil && len(gates.Names) > 0, rates != nil && len(rates.Names) > 0
+	hasGates, hasRates := gates.configured(), rates.configured()
 	stmt := "pick"
 	switch {
 	case hasGates && hasRates:
