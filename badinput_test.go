@@ -65,7 +65,7 @@ func engineTableCounts(t *testing.T, e *env) map[string]int {
 		tables = append(tables, name)
 	}
 	require.NoError(t, rows.Err())
-	require.Subset(t, tables, []string{"instances", "signals", "gates", "buckets", "meta"})
+	require.Subset(t, tables, []string{"instances", "signals", "gates", "gate_leases", "buckets", "meta"})
 	out := map[string]int{}
 	for _, name := range tables {
 		out[name] = e.count(t, `SELECT count(*) FROM {schema}.`+`"`+name+`"`)

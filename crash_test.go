@@ -67,6 +67,9 @@ func helperMain() int {
 			Disabled: env("GD_REAPER", 1) == 0},
 		Hooks: []func(gendurable.Event){events.add},
 	}
+	if ms := env("GD_GC_MS", 0); ms > 0 {
+		cfg.GC = &gendurable.GCConfig{Interval: time.Duration(ms) * time.Millisecond}
+	}
 	if os.Getenv("GD_POKE") == "postgres" {
 		cfg.Poke = gendurable.PokePostgres()
 	}
@@ -471,5 +474,36 @@ func TestKilledWorkerGivesBackItsGateSlots(t *testing.T) {
 		return e.count(t, `SELECT coalesce(sum(held), 0) FROM {schema}.gates`) == 0
 	})
 	require.Equal(t, 4, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE errors @> '[{"kind":"lease"}]'`))
+	rescuer.kill()
+}
+
+// A worker killed while it holds a gate lease (a block of slots its picks admit against) gives
+// them back too: its claims' slots through the reaper, the lease's unused ones through the
+// reconciler once the lease, no longer renewed, has expired.
+func TestKilledWorkerGivesBackItsLeasedGateSlots(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	createEffects(t, e)
+	const n = 24
+	insertLinearKeyed(t, e, n, func(i int) string { return "gate:one" })
+	// A gate far from its limit: a runner of 8 leases 8 slots after a full batch of its key.
+	gates := "GD_GATES=gate=1000/1"
+	victim := startWorker(t, e, "victim", "GD_STEP_MS=60000", "GD_LEASE_MS=1500", "GD_REAPER=0", gates)
+	eventually(t, 20*time.Second, "the victim runs 8 steps and holds a lease of 8 more slots", func() bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.t_effects WHERE pid = $1`, victim.pid()) == 8 &&
+			e.count(t, `SELECT coalesce(sum(slots), 0) FROM {schema}.gate_leases WHERE owner LIKE 'victim%'`) == 8
+	})
+	require.Equal(t, 16, e.count(t, `SELECT sum(held) FROM {schema}.gates WHERE key = 'gate:one'`))
+	victim.kill()
+	rescuer := startWorker(t, e, "rescuer", "GD_STEP_MS=1", "GD_LEASE_MS=1500", "GD_GC_MS=50", gates)
+	eventually(t, 60*time.Second, "all done", func() bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'done'`) == n
+	})
+	requireAllExact(t, e, n)
+	eventually(t, 10*time.Second, "the slots are back and the leases gone", func() bool {
+		return e.count(t, `SELECT coalesce(sum(held), 0) FROM {schema}.gates`) == 0 &&
+			e.count(t, `SELECT count(*) FROM {schema}.gate_leases`) == 0
+	})
+	require.Equal(t, 8, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE errors @> '[{"kind":"lease"}]'`))
 	rescuer.kill()
 }

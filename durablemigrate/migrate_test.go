@@ -42,7 +42,7 @@ func TestMigrateIsIdempotentAndSafeConcurrently(t *testing.T) {
 	require.NoError(t, durablemigrate.Migrate(ctx, pool, schema))
 	var tables int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = $1`, schema).Scan(&tables))
-	require.Equal(t, 5, tables) // instances, signals, gates, buckets, meta
+	require.Equal(t, 6, tables) // instances, signals, gates, gate_leases, buckets, meta
 }
 
 func TestMigrateRefusesASchemaBuiltFromOtherDDL(t *testing.T) {

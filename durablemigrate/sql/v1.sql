@@ -161,6 +161,23 @@ CREATE TABLE {schema}.gates (
   CONSTRAINT gates_held CHECK (held >= 0 AND held <= capacity)
 );
 
+-- Gate leases: a block of one shard's slots that one runner (owner: its worker id) debited from
+-- the counter at once, and admits its own claims of the key against without a counter write per
+-- pick or per outcome (an execution's slot goes back to the lease, not to the counter, when its
+-- outcome applies). held counts a lease's unused slots as well as the executions, so a counter
+-- is right when it lies between its executions and its executions plus its leases' slots; the
+-- reconciler repairs it only outside that range. A lease lives while its runner's heartbeat
+-- renews expires_at; the reconciler removes an expired one (and with it its unused slots), and a
+-- pick under a lease checks it FOR KEY SHARE, so that the removal cannot slip in between.
+CREATE TABLE {schema}.gate_leases (
+  key        text        NOT NULL,
+  shard      smallint    NOT NULL,
+  owner      text        NOT NULL,
+  slots      integer     NOT NULL CHECK (slots > 0),
+  expires_at timestamptz NOT NULL,
+  PRIMARY KEY (key, shard, owner)
+);
+
 -- Rate-limit token buckets, one per key ("name" or "name:partition"). tokens is the balance as of
 -- updated_at; a pick refills it at rate tokens per second up to burst, takes what it grants, and
 -- writes it back. rate and burst are the configuration the bucket was last written with (GC uses

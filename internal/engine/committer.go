@@ -209,7 +209,7 @@ func (c *committer) rejected(batch []*commitReq, err error) {
 	}
 	kind, msg := "rejected", "the database refused the outcome "+r.outcome.Kind.String()+": "+err.Error()
 	r.row = store.OutcomeRow{ID: r.row.ID, Owner: r.row.Owner, Kind: store.KindFailed, ErrKind: &kind, ErrMsg: &msg,
-		Signalled: r.row.Signalled}
+		Signalled: r.row.Signalled, CreditKey: r.row.CreditKey, CreditShard: r.row.CreditShard}
 	r.outcome = Outcome{Kind: store.KindFailed, ErrKind: kind, ErrMsg: msg, Routed: err}
 	e.log.Error("gendurable: the database refused an outcome; failing the instance with the error",
 		"client", e.cfg.Name, "queue", r.flight.queue, "id", r.row.ID, "error", err)

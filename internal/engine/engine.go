@@ -122,15 +122,19 @@ type flight struct {
 	owner string
 	// ckey and shard are the concurrency key and gate shard the claim held (the outcome
 	// credits the shard; any outcome of a keyed row may let another row of its key run).
-	ckey    *string
-	shard   *int16
-	queue   string
-	machine string
-	step    string
-	attempt int
-	started time.Time
-	cancel  context.CancelCauseFunc
-	state   flightState
+	ckey  *string
+	shard *int16
+	// lease is the gate lease the claim took its slot from (nil: none, or settled); gaveBack
+	// says its outcome was sent to give the slot back to it rather than credit the counter.
+	lease    atomic.Pointer[gateLease]
+	gaveBack bool
+	queue    string
+	machine  string
+	step     string
+	attempt  int
+	started  time.Time
+	cancel   context.CancelCauseFunc
+	state    flightState
 }
 
 type flightState int
@@ -353,6 +357,12 @@ func (e *Engine) Stop(ctx context.Context) error {
 	}
 	e.sends.Wait()
 	e.committer.stop()
+	for _, r := range e.runners {
+		// Every outcome is settled: a lease gives its unused slots back.
+		if gl := r.lease.Load(); gl != nil {
+			r.endLease(gl, true)
+		}
+	}
 	close(e.bgStop)
 	e.bg.Wait()
 	if p := e.poker.Swap(nil); p != nil {
@@ -375,6 +385,10 @@ func (e *Engine) abandon() error {
 		}
 		f.state = flightAbandoned
 		f.cancel(durabletype.ErrClientStopped)
+		// The hand-back credits the counter, leased slot or not.
+		if gl := f.lease.Swap(nil); gl != nil {
+			gl.settle(false)
+		}
 		rows = append(rows, store.OutcomeRow{ID: f.id, Owner: f.owner, Kind: store.KindReleased,
 			CreditKey: f.ckey, CreditShard: f.shard})
 		delete(e.flights, f.id)
@@ -396,10 +410,13 @@ func (e *Engine) abandon() error {
 }
 
 // track registers a claim as in flight, with the context its step runs under.
-func (e *Engine) track(queue, owner string, c *store.Claimed) (*flight, context.Context) {
+func (e *Engine) track(queue, owner string, c *store.Claimed, gl *gateLease) (*flight, context.Context) {
 	ctx, cancel := context.WithCancelCause(e.stepParent)
 	f := &flight{id: c.ID, owner: owner, queue: queue, machine: c.Machine, step: c.Step,
 		attempt: c.Attempt, started: time.Now(), cancel: cancel, ckey: c.ConcurrencyKey, shard: c.ConcurrencyShard}
+	if gl != nil {
+		f.lease.Store(gl)
+	}
 	e.mu.Lock()
 	e.flights[c.ID] = f
 	e.mu.Unlock()
@@ -446,6 +463,7 @@ func (e *Engine) heartbeatLoop() {
 }
 
 func (e *Engine) beat() {
+	e.renewLeases()
 	e.mu.Lock()
 	ids := make([]int64, 0, len(e.flights))
 	owners := make([]string, 0, len(e.flights))

@@ -21,9 +21,9 @@ func TestHeartbeatCancelsOnlyTheLostClaim(t *testing.T) {
 	e.stepParent = context.Background()
 	// The first claim's outcome committed; before its flight settled, the instance was claimed
 	// again under a new token.
-	old, oldCtx := e.track("q", "w#1", &store.Claimed{ID: 7, Machine: "m", Step: "s0"})
+	old, oldCtx := e.track("q", "w#1", &store.Claimed{ID: 7, Machine: "m", Step: "s0"}, nil)
 	old.state = flightHanded
-	fresh, freshCtx := e.track("q", "w#2", &store.Claimed{ID: 7, Machine: "m", Step: "s1"})
+	fresh, freshCtx := e.track("q", "w#2", &store.Claimed{ID: 7, Machine: "m", Step: "s1"}, nil)
 	defer e.settle(old)
 	defer e.settle(fresh)
 

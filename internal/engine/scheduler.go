@@ -40,7 +40,7 @@ type runner struct {
 	stop        chan struct{}
 	wake        chan struct{}
 	slotFreed   chan struct{}
-	work        chan store.Claimed // claimed rows for the executor goroutines
+	work        chan job // claimed rows for the executor goroutines
 	mu          sync.Mutex
 	busy        int
 	closed      bool // work is closed (Stop): no reservations, and a reserved row is not sent
@@ -48,6 +48,18 @@ type runner struct {
 	// hint names the gate and rate-limit keys of the last batch, which the next admission pick
 	// reads once each instead of once per candidate row (the loop's own).
 	hint store.Hint
+	// lease is the runner's gate lease, if it holds one (see lease.go); leaseNext says the next
+	// pick may use it (the last batch was full and all of its key), and leaseRetryAt when a
+	// refused or lost lease may be asked for again (the loop's own).
+	lease        atomic.Pointer[gateLease]
+	leaseNext    bool
+	leaseRetryAt time.Time
+}
+
+// job is a claimed row for an executor, and the gate lease it took its slot from (nil: none).
+type job struct {
+	store.Claimed
+	lease *gateLease
 }
 
 func newRunner(e *Engine, queue string, qc QueueConfig) *runner {
@@ -61,7 +73,7 @@ func newRunner(e *Engine, queue string, qc QueueConfig) *runner {
 		stop:        make(chan struct{}),
 		wake:        make(chan struct{}, 1),
 		slotFreed:   make(chan struct{}, 1),
-		work:        make(chan store.Claimed, qc.Concurrency),
+		work:        make(chan job, qc.Concurrency),
 		pickTimeout: StatementTimeout(e.cfg.Lease),
 	}
 }
@@ -73,8 +85,8 @@ func (r *runner) startWorkers() {
 	for range r.conc {
 		go func() {
 			defer r.e.steps.Done()
-			for c := range r.work {
-				r.run(&c)
+			for j := range r.work {
+				r.run(&j.Claimed, j.lease)
 			}
 		}()
 	}
@@ -169,7 +181,7 @@ func (r *runner) loop() {
 		// The pick's slots are taken before it is sent: an Insert that claims its own row
 		// meanwhile (reserve) must not count them as free. What the pick did not fill goes back.
 		r.take(n)
-		rows, err := r.pick(n)
+		rows, gl, asked, err := r.pick(n)
 		r.take(len(rows) - n)
 		if err != nil {
 			if r.e.baseCtx.Err() == nil {
@@ -179,10 +191,10 @@ func (r *runner) loop() {
 			resetTimer(timer, r.poll)
 			continue
 		}
-		r.dispatch(rows)
+		r.dispatch(rows, gl)
 		urgent = false
 		switch {
-		case len(rows) == n:
+		case len(rows) == asked:
 			backlog, idle = true, cooldown
 			if free > maxPickBatch { // the batch cap, not the slots, limited this pick
 				urgent = true
@@ -227,32 +239,59 @@ func resetTimer(t *time.Timer, d time.Duration) {
 	t.Reset(d)
 }
 
-// pick claims up to n rows with a fresh claim token.
-func (r *runner) pick(n int) ([]store.Claimed, error) {
+// pick claims up to n rows with a fresh claim token; with the runner's gate lease (gl, then
+// asked is at most its free slots), or without (gl nil, asked is n).
+func (r *runner) pick(n int) (rows []store.Claimed, gl *gateLease, asked int, err error) {
 	owner := r.workerID + "#" + strconv.FormatUint(r.seq.Add(1), 10)
 	ctx, cancel := context.WithTimeout(r.e.baseCtx, r.pickTimeout)
 	defer cancel()
 	start := time.Now()
-	rows, err := r.e.pickOnce(ctx, r.e.pool, r.queue, n, owner, 0, r.hint)
-	if err != nil {
-		return nil, err
+	asked = n
+	var sl *store.Lease
+	if cur := r.lease.Load(); cur != nil && r.leaseNext {
+		if free := r.leaseSlots(cur); free > 0 {
+			gl, sl, asked = cur, &cur.Lease, min(n, free)
+		}
 	}
-	if len(rows) > 0 && store.Admits(r.e.cfg.Gates, r.e.cfg.Rates) {
-		r.hint = store.HintFrom(rows)
+	rows, err = r.e.pickOnce(ctx, r.e.pool, r.queue, asked, owner, 0, r.hint, sl)
+	if err != nil {
+		if gl != nil {
+			// The pick may have committed claims against the lease that this runner will never
+			// count: it stops using the lease (its claims in flight credit the counter), and the
+			// lease, no longer renewed, expires; the reconciler then takes back what is unused.
+			gl.lost()
+			r.lease.CompareAndSwap(gl, nil)
+			r.leaseRetryAt = time.Now().Add(leaseRetry)
+		}
+		return nil, nil, 0, err
+	}
+	if store.Admits(r.e.cfg.Gates, r.e.cfg.Rates) {
+		if len(rows) > 0 {
+			r.hint = store.HintFrom(rows)
+		}
+		if r.e.leasable() {
+			r.afterPick(asked, rows, gl)
+		}
 	}
 	if fault.Enabled && len(rows) > 0 {
 		// The claims are committed; nothing runs them yet. An error here loses them to this
 		// worker (as a lost reply to the pick would): their leases run out and the reaper
 		// releases them.
 		if err := fault.PointFor(fault.AfterClaimCommit, owner); err != nil {
-			return nil, err
+			if gl != nil {
+				// As lost as the claims: nothing will settle them on the lease.
+				for range leased(rows, gl) {
+					gl.settle(false)
+				}
+			}
+			return nil, nil, 0, err
 		}
 	}
 	if len(rows) > 0 {
 		r.e.Emit(durabletype.Event{Name: durabletype.EventSchedulerPicked, Queue: r.queue, Count: len(rows),
 			Duration: time.Since(start)})
 	}
-	return rows, nil
+	return rows, gl, asked, nil
 }
 
 // pickContentionRetries bounds the retries of a pick that lost a race for a concurrency key to
@@ -261,9 +300,9 @@ const pickContentionRetries = 10
 
 // pickOnce runs the pick, retrying a lost race for a concurrency key or gate slot a few times
 // (concurrency.contended), and reports throttling (concurrency.throttled).
-func (e *Engine) pickOnce(ctx context.Context, db store.DB, queue string, n int, owner string, horizon time.Duration, hint store.Hint) ([]store.Claimed, error) {
+func (e *Engine) pickOnce(ctx context.Context, db store.DB, queue string, n int, owner string, horizon time.Duration, hint store.Hint, gl *store.Lease) ([]store.Claimed, error) {
 	for try := 1; ; try++ {
-		res, err := e.store.Pick(ctx, db, queue, n, owner, e.cfg.Lease, horizon, e.cfg.Gates, e.cfg.Rates, hint)
+		res, err := e.store.Pick(ctx, db, queue, n, owner, e.cfg.Lease, horizon, e.cfg.Gates, e.cfg.Rates, hint, gl)
 		if err != nil {
 			if store.GateContention(err) && try <= pickContentionRetries {
 				e.Emit(durabletype.Event{Name: durabletype.EventConcurrencyContended, Queue: queue, Err: err})
@@ -280,7 +319,9 @@ func (e *Engine) pickOnce(ctx context.Context, db store.DB, queue string, n int,
 		if res.Refused > 0 {
 			e.Emit(durabletype.Event{Name: durabletype.EventRateLimitContended, Queue: queue, Count: res.Refused})
 		}
-		if denied := res.Considered - len(res.Rows) - res.RateDenied; denied > 0 {
+		// (A pick under a lease leaves admissible rows of other keys for the next pick: they
+		// were not denied.)
+		if denied := res.Considered - len(res.Rows) - res.RateDenied; denied > 0 && gl == nil {
 			e.Emit(durabletype.Event{Name: durabletype.EventConcurrencyThrottled, Queue: queue, Count: denied})
 		}
 		for i := range res.Rows {
@@ -290,14 +331,19 @@ func (e *Engine) pickOnce(ctx context.Context, db store.DB, queue string, n int,
 	}
 }
 
-// dispatch hands a pick's rows to the executors; their slots were taken before the pick.
-func (r *runner) dispatch(rows []store.Claimed) {
+// dispatch hands a pick's rows to the executors; their slots were taken before the pick. The
+// rows of gl's key took their gate slots from gl.
+func (r *runner) dispatch(rows []store.Claimed, gl *gateLease) {
 	if len(rows) == 0 {
 		return
 	}
 	r.e.inFlight.Add(int64(len(rows)))
-	for _, c := range rows {
-		r.work <- c // never blocks: each row has its slot, and work holds Concurrency
+	for i, c := range rows {
+		j := job{Claimed: c}
+		if gl != nil && isLeased(&rows[i], gl) {
+			j.lease = gl
+		}
+		r.work <- j // never blocks: each row has its slot, and work holds Concurrency
 	}
 }
 
@@ -321,7 +367,7 @@ func (e *Engine) RunInserted(queue string, c *store.Claimed, took time.Duration)
 	r.mu.Lock()
 	if c != nil && !r.closed {
 		e.inFlight.Add(1)
-		r.work <- *c // never blocks: the reserved slot is this row's, and work holds Concurrency
+		r.work <- job{Claimed: *c} // never blocks: the reserved slot is this row's, and work holds Concurrency
 		r.mu.Unlock()
 		e.Emit(durabletype.Event{Name: durabletype.EventSchedulerPicked, Queue: queue, Count: 1, Duration: took})
 		return
@@ -339,9 +385,9 @@ func (e *Engine) RunInserted(queue string, c *store.Claimed, took time.Duration)
 // run executes one claimed step and hands its outcome to the committer (or, for a step that
 // wrote through its transaction, commits it there). Its slot frees once the outcome is handed
 // off; the committer's bounded queue is the backpressure.
-func (r *runner) run(c *store.Claimed) {
+func (r *runner) run(c *store.Claimed, gl *gateLease) {
 	e := r.e
-	f, ctx := e.track(r.queue, c.Owner, c)
+	f, ctx := e.track(r.queue, c.Owner, c, gl)
 	out, call := e.execute(ctx, e.pool, r.queue, c)
 	if fault.Enabled {
 		// The step has run; its outcome is not committed yet, and this slot stays taken. An
@@ -359,6 +405,11 @@ func (r *runner) run(c *store.Claimed) {
 	}
 	e.inFlight.Add(-1)
 	row := outcomeRow(c, &out)
+	if gl != nil && gl.isLive() {
+		// The slot goes back to the lease when the outcome applies, not to the counter.
+		row.CreditKey, row.CreditShard = nil, nil
+		f.gaveBack = true
+	}
 	if call != nil && call.tx != nil {
 		applied, woken, err := e.commitInTx(call, row)
 		r.release()
@@ -377,6 +428,9 @@ func (r *runner) run(c *store.Claimed) {
 // finish reports an outcome that committed, or was found stale, or failed to commit.
 func (e *Engine) finish(f *flight, out *Outcome, applied bool, err error) {
 	defer e.settle(f)
+	if gl := f.lease.Swap(nil); gl != nil {
+		gl.settle(f.gaveBack && applied && err == nil)
+	}
 	switch {
 	case err != nil:
 		e.log.Error("gendurable: outcome commit failed; the claim will be reclaimed when its lease expires",

@@ -9,8 +9,8 @@
 //   - I4 no lost effect: every transition out of executing that moved an instance on (a new step,
 //     or finished, parked) has an effect row for the step that ran.
 //   - I5 exact path: every done instance's state path equals the expected path.
-//   - I6 clean claims: nothing executing, gate counters at zero, bucket balances within their
-//     bursts.
+//   - I6 clean claims: nothing executing, gate counters at zero, no gate lease left, bucket
+//     balances within their bursts.
 //   - I7 clean inboxes: no signal addressed to a terminal instance.
 //   - I8 no deadlocks: the database's deadlock count did not move.
 //
@@ -178,6 +178,7 @@ func Check(ctx context.Context, pool *pgxpool.Pool, schema string, o Opts) ([]Vi
 			  AND NOT EXISTS (SELECT 1 FROM {s}.t_effects f WHERE f.id = l.id AND f.step = l.old_step)`, nil, o.Effects},
 		{"I6 nothing executing", `SELECT count(*), min(id::text) FROM {s}.instances WHERE status = 'executing'`, nil, true},
 		{"I6 gate counters at zero", `SELECT count(*), min(key || '/' || shard || ' holds ' || held) FROM {s}.gates WHERE held <> 0`, nil, true},
+		{"I6 no gate lease left", `SELECT count(*), min(key || '/' || shard || ' by ' || owner) FROM {s}.gate_leases`, nil, true},
 		{"I6 bucket balances", `SELECT count(*), min(key) FROM {s}.buckets WHERE tokens < 0 OR tokens > burst + 1e-9`, nil, true},
 		{"I7 clean inboxes", `SELECT count(*), min(s.instance_id::text) FROM {s}.signals s JOIN {s}.instances i ON i.id = s.instance_id
 			WHERE i.status IN ('done', 'failed', 'cancelled')`, nil, true},

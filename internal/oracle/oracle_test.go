@@ -57,6 +57,7 @@ func TestOracleFindsEveryViolation(t *testing.T) {
 	exec(`INSERT INTO {s}.instances (id, machine, step, queue, max_attempts, state, status, locked_by, locked_until)
 		OVERRIDING SYSTEM VALUE VALUES (2, 'm', 'a', 'q', 3, '{}', 'executing', 'w#4', now())`)
 	exec(`INSERT INTO {s}.gates (key, shard, held, capacity) VALUES ('g', 0, 1, 5)`)
+	exec(`INSERT INTO {s}.gate_leases (key, shard, owner, slots, expires_at) VALUES ('g', 0, 'w', 1, now())`)
 	exec(`INSERT INTO {s}.signals (instance_id, name) VALUES (1, 'late')`)
 	v, err = Check(ctx, pool, schema, all)
 	require.NoError(t, err)
@@ -65,7 +66,7 @@ func TestOracleFindsEveryViolation(t *testing.T) {
 		names = append(names, x.Invariant)
 	}
 	require.ElementsMatch(t, []string{"I1 complete", "I2 one terminal transition", "I3 no rewind", "I4 no lost effect",
-		"I5 exact path", "I6 nothing executing", "I6 gate counters at zero", "I7 clean inboxes"}, names, "%v", v)
+		"I5 exact path", "I6 nothing executing", "I6 gate counters at zero", "I6 no gate lease left", "I7 clean inboxes"}, names, "%v", v)
 }
 
 // I5 by machine: each machine's done instances are held to that machine's path, the others to

@@ -402,3 +402,41 @@ refused AS (
 refused AS (
   SELECT 0::bigint AS n, 0::bigint AS denied
 )
+
+-- The pick of a runner that holds a gate lease (gates.sql), for a client with gates and no rate
+-- limits: pick_gated's candidates, where the leased key's rows pass without a test, and rows of
+-- the leased key are claimed into the lease's shard with no counter read or written. The caller
+-- asks for no more rows than its lease has free slots, so every row of the key in the window
+-- fits. A row of any other key that its test admits is left available for the caller's next
+-- pick, an admission pick (the caller picks again at once after a short batch). Also: @l_key,
+-- @l_shard, @l_owner (the lease), @g_hint.
+-- Locks, besides the candidates: the lease row FOR KEY SHARE, until commit: the reconciler
+-- removes only a lease it can lock, so a lease this pick admits against cannot expire away
+-- under it; if it is gone or expired, no row of the key is claimed.
+--
+--   WITH {{pa_gate_cfg}}, {{pl_lease}},
+--   candidates (... AND (key = @l_key OR (TRUE {{pa_gate_filter}})) {{pa_no_rate_filter}} ...),
+--   {{pl_chosen}}
+--   {{pick_claim}}
+
+-- fragment: pl_lease
+lease AS MATERIALIZED (
+  SELECT gl.shard
+  FROM {schema}.gate_leases AS gl
+  WHERE gl.key = @l_key AND gl.shard = @l_shard AND gl.owner = @l_owner AND gl.expires_at > now()
+  FOR KEY SHARE
+)
+
+-- fragment: pl_chosen
+chosen AS MATERIALIZED (
+  SELECT c.id, c.ckey, NULL::smallint AS shard
+  FROM candidates AS c
+  WHERE c.ckey IS NULL
+  UNION ALL
+  SELECT c.id, c.ckey, l.shard
+  FROM candidates AS c
+  CROSS JOIN lease AS l
+  WHERE c.ckey = @l_key
+), refused AS (
+  SELECT 0::bigint AS n, 0::bigint AS denied
+)
