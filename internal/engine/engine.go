@@ -463,7 +463,8 @@ func (e *Engine) heartbeatLoop() {
 }
 
 func (e *Engine) beat() {
-	e.renewLeases()
+	// The gate leases after the claims: a slow renewal must not hold up the claims' beat.
+	defer e.renewLeases()
 	e.mu.Lock()
 	ids := make([]int64, 0, len(e.flights))
 	owners := make([]string, 0, len(e.flights))

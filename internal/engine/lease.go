@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -31,6 +32,9 @@ const (
 	// is free again, so a runner whose outcomes queue for the committer holds more gate slots
 	// than executor slots.
 	leaseMaxPerSlot = 8
+	// leaseIdlePicks is how many picks in a row that do not use a lease end it (once its claims
+	// have settled) although its key is still among their rows.
+	leaseIdlePicks = 8
 )
 
 // gateLease is a runner's lease: store.Lease, the slots it has free, and the claims of the key it
@@ -200,10 +204,15 @@ func (r *runner) afterPick(asked int, rows []store.Claimed, gl *gateLease) {
 			r.lease.CompareAndSwap(cur, nil)
 			r.leaseRetryAt = time.Now().Add(leaseRetry)
 		case key == cur.Key:
-			r.leaseNext = true
-		case !holdsKey(rows, cur.Key):
-			// The key has gone quiet: the lease ends once its claims have settled.
-			r.endLease(cur, false)
+			r.leaseNext, r.leaseIdle = true, 0
+		default:
+			// The key has gone quiet, or shares the batches with other keys (then the picks
+			// are admission picks and the lease's slots sit unused): the lease ends once its
+			// claims have settled.
+			r.leaseIdle++
+			if !holdsKey(rows, cur.Key) || r.leaseIdle >= leaseIdlePicks {
+				r.endLease(cur, false)
+			}
 		}
 		return
 	}
@@ -218,8 +227,10 @@ func (r *runner) afterPick(asked int, rows []store.Claimed, gl *gateLease) {
 	}
 	ctx, cancel := context.WithTimeout(r.e.baseCtx, r.pickTimeout)
 	defer cancel()
-	l := store.Lease{Key: key, Owner: r.workerID}
-	shard, ok, err := r.e.store.LeaseGate(ctx, r.e.pool, key, limit, shards, r.workerID, size, leaseRoomy, r.e.cfg.Lease)
+	// Every lease has an owner of its own: a lease this runner lost track of (an error whose
+	// outcome it could not know) is never merged into a new one, nor renewed with it.
+	l := store.Lease{Key: key, Owner: r.workerID + "/L" + strconv.FormatUint(r.seq.Add(1), 10)}
+	shard, ok, err := r.e.store.LeaseGate(ctx, r.e.pool, key, limit, shards, l.Owner, size, leaseRoomy, r.e.cfg.Lease)
 	if err != nil || !ok {
 		if err != nil && r.e.baseCtx.Err() == nil {
 			r.e.log.Warn("gendurable: gate lease failed", "client", r.e.cfg.Name, "queue", r.queue, "key", key, "error", err)
@@ -310,7 +321,7 @@ func (e *Engine) renewLeases() {
 				break
 			}
 		}
-		if !found {
+		if !found && gl.isLive() { // (not one its runner released meanwhile)
 			gl.lost()
 			e.log.Warn("gendurable: a gate lease expired before it was renewed; its key is admitted claim by claim again",
 				"client", e.cfg.Name, "key", gl.Key, "shard", gl.Shard)

@@ -53,6 +53,7 @@ type runner struct {
 	// refused or lost lease may be asked for again (the loop's own).
 	lease        atomic.Pointer[gateLease]
 	leaseNext    bool
+	leaseIdle    int // picks in a row that did not use the lease
 	leaseRetryAt time.Time
 }
 

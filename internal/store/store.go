@@ -901,9 +901,9 @@ func Retryable(err error) bool {
 	return true
 }
 
-// ReconcileGates sets the gate counters that disagree with the executing rows or the
-// configuration right (see gates.sql), in one transaction; it returns how many counters it
-// repaired and removed.
+// ReconcileGates sets the gate counters that disagree with the executing rows, their leases or
+// the configuration right, and removes expired leases (see gates.sql), in one transaction; it
+// returns how many counters it repaired and removed.
 func (s *Store) ReconcileGates(ctx context.Context, db DB, g *Gates) (repaired, removed int, err error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
@@ -928,13 +928,28 @@ func (s *Store) ReconcileGates(ctx context.Context, db DB, g *Gates) (repaired, 
 	if len(keys) == 0 {
 		return 0, 0, tx.Commit(ctx)
 	}
+	cfg["keys"], cfg["shards"] = keys, shards
+	rows, err = tx.Query(ctx, s.sql("reconcile_gates_leases"), cfg)
+	if err != nil {
+		return 0, 0, err
+	}
+	var xKeys, xOwners []string
+	var xShards []int16
+	var owner string
+	if _, err := pgx.ForEachRow(rows, []any{&key, &shard, &owner}, func() error {
+		xKeys, xShards, xOwners = append(xKeys, key), append(xShards, shard), append(xOwners, owner)
+		return nil
+	}); err != nil {
+		return 0, 0, err
+	}
+	cfg["x_keys"], cfg["x_shards"], cfg["x_owners"] = xKeys, xShards, xOwners
 	if fault.Enabled {
-		// The counters that look wrong are locked; the repair has not read the truth yet.
+		// The counters that look wrong and their expired leases are locked; the repair has not
+		// read the truth yet.
 		if err := fault.Point(fault.GCBetweenSelectDelete); err != nil {
 			return 0, 0, err
 		}
 	}
-	cfg["keys"], cfg["shards"] = keys, shards
 	var rep, rem int64
 	if err := tx.QueryRow(ctx, s.sql("reconcile_gates_fix"), cfg).Scan(&rep, &rem); err != nil {
 		return 0, 0, err

@@ -9,15 +9,15 @@
 -- counters that no configured gate owns or that a smaller shard count left behind once they hold
 -- nothing. A shard a larger shard count adds needs no row: a missing counter is a full one.
 --
--- It runs in one transaction of two statements. The first locks the counters that look wrong
+-- It runs in one transaction of three statements. The first locks the counters that look wrong
 -- (FOR UPDATE SKIP LOCKED, in key order: a counter a pick or an outcome is changing right now is
--- left for the next sweep, and sweepers never wait on each other). The second computes the truth
--- with a fresh snapshot, taken after the locks: every claim that debited one of these counters has
--- committed (its debit held the lock until then), and no new debit can land before this commits.
--- It removes the expired leases of those counters that it can lock (FOR UPDATE SKIP LOCKED: a
--- lease a pick is admitting against right now holds FOR KEY SHARE, and counts as live until the
--- next sweep), so a lease it counts is one no pick can lose under it, and a lease it removes is
--- one no pick can use any more.
+-- left for the next sweep, and sweepers never wait on each other). The second locks those
+-- counters' expired leases the same way: a lease a pick is admitting against right now holds
+-- FOR KEY SHARE and is skipped (it counts as live until the next sweep); a lease locked here can
+-- be used by no pick any more, and every pick that used it has committed. The third computes the
+-- truth with a fresh snapshot, taken after all the locks: every claim that debited one of these
+-- counters, or was admitted against one of the locked leases, has committed, and no new one can
+-- land before this commits. It removes the locked leases and counts the others as live.
 --
 -- @g_names, @g_limits, @g_shards: the gates configuration.
 
@@ -48,8 +48,19 @@ WHERE g.held < coalesce(t.n, 0)
 ORDER BY g.key, g.shard
 FOR UPDATE OF g SKIP LOCKED;
 
--- @keys, @shards: the counters the first statement locked. Returns how many counters it repaired
--- and how many it removed (expired leases removed count as repairs of their counter).
+-- The locked counters' expired leases, locked in (key, shard, owner) order, skipping those a pick
+-- holds. @keys, @shards: the counters the first statement locked.
+-- name: reconcile_gates_leases
+SELECT gl.key, gl.shard, gl.owner
+FROM {schema}.gate_leases AS gl
+WHERE (gl.key, gl.shard) IN (SELECT * FROM unnest(@keys::text[], @shards::smallint[]))
+  AND gl.expires_at < now()
+ORDER BY gl.key, gl.shard, gl.owner
+FOR UPDATE SKIP LOCKED;
+
+-- @keys, @shards: the counters the first statement locked; @x_keys, @x_shards, @x_owners: the
+-- expired leases the second locked. Returns how many counters it repaired and how many it
+-- removed (expired leases removed count as repairs of their counter).
 -- name: reconcile_gates_fix
 WITH cfg AS (
   SELECT * FROM unnest(@g_names::text[], @g_limits::integer[], @g_shards::integer[]) AS c(name, lim, shards)
@@ -64,13 +75,7 @@ WITH cfg AS (
     AND (i.concurrency_key, i.concurrency_shard) IN (SELECT l.key, l.shard FROM locked AS l)
   GROUP BY 1, 2
 ), expired AS (
-  -- The locked counters' expired leases that no pick is admitting against (see above).
-  SELECT gl.key, gl.shard, gl.owner
-  FROM {schema}.gate_leases AS gl
-  WHERE (gl.key, gl.shard) IN (SELECT l.key, l.shard FROM locked AS l)
-    AND gl.expires_at < now()
-  ORDER BY gl.key, gl.shard, gl.owner
-  FOR UPDATE SKIP LOCKED
+  SELECT * FROM unnest(@x_keys::text[], @x_shards::smallint[], @x_owners::text[]) AS x(key, shard, owner)
 ), dropped AS (
   DELETE FROM {schema}.gate_leases AS gl
   USING expired AS x
@@ -122,9 +127,11 @@ SELECT (SELECT count(*) FROM repaired) + (SELECT count(*) FROM dropped), (SELECT
 -- The lease: @want slots of the key's emptiest shard, only if that shard has at least
 -- @want * @roomy free slots (a lease never takes a gate's last slots from the other runners, and
 -- a key near its limit is admitted claim by claim). The debit is the pick's (an upsert that
--- applies only while it fits); the lease row is written after it, in the same statement, and
--- lives for @ttl ms unless renewed. Returns the shard, or no row.
--- Locks: the counter (like a pick's debit), then the runner's own lease row.
+-- applies only while the shard is still that roomy, on its newest row); the lease row is written
+-- after it, in the same statement, and lives for @ttl ms unless renewed. Every lease has an
+-- owner of its own (the runner's worker id and a sequence number), so its row is new. Returns
+-- the shard, or no row.
+-- Locks: the counter (like a pick's debit), then the new lease row.
 -- @key, @lim, @shards (its gate), @owner, @want, @roomy, @ttl.
 
 -- name: gate_lease
@@ -143,14 +150,12 @@ WITH shards AS (
   INSERT INTO {schema}.gates (key, shard, held, capacity)
   SELECT @key, b.shard, @want::integer, b.cap FROM best AS b
   ON CONFLICT (key, shard) DO UPDATE SET held = gates.held + EXCLUDED.held
-    WHERE gates.held + EXCLUDED.held <= gates.capacity
+    WHERE gates.held + EXCLUDED.held * @roomy::integer <= gates.capacity
   RETURNING shard
 )
 INSERT INTO {schema}.gate_leases (key, shard, owner, slots, expires_at)
 SELECT @key, d.shard, @owner, @want::integer, now() + @ttl::bigint * interval '1 millisecond'
 FROM debit AS d
-ON CONFLICT (key, shard, owner) DO UPDATE
-  SET slots = gate_leases.slots + EXCLUDED.slots, expires_at = EXCLUDED.expires_at
 RETURNING shard;
 
 -- A lease's growth: @want more slots of its shard, debited from the counter, only if the lease is
@@ -180,13 +185,19 @@ RETURNING slots;
 
 -- The heartbeat's renewal of a runner's leases. Returns the leases it renewed: one it does not
 -- return is gone (it expired and the reconciler removed it), and its runner stops using it.
--- Locks: the lease rows (a pick's FOR KEY SHARE does not conflict).
+-- Locks: the lease rows, in (key, shard, owner) order (the sub-select takes them after its
+-- sort; a pick's FOR KEY SHARE does not conflict).
 -- $1 keys, $2 shards, $3 owners, $4 ttl ms.
 
 -- name: gate_lease_renew
 UPDATE {schema}.gate_leases AS gl
 SET expires_at = now() + $4::bigint * interval '1 millisecond'
-FROM unnest($1::text[], $2::smallint[], $3::text[]) AS r(key, shard, owner)
+FROM (SELECT l.key, l.shard, l.owner
+      FROM {schema}.gate_leases AS l
+      JOIN unnest($1::text[], $2::smallint[], $3::text[]) AS r(key, shard, owner)
+        ON l.key = r.key AND l.shard = r.shard AND l.owner = r.owner
+      ORDER BY l.key, l.shard, l.owner
+      FOR NO KEY UPDATE OF l) AS r
 WHERE gl.key = r.key AND gl.shard = r.shard AND gl.owner = r.owner
 RETURNING gl.key, gl.shard, gl.owner;
 
