@@ -58,7 +58,7 @@ func (e *Engine) Drain(ctx context.Context, db store.DB, opts DrainOpts) (DrainR
 		for _, q := range queues {
 			seq++
 			token := owner + "#" + strconv.Itoa(seq)
-			rows, err := e.pickOnce(ctx, db, q, 1, token, h, store.Hint{}, nil)
+			rows, err := e.pickOnce(ctx, db, q, 1, token, h, store.Hint{}, store.Lane{})
 			if err != nil {
 				return res, fmt.Errorf("gendurable: drain: pick %q: %w", q, err)
 			}

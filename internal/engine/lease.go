@@ -124,6 +124,32 @@ func (e *Engine) leasable() bool {
 	return e.cfg.Gates != nil && len(e.cfg.Gates.Names) > 0 && (e.cfg.Rates == nil || len(e.cfg.Rates.Names) == 0)
 }
 
+// laneable reports whether the runner's picks may take a rate lane: rate limits and no gates are
+// configured (the pick on a rate lane is pick_rated's).
+func (e *Engine) laneable() bool {
+	return e.cfg.Rates != nil && len(e.cfg.Rates.Names) > 0 && (e.cfg.Gates == nil || len(e.cfg.Gates.Names) == 0)
+}
+
+// oneRateLimit returns the rate limit of a batch whose rows have no key and are all of that one
+// limit or of none, with at least one of it, or "".
+func oneRateLimit(rows []store.Claimed) string {
+	limit := ""
+	for i := range rows {
+		c := &rows[i]
+		if c.ConcurrencyKey != nil {
+			return ""
+		}
+		if c.RateLimit == nil {
+			continue
+		}
+		if limit != "" && *c.RateLimit != limit {
+			return ""
+		}
+		limit = *c.RateLimit
+	}
+	return limit
+}
+
 // gateOf returns the limit and shard count of the gate that owns key.
 func (e *Engine) gateOf(key string) (limit, shards int32, ok bool) {
 	name, _, _ := strings.Cut(key, ":")

@@ -55,6 +55,9 @@ type runner struct {
 	leaseNext    bool
 	leaseIdle    int // picks in a row that did not use the lease
 	leaseRetryAt time.Time
+	// rateLane is the rate limit the next pick may take as a lane (store.Lane): the last batch
+	// was full and all of it (the loop's own).
+	rateLane string
 }
 
 // job is a claimed row for an executor, and the gate lease it took its slot from (nil: none).
@@ -248,13 +251,15 @@ func (r *runner) pick(n int) (rows []store.Claimed, gl *gateLease, asked int, er
 	defer cancel()
 	start := time.Now()
 	asked = n
-	var sl *store.Lease
+	var lane store.Lane
 	if cur := r.lease.Load(); cur != nil && r.leaseNext {
 		if free := r.leaseSlots(cur); free > 0 {
-			gl, sl, asked = cur, &cur.Lease, min(n, free)
+			gl, lane.Gate, asked = cur, &cur.Lease, min(n, free)
 		}
+	} else {
+		lane.Rate = r.rateLane
 	}
-	rows, err = r.e.pickOnce(ctx, r.e.pool, r.queue, asked, owner, 0, r.hint, sl)
+	rows, err = r.e.pickOnce(ctx, r.e.pool, r.queue, asked, owner, 0, r.hint, lane)
 	if err != nil {
 		if gl != nil {
 			// The pick may have committed claims against the lease that this runner will never
@@ -272,6 +277,18 @@ func (r *runner) pick(n int) (rows []store.Claimed, gl *gateLease, asked int, er
 		}
 		if r.e.leasable() {
 			r.afterPick(asked, rows, gl)
+		}
+		if r.e.laneable() {
+			// The next pick takes the rate lane if this batch was full and all of one limit.
+			r.rateLane = ""
+			if len(rows) == asked {
+				r.rateLane = oneRateLimit(rows)
+			}
+			if lane.Rate != "" && len(rows) < asked {
+				// Rows of other limits or keys may have been left in the window, or the
+				// bucket could not afford the lane's: an admission pick follows at once.
+				r.poke()
+			}
 		}
 	}
 	if fault.Enabled && len(rows) > 0 {
@@ -301,9 +318,9 @@ const pickContentionRetries = 10
 
 // pickOnce runs the pick, retrying a lost race for a concurrency key or gate slot a few times
 // (concurrency.contended), and reports throttling (concurrency.throttled).
-func (e *Engine) pickOnce(ctx context.Context, db store.DB, queue string, n int, owner string, horizon time.Duration, hint store.Hint, gl *store.Lease) ([]store.Claimed, error) {
+func (e *Engine) pickOnce(ctx context.Context, db store.DB, queue string, n int, owner string, horizon time.Duration, hint store.Hint, lane store.Lane) ([]store.Claimed, error) {
 	for try := 1; ; try++ {
-		res, err := e.store.Pick(ctx, db, queue, n, owner, e.cfg.Lease, horizon, e.cfg.Gates, e.cfg.Rates, hint, gl)
+		res, err := e.store.Pick(ctx, db, queue, n, owner, e.cfg.Lease, horizon, e.cfg.Gates, e.cfg.Rates, hint, lane)
 		if err != nil {
 			if store.GateContention(err) && try <= pickContentionRetries {
 				e.Emit(durabletype.Event{Name: durabletype.EventConcurrencyContended, Queue: queue, Err: err})
@@ -320,9 +337,9 @@ func (e *Engine) pickOnce(ctx context.Context, db store.DB, queue string, n int,
 		if res.Refused > 0 {
 			e.Emit(durabletype.Event{Name: durabletype.EventRateLimitContended, Queue: queue, Count: res.Refused})
 		}
-		// (A pick under a lease leaves admissible rows of other keys for the next pick: they
-		// were not denied.)
-		if denied := res.Considered - len(res.Rows) - res.RateDenied; denied > 0 && gl == nil {
+		// (A pick on a lane leaves admissible rows of other keys and limits for the next pick:
+		// they were not denied.)
+		if denied := res.Considered - len(res.Rows) - res.RateDenied; denied > 0 && lane == (store.Lane{}) {
 			e.Emit(durabletype.Event{Name: durabletype.EventConcurrencyThrottled, Queue: queue, Count: denied})
 		}
 		for i := range res.Rows {

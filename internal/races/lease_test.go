@@ -72,7 +72,7 @@ func TestLeasedPicksRaceTheReconcilerAtExpiry(t *testing.T) {
 				leases.Add(1)
 				l := &store.Lease{Key: "g:a", Shard: shard, Owner: owner}
 				for k := range 3 {
-					res, err := st.Pick(ctx, e.pool, "q", 5, fmt.Sprintf("p%d#%d.%d", p, n, k), time.Hour, 0, gates, nil, store.Hint{}, l)
+					res, err := st.Pick(ctx, e.pool, "q", 5, fmt.Sprintf("p%d#%d.%d", p, n, k), time.Hour, 0, gates, nil, store.Hint{}, store.Lane{Gate: l})
 					if err != nil && !store.GateContention(err) {
 						t.Error(err)
 						return
@@ -111,4 +111,57 @@ func TestLeasedPicksRaceTheReconcilerAtExpiry(t *testing.T) {
 	}
 	require.NoError(t, r.Err())
 	require.Empty(t, under, "a counter was written below the rows executing in its shard")
+}
+
+// TestRateLanesNeverOverdrawABucket races eight pickers on the same rate lane (and two on
+// admission picks) over a bucket of 300 tokens that does not refill: each lane pick grants all
+// of its window's rows or none, and the bucket's writeback applies only while the grant fits its
+// newest balance. From the rows: at most 300 tokens' worth of limited rows claimed, and every
+// token the bucket lost is a claimed row's.
+func TestRateLanesNeverOverdrawABucket(t *testing.T) {
+	e := newEnv(t, 12)
+	ctx := context.Background()
+	st, err := store.New(e.schema)
+	require.NoError(t, err)
+	rates := &store.Rates{Names: []string{"r"}, Rates: []float64{1e-9}, Bursts: []float64{300}}
+	rows := make([]store.InsertRow, 1000)
+	for i := range rows {
+		rows[i] = store.InsertRow{Machine: "m", Step: "s", State: "{}", Queue: "q", Priority: 5, MaxAttempts: 1,
+			RateLimit: "r:a", Weight: 1 + i%3}
+	}
+	_, err = st.InsertMany(ctx, e.pool, rows)
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	var empty atomic.Int64
+	for p := range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lane := store.Lane{Rate: "r:a"}
+			if p >= 8 {
+				lane = store.Lane{}
+			}
+			for n := 0; empty.Load() < 50; n++ {
+				res, err := st.Pick(ctx, e.pool, "q", 1+rand.IntN(6), fmt.Sprintf("p%d#%d", p, n), time.Hour, 0, nil, rates,
+					store.Hint{}, lane)
+				if err != nil && !store.GateContention(err) {
+					t.Error(err)
+					return
+				}
+				if len(res.Rows) == 0 {
+					empty.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	var granted int
+	var left float64
+	require.NoError(t, e.side.QueryRow(ctx, e.q(`SELECT (SELECT coalesce(sum(weight), 0)::int FROM {schema}.instances WHERE status = 'executing'),
+		(SELECT tokens FROM {schema}.buckets WHERE key = 'r:a')`)).Scan(&granted, &left))
+	t.Logf("%d tokens' worth granted, %.3f left", granted, left)
+	require.LessOrEqual(t, granted, 300, "the bucket was overdrawn")
+	require.InDelta(t, 300, float64(granted)+left, 1e-6, "every token debited is a granted row's")
+	// (Strict order: a head row heavier than what is left blocks the rest.)
+	require.GreaterOrEqual(t, granted, 298, "the bucket was spent down to less than a row's weight")
 }

@@ -71,10 +71,16 @@ func (s *Store) assemblePicks() {
 		}
 		return s.frag(no)
 	}
+	// The rate limits' CTEs: the grants, their writeback, the rows they let through.
+	rateCTEs := s.frag("pa_rate_ctes") + ",\n" + s.frag("pa_rdebit") + ",\n" + s.frag("pa_rate_admitted")
 	for _, v := range []struct {
 		name         string
 		gates, rates bool
 	}{{"pick_gated", true, false}, {"pick_rated", false, true}, {"pick_admitted", true, true}} {
+		rateCTEs := rateCTEs
+		if !v.rates {
+			rateCTEs = s.frag("pa_no_rate_ctes")
+		}
 		var parts []string
 		if v.gates {
 			parts = append(parts, s.frag("pa_gate_cfg"))
@@ -85,7 +91,7 @@ func (s *Store) assemblePicks() {
 		parts = append(parts,
 			s.frag("pa_candidates_head")+"\n"+either(v.gates, "pa_gate_filter", "pa_k1_filter")+"\n"+
 				either(v.rates, "pa_rate_filter", "pa_no_rate_filter")+"\n"+s.frag("pa_candidates_tail"),
-			either(v.rates, "pa_rate_ctes", "pa_no_rate_ctes"),
+			rateCTEs,
 			either(v.gates, "pa_gate_ctes", "pa_k1_chosen"),
 			either(v.rates, "pa_refused", "pa_no_refused"))
 		s.stmts[v.name] = "WITH " + strings.Join(parts, ",\n") + "\n" + s.frag("pick_claim")
@@ -97,6 +103,13 @@ func (s *Store) assemblePicks() {
 		s.frag("pa_candidates_head") + "\n    AND (i.concurrency_key = @l_key OR (TRUE\n" + s.frag("pa_gate_filter") + "))\n" +
 			s.frag("pa_no_rate_filter") + "\n" + s.frag("pa_candidates_tail"),
 		s.frag("pl_chosen")}, ",\n") + "\n" + s.frag("pick_claim")
+	// pick_rate_lane: the lane's rows pass the scan without pa_rate_filter's test, which every
+	// other limited row takes.
+	s.stmts["pick_rate_lane"] = "WITH " + strings.Join([]string{
+		s.frag("pa_rate_cfg"),
+		s.frag("pa_candidates_head") + "\n" + s.frag("pa_k1_filter") + "\n    AND (i.rate_limit = @lr_key OR (TRUE\n" +
+			s.frag("pa_rate_filter") + "))\n" + s.frag("pa_candidates_tail"),
+		s.frag("rl_granted"), s.frag("pa_rdebit"), s.frag("rl_chosen")}, ",\n") + "\n" + s.frag("pick_claim")
 }
 
 // parse splits every file into statements named by "-- name: X" lines. A statement runs from its
@@ -293,21 +306,37 @@ func HintFrom(rows []Claimed) Hint {
 	return h
 }
 
+// Lane is a lean way for an admission pick to take a batch like the caller's last one, all of
+// one gated key or one rate limit (at most one of the two is set): a pick on it claims that
+// key's or limit's rows without the admission pick's per-key machinery, and leaves rows of any
+// other key or limit that it could admit for the next pick, an admission pick.
+type Lane struct {
+	// Gate is the caller's gate lease (a client with gates and no rate limits): the key's rows
+	// are claimed into the lease's shard without touching its counter. The caller must ask for
+	// no more rows than the lease has free slots; every row of the key it gets back took one of
+	// them (none if the lease is gone).
+	Gate *Lease
+	// Rate is a rate limit (a client with rate limits and no gates): all of its rows in the
+	// window are granted in one debit of its bucket, or none of them are (the admission pick
+	// then grants the prefix that fits).
+	Rate string
+}
+
 // Pick claims up to limit due rows of queue for the claim token owner. hint only makes an
-// admission pick cheaper (see Hint). With a gate lease (gl non-nil, gates and no rate limits
-// configured), the rows of the leased key are claimed into the lease's shard without touching its
-// counter: the caller must ask for no more rows than the lease has free slots, and every row of
-// the key it gets back took one of them (none if the lease is gone); rows of other keys it could
-// admit are left for an admission pick.
-func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner string, lease, horizon time.Duration, gates *Gates, rates *Rates, hint Hint, gl *Lease) (PickResult, error) {
+// admission pick cheaper (see Hint); lane makes it leaner still for a batch like the last one
+// (see Lane).
+func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner string, lease, horizon time.Duration, gates *Gates, rates *Rates, hint Hint, lane Lane) (PickResult, error) {
 	args := pgx.NamedArgs{"queue": queue, "limit": limit, "owner": owner, "lease": lease.Milliseconds(), "horizon": horizon.Milliseconds()}
 	// The statement carries only the admission machinery the configuration can use.
 	hasGates, hasRates := gates.configured(), rates.configured()
 	stmt := "pick"
 	switch {
-	case hasGates && !hasRates && gl != nil:
+	case hasGates && !hasRates && lane.Gate != nil:
 		stmt = "pick_leased"
-		args["l_key"], args["l_shard"], args["l_owner"] = gl.Key, gl.Shard, gl.Owner
+		args["l_key"], args["l_shard"], args["l_owner"] = lane.Gate.Key, lane.Gate.Shard, lane.Gate.Owner
+	case hasRates && !hasGates && lane.Rate != "":
+		stmt = "pick_rate_lane"
+		args["lr_key"] = lane.Rate
 	case hasGates && hasRates:
 		stmt = "pick_admitted"
 	case hasGates:

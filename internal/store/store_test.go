@@ -101,10 +101,10 @@ func everyPickClaimsByPrimaryKey(t *testing.T, size int) {
 	args := pgx.NamedArgs{"queue": "q", "limit": 100, "owner": "o#1", "lease": time.Minute.Milliseconds(), "horizon": int64(0),
 		"g_names": []string{"g"}, "g_limits": []int32{100000}, "g_shards": []int32{8},
 		"r_names": []string{"r"}, "r_rates": []float64{1e7}, "r_bursts": []float64{1e7},
-		"g_hint": []string{"g:x"}, "r_hint": []string{"r"}, "l_key": "g:x", "l_shard": int16(0), "l_owner": "o"}
+		"g_hint": []string{"g:x"}, "r_hint": []string{"r"}, "l_key": "g:x", "l_shard": int16(0), "l_owner": "o", "lr_key": "r"}
 	literal := map[string]string{"queue": "'q'", "limit": "100", "owner": "'o#1'", "lease": "60000", "horizon": "0",
 		"g_names": "'{g}'", "g_limits": "'{100000}'", "g_shards": "'{8}'", "r_names": "'{r}'", "r_rates": "'{1e7}'",
-		"r_bursts": "'{1e7}'", "g_hint": "'{g:x}'", "r_hint": "'{r}'", "l_key": "'g:x'", "l_shard": "0", "l_owner": "'o'"}
+		"r_bursts": "'{1e7}'", "g_hint": "'{g:x}'", "r_hint": "'{r}'", "l_key": "'g:x'", "l_shard": "0", "l_owner": "'o'", "lr_key": "'r'"}
 	explain := func(settings, query string, args ...any) string {
 		t.Helper()
 		tx, err := pool.Begin(ctx)
@@ -126,7 +126,7 @@ func everyPickClaimsByPrimaryKey(t *testing.T, size int) {
 		}
 		return strings.Join(plan, "\n")
 	}
-	for _, stmt := range []string{"pick", "pick_gated", "pick_rated", "pick_admitted", "pick_leased"} {
+	for _, stmt := range []string{"pick", "pick_gated", "pick_rated", "pick_admitted", "pick_leased", "pick_rate_lane"} {
 		settings := "pick_settings_admission"
 		if stmt == "pick" {
 			settings = "pick_settings"
@@ -180,13 +180,14 @@ func TestHotStatementsKeepTheirCachedPlan(t *testing.T) {
 		gates        *Gates
 		rates        *Rates
 		ckey, rlimit string
-		lease        *Lease
+		lane         Lane
 	}{
-		{"pick", nil, nil, "", "", nil},
-		{"pick_gated", gates, nil, "g:k", "", nil},
-		{"pick_rated", nil, rates, "", "r:k", nil},
-		{"pick_admitted", gates, rates, "g:k", "r:k", nil},
-		{"pick_leased", gates, nil, "g:l", "", &Lease{Key: "g:l", Shard: shard, Owner: "o"}},
+		{"pick", nil, nil, "", "", Lane{}},
+		{"pick_gated", gates, nil, "g:k", "", Lane{}},
+		{"pick_rated", nil, rates, "", "r:k", Lane{}},
+		{"pick_admitted", gates, rates, "g:k", "r:k", Lane{}},
+		{"pick_leased", gates, nil, "g:l", "", Lane{Gate: &Lease{Key: "g:l", Shard: shard, Owner: "o"}}},
+		{"pick_rate_lane", nil, rates, "", "r:l", Lane{Rate: "r:l"}},
 	}
 	for i := range runs {
 		_, c, err := s.InsertClaim(ctx, db, &InsertRow{Machine: "m", Step: "s", State: "{}", Queue: "own", Priority: 5,
@@ -198,12 +199,12 @@ func TestHotStatementsKeepTheirCachedPlan(t *testing.T) {
 			_, err := s.InsertMany(ctx, db, []InsertRow{{Machine: "m", Step: "s", State: "{}", Queue: queue, Priority: 5,
 				MaxAttempts: 1, Weight: 1, ConcurrencyKey: p.ckey, RateLimit: p.rlimit}})
 			require.NoError(t, err, "insert %d", i)
-			res, err := s.Pick(ctx, db, queue, 10, fmt.Sprintf("o#%d", i), time.Minute, 0, p.gates, p.rates, Hint{}, p.lease)
+			res, err := s.Pick(ctx, db, queue, 10, fmt.Sprintf("o#%d", i), time.Minute, 0, p.gates, p.rates, Hint{}, p.lane)
 			require.NoError(t, err, "%s %d", p.stmt, i)
 			require.Len(t, res.Rows, 1, p.stmt)
 		}
 	}
-	hot := []string{"insert_one", "insert_claim", "pick", "pick_gated", "pick_rated", "pick_admitted", "pick_leased"}
+	hot := []string{"insert_one", "insert_claim", "pick", "pick_gated", "pick_rated", "pick_admitted", "pick_leased", "pick_rate_lane"}
 	plans := map[string][2]int64{}
 	params := regexp.MustCompile(`@\w+|\$\d+`) // pgx sends named parameters as positional ones
 	rows, err := db.Query(ctx, `SELECT statement, generic_plans, custom_plans FROM pg_catalog.pg_prepared_statements`)

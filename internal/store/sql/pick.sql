@@ -286,7 +286,12 @@ limited AS MATERIALIZED (
   JOIN limited AS l ON l.rkey = r.rkey
   WHERE r.upto <= r.balance
   GROUP BY r.rkey, l.rate, l.burst
-), rdebit AS (
+)
+
+-- fragment: pa_rdebit
+rdebit AS (
+  -- The writeback of each grant (granted: rkey, weight, rate, burst; a grant is never more than
+  -- a full bucket holds).
   INSERT INTO {schema}.buckets (key, tokens, rate, burst, updated_at)
   SELECT g.rkey, greatest(g.burst - g.weight, 0), g.rate, g.burst, now()
   FROM granted AS g
@@ -298,7 +303,10 @@ limited AS MATERIALIZED (
     WHERE least(EXCLUDED.burst, buckets.tokens + EXCLUDED.rate * extract(epoch FROM now() - buckets.updated_at))
           - (EXCLUDED.burst - EXCLUDED.tokens) >= -1e-9
   RETURNING key
-), admitted AS (
+)
+
+-- fragment: pa_rate_admitted
+admitted AS (
   -- Rows the rate limits let through (or that have none).
   SELECT c.id, c.ckey, c.rkey, c.weight, c.priority, c.scheduled_at
   FROM candidates AS c
@@ -437,6 +445,40 @@ chosen AS MATERIALIZED (
   FROM candidates AS c
   CROSS JOIN lease AS l
   WHERE c.ckey = @l_key
+), refused AS (
+  SELECT 0::bigint AS n, 0::bigint AS denied
+)
+
+-- The pick of a runner whose last batch was full and held rows of one rate limit and no key (a
+-- rate lane), for a client with rate limits and no gates: pick_rated's candidates, where the
+-- lane's rows pass without a test, and one grant for all of the lane's rows in the window,
+-- written back like pick_rated's (only while it fits the bucket's newest balance): all of them
+-- are claimed, or none. Rows of any other limit or key that their tests admit are left available
+-- for the caller's next pick, an admission pick (the caller picks again at once after a short
+-- batch), and so are the lane's rows when the bucket cannot afford them all: the admission pick
+-- grants the prefix that fits. Also: @lr_key (the lane), @r_hint.
+-- Locks, besides the candidates: the lane's bucket (pa_rdebit).
+--
+--   WITH {{pa_rate_cfg}},
+--   candidates (... {{pa_k1_filter}} AND (limit = @lr_key OR (TRUE {{pa_rate_filter}})) ...),
+--   {{rl_granted}}, {{pa_rdebit}}, {{rl_chosen}}
+--   {{pick_claim}}
+
+-- fragment: rl_granted
+granted AS (
+  -- The lane's grant: the weight of all its rows in the window, if a full bucket holds it.
+  SELECT CAST(@lr_key AS text) AS rkey, w.weight, rc.rate, rc.burst
+  FROM (SELECT sum(c.weight) AS weight FROM candidates AS c WHERE c.rkey = @lr_key) AS w
+  JOIN rcfg AS rc ON rc.name = split_part(@lr_key, ':', 1)
+  WHERE w.weight <= rc.burst
+)
+
+-- fragment: rl_chosen
+chosen AS MATERIALIZED (
+  SELECT c.id, c.ckey, NULL::smallint AS shard
+  FROM candidates AS c
+  WHERE c.ckey IS NULL
+    AND (c.rkey IS NULL OR (c.rkey = @lr_key AND EXISTS (SELECT 1 FROM rdebit)))
 ), refused AS (
   SELECT 0::bigint AS n, 0::bigint AS denied
 )

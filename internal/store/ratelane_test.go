@@ -1,0 +1,90 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable/durabledbtest"
+	"github.com/stretchr/testify/require"
+)
+
+// A pick on a rate lane grants all of the lane's rows in its window in one debit, exactly their
+// weight, or none of them (a bucket that cannot afford them all, a first grant larger than a
+// full bucket); it claims the rows with no key or limit either way, and leaves rows of another
+// limit and of a key for an admission pick, which grants the lane's prefix that fits.
+func TestPickOnARateLaneGrantsAllOrNone(t *testing.T) {
+	pool := durabledbtest.Pool(t, 2)
+	schema := durabledbtest.Schema(t, pool)
+	s, err := New(schema)
+	require.NoError(t, err)
+	ctx := context.Background()
+	// A rate so slow that no bucket refills while the test runs.
+	rates := &Rates{Names: []string{"r"}, Rates: []float64{1e-9}, Bursts: []float64{100}}
+	insert := func(queue string, rows ...[2]string) {
+		t.Helper()
+		var in []InsertRow
+		for _, r := range rows {
+			w := 1
+			if r[1] == "r:a" && len(in)%2 == 1 {
+				w = 2
+			}
+			in = append(in, InsertRow{Machine: "m", Step: "s", State: "{}", Queue: queue, Priority: 5, MaxAttempts: 1,
+				ConcurrencyKey: r[0], RateLimit: r[1], Weight: w})
+		}
+		_, err := s.InsertMany(ctx, pool, in)
+		require.NoError(t, err)
+	}
+	tokens := func(key string) float64 {
+		t.Helper()
+		var v float64
+		require.NoError(t, pool.QueryRow(ctx, fmt.Sprintf(`SELECT coalesce((SELECT tokens FROM %q.buckets WHERE key = $1), -1)`, schema),
+			key).Scan(&v))
+		return v
+	}
+	pick := func(queue, lane string) PickResult {
+		t.Helper()
+		res, err := s.Pick(ctx, pool, queue, 10, "o#"+queue+lane, time.Minute, 0, nil, rates, Hint{}, Lane{Rate: lane})
+		require.NoError(t, err)
+		return res
+	}
+	// Lane rows of weights 1, 2, 1, 2 (6 tokens), two rows with nothing, one of another limit,
+	// one of a key.
+	q1 := [][2]string{{"", "r:a"}, {"", "r:a"}, {"", ""}, {"", "r:a"}, {"", "r:b"}, {"k", ""}, {"", "r:a"}, {"", ""}}
+	insert("q1", q1...)
+	_, err = pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %q.buckets (key, tokens, rate, burst, updated_at) VALUES ('r:a', 10, 1e-9, 100, now())`, schema))
+	require.NoError(t, err)
+	res := pick("q1", "r:a")
+	require.Equal(t, []string{"-/-", "-/-", "-/-", "-/-", "-/-", "-/-"}, claimedKeys(res.Rows), "the lane's four rows and the two free ones")
+	require.Equal(t, 8, res.Considered, "the other limit's and the key's rows were admissible: in the window, left")
+	require.InDelta(t, 4, tokens("r:a"), 1e-6, "exactly the lane's weight debited")
+	res = pick("q1", "")
+	require.Len(t, res.Rows, 2, "the rows left are an admission pick's")
+
+	// 6 tokens' worth again (weights 1, 2, 2, 1), against the 4 left: none granted, nothing
+	// debited; the admission pick grants the prefix that fits (1 + 2).
+	insert("q2", [2]string{"", "r:a"}, [2]string{"", "r:a"}, [2]string{"", ""}, [2]string{"", "r:a"}, [2]string{"", "r:a"})
+	res = pick("q2", "r:a")
+	require.Len(t, res.Rows, 1, "only the free row")
+	require.InDelta(t, 4, tokens("r:a"), 1e-6)
+	res = pick("q2", "")
+	require.Len(t, res.Rows, 2)
+	require.InDelta(t, 1, tokens("r:a"), 1e-6)
+
+	// A cold bucket is full: the lane's first grant mints it debited, unless the grant is more
+	// than a full bucket holds.
+	insert("q3", [2]string{"", "r:c"}, [2]string{"", "r:c"})
+	res = pick("q3", "r:c")
+	require.Len(t, res.Rows, 2)
+	require.InDelta(t, 98, tokens("r:c"), 1e-6)
+	big := make([][2]string, 0, 101)
+	for range 101 {
+		big = append(big, [2]string{"", "r:d"})
+	}
+	insert("q4", big...)
+	res, err = s.Pick(ctx, pool, "q4", 101, "o#q4", time.Minute, 0, nil, rates, Hint{}, Lane{Rate: "r:d"})
+	require.NoError(t, err)
+	require.Empty(t, res.Rows, "101 tokens' worth is more than a bucket of 100 holds")
+	require.Equal(t, float64(-1), tokens("r:d"), "no bucket minted")
+}
