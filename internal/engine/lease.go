@@ -266,7 +266,7 @@ func (r *runner) afterPick(asked int, rows []store.Claimed, gl *gateLease) {
 	}
 	l.Shard = shard
 	r.lease.Store(&gateLease{Lease: l, size: size, free: size, live: true})
-	r.leaseNext = true
+	r.leaseNext, r.leaseIdle = true, 0
 	r.e.log.Debug("gendurable: leased gate slots", "client", r.e.cfg.Name, "queue", r.queue, "key", key,
 		"shard", shard, "slots", size)
 }

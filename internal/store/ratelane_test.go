@@ -62,6 +62,19 @@ func TestPickOnARateLaneGrantsAllOrNone(t *testing.T) {
 	res = pick("q1", "")
 	require.Len(t, res.Rows, 2, "the rows left are an admission pick's")
 
+	// A lane row with a key (free: no row of it executes) is not the lane's: nothing of the lane
+	// is granted or debited, and the admission pick grants the lane's rows in order with the
+	// key's row among them.
+	insert("q5", [2]string{"", "r:a"}, [2]string{"k2", "r:a"}, [2]string{"", ""})
+	res = pick("q5", "r:a")
+	require.Equal(t, []string{"-/-"}, claimedKeys(res.Rows), "only the free row")
+	require.InDelta(t, 4, tokens("r:a"), 1e-6, "nothing debited for rows the lane did not claim")
+	res = pick("q5", "")
+	require.Equal(t, []string{"-/-", "k2/-"}, claimedKeys(res.Rows))
+	require.InDelta(t, 1, tokens("r:a"), 1e-6, "weights 1 and 2")
+	_, err = pool.Exec(ctx, fmt.Sprintf(`UPDATE %q.buckets SET tokens = 4 WHERE key = 'r:a'`, schema))
+	require.NoError(t, err)
+
 	// 6 tokens' worth again (weights 1, 2, 2, 1), against the 4 left: none granted, nothing
 	// debited; the admission pick grants the prefix that fits (1 + 2).
 	insert("q2", [2]string{"", "r:a"}, [2]string{"", "r:a"}, [2]string{"", ""}, [2]string{"", "r:a"}, [2]string{"", "r:a"})

@@ -466,11 +466,14 @@ chosen AS MATERIALIZED (
 
 -- fragment: rl_granted
 granted AS (
-  -- The lane's grant: the weight of all its rows in the window, if a full bucket holds it.
+  -- The lane's grant: the weight of all its rows in the window, if a full bucket holds it and
+  -- none of them has a key (a keyed row is not the lane's to claim: its rows all go to the
+  -- admission pick, which grants them in order with the key's rule).
   SELECT CAST(@lr_key AS text) AS rkey, w.weight, rc.rate, rc.burst
-  FROM (SELECT sum(c.weight) AS weight FROM candidates AS c WHERE c.rkey = @lr_key) AS w
+  FROM (SELECT sum(c.weight) AS weight, bool_or(c.ckey IS NOT NULL) AS keyed
+        FROM candidates AS c WHERE c.rkey = @lr_key) AS w
   JOIN rcfg AS rc ON rc.name = split_part(@lr_key, ':', 1)
-  WHERE w.weight <= rc.burst
+  WHERE w.weight <= rc.burst AND NOT w.keyed
 )
 
 -- fragment: rl_chosen
