@@ -87,6 +87,17 @@ func sampleGates(t *testing.T, e *env, stop <-chan struct{}) (*gateSampler, *syn
 	return s, &wg
 }
 
+// insertUnder inserts n jobs under concurrency key key, the key as their argument.
+func insertUnder(t *testing.T, cl *gendurable.Client, job gendurable.Job[string], n int, key string) {
+	t.Helper()
+	params := make([]gendurable.InsertManyParams, n)
+	for i := range params {
+		params[i] = gendurable.InsertManyParams{Input: job.With(key), Opts: &gendurable.InsertOpts{ConcurrencyKey: key}}
+	}
+	_, err := cl.InsertMany(context.Background(), params)
+	require.NoError(t, err)
+}
+
 // TestGateLeasesNeverOverAdmit races twelve clients over one gated key far enough from its limit
 // for runners to lease blocks of its slots, and close enough that the gate binds: the leases
 // taken while the shards had room, the claims admitted one by one once they had not, the
@@ -134,12 +145,7 @@ func TestGateLeasesNeverOverAdmit(t *testing.T) {
 	stop := make(chan struct{})
 	s, wg := sampleGates(t, e, stop)
 	const n = 4000
-	params := make([]gendurable.InsertManyParams, n)
-	for i := range params {
-		params[i] = gendurable.InsertManyParams{Input: job.With("tenant:a"), Opts: &gendurable.InsertOpts{ConcurrencyKey: "tenant:a"}}
-	}
-	_, err := ins.InsertMany(context.Background(), params)
-	require.NoError(t, err)
+	insertUnder(t, ins, job, n, "tenant:a")
 	eventually(t, 3*time.Minute, "all done", func() bool {
 		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'done'`) == n
 	})
@@ -192,12 +198,7 @@ func TestGateLeaseLostMidRunLeavesTheGateExact(t *testing.T) {
 	stop := make(chan struct{})
 	s, wg := sampleGates(t, e, stop)
 	const n = 3000
-	params := make([]gendurable.InsertManyParams, n)
-	for i := range params {
-		params[i] = gendurable.InsertManyParams{Input: job.With("tenant:a"), Opts: &gendurable.InsertOpts{ConcurrencyKey: "tenant:a"}}
-	}
-	_, err := worker.InsertMany(context.Background(), params)
-	require.NoError(t, err)
+	insertUnder(t, worker, job, n, "tenant:a")
 	eventually(t, time.Minute, "a lease", func() bool {
 		return e.count(t, `SELECT count(*) FROM {schema}.gate_leases`) > 0
 	})

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable/durabledbtest"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
@@ -41,24 +42,16 @@ func newLeaseFixture(t *testing.T) *leaseFixture {
 // counters returns every gate counter as "key/shard=held" and the leases as "key/shard/owner=slots".
 func (f *leaseFixture) counters(t *testing.T) (gates, leases []string) {
 	t.Helper()
-	ctx := context.Background()
-	rows, err := f.db.Query(ctx, fmt.Sprintf(`SELECT key || '/' || shard || '=' || held FROM %q.gates ORDER BY 1`, f.schema))
-	require.NoError(t, err)
-	for rows.Next() {
-		var s string
-		require.NoError(t, rows.Scan(&s))
-		gates = append(gates, s)
+	strs := func(query string) []string {
+		t.Helper()
+		rows, err := f.db.Query(context.Background(), fmt.Sprintf(query, f.schema))
+		require.NoError(t, err)
+		out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return out
 	}
-	require.NoError(t, rows.Err())
-	rows, err = f.db.Query(ctx, fmt.Sprintf(`SELECT key || '/' || shard || '/' || owner || '=' || slots FROM %q.gate_leases ORDER BY 1`, f.schema))
-	require.NoError(t, err)
-	for rows.Next() {
-		var s string
-		require.NoError(t, rows.Scan(&s))
-		leases = append(leases, s)
-	}
-	require.NoError(t, rows.Err())
-	return gates, leases
+	return strs(`SELECT key || '/' || shard || '=' || held FROM %q.gates ORDER BY 1`),
+		strs(`SELECT key || '/' || shard || '/' || owner || '=' || slots FROM %q.gate_leases ORDER BY 1`)
 }
 
 func (f *leaseFixture) exec(t *testing.T, sql string) {
