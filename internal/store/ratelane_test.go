@@ -101,3 +101,42 @@ func TestPickOnARateLaneGrantsAllOrNone(t *testing.T) {
 	require.Empty(t, res.Rows, "101 tokens' worth is more than a bucket of 100 holds")
 	require.Equal(t, float64(-1), tokens("r:d"), "no bucket minted")
 }
+
+// An admission pick charges a bucket only for rows it can claim: of a K = 1 key's rows in the
+// window it claims the most urgent, so that one alone takes tokens (the key's other rows wait,
+// uncharged, for the next pick). With and without gates configured.
+func TestRatedPickChargesOnlyTheRowsItCanClaim(t *testing.T) {
+	for name, gates := range map[string]*Gates{
+		"pick_rated":    nil,
+		"pick_admitted": {Names: []string{"g"}, Limits: []int32{10}, Shards: []int32{1}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			pool := durabledbtest.Pool(t, 2)
+			schema := durabledbtest.Schema(t, pool)
+			s, err := New(schema)
+			require.NoError(t, err)
+			ctx := context.Background()
+			rates := &Rates{Names: []string{"r"}, Rates: []float64{1e-9}, Bursts: []float64{100}}
+			var in []InsertRow
+			for _, k := range []string{"k", "k", "k", "g:x", "g:x"} {
+				in = append(in, InsertRow{Machine: "m", Step: "s", State: "{}", Queue: "q", Priority: 5, MaxAttempts: 1,
+					ConcurrencyKey: k, RateLimit: "r:a", Weight: 3})
+			}
+			_, err = s.InsertMany(ctx, pool, in)
+			require.NoError(t, err)
+			res, err := s.Pick(ctx, pool, "q", 10, "o#1", time.Minute, 0, gates, rates, Hint{}, Lane{})
+			require.NoError(t, err)
+			var tokens float64
+			require.NoError(t, pool.QueryRow(ctx, fmt.Sprintf(`SELECT tokens FROM %q.buckets WHERE key = 'r:a'`, schema)).Scan(&tokens))
+			if gates == nil {
+				// Every key is K = 1: one row of k, one of g:x.
+				require.Len(t, res.Rows, 2)
+				require.InDelta(t, 100-2*3, tokens, 1e-6, "charged for the two rows claimed")
+			} else {
+				// g:x is gated (limit 10): both of its rows, and one of k.
+				require.Len(t, res.Rows, 3)
+				require.InDelta(t, 100-3*3, tokens, 1e-6, "charged for the three rows claimed")
+			}
+		})
+	}
+}

@@ -77,7 +77,7 @@ func (s *Store) assemblePicks() {
 		name         string
 		gates, rates bool
 	}{{"pick_gated", true, false}, {"pick_rated", false, true}, {"pick_admitted", true, true}} {
-		rateCTEs := rateCTEs
+		rateCTEs := either(v.gates, "pa_eligible", "pr_eligible") + ",\n" + rateCTEs
 		if !v.rates {
 			rateCTEs = s.frag("pa_no_rate_ctes")
 		}

@@ -257,6 +257,32 @@ candidates AS MATERIALIZED (
   FOR NO KEY UPDATE OF i SKIP LOCKED
 )
 
+-- The limited rows the rate limits may grant: all of them but a K = 1 key's rows after its most
+-- urgent one in the window, which this pick cannot claim (the key runs one row at a time) and
+-- which therefore take no tokens (pa_rate_ctes, pa_rate_admitted). pr_eligible: every key is
+-- K = 1 (no gates); pa_eligible: a key a gate owns may run several rows.
+
+-- fragment: pr_eligible
+eligible AS MATERIALIZED (
+  SELECT c.*
+  FROM candidates AS c
+  WHERE c.rkey IS NOT NULL
+    AND (c.ckey IS NULL
+         OR NOT EXISTS (SELECT 1 FROM candidates AS d
+                        WHERE d.ckey = c.ckey AND (d.priority, d.scheduled_at, d.id) < (c.priority, c.scheduled_at, c.id)))
+)
+
+-- fragment: pa_eligible
+eligible AS MATERIALIZED (
+  SELECT c.*
+  FROM candidates AS c
+  WHERE c.rkey IS NOT NULL
+    AND (c.ckey IS NULL
+         OR split_part(c.ckey, ':', 1) = ANY (@g_names::text[])
+         OR NOT EXISTS (SELECT 1 FROM candidates AS d
+                        WHERE d.ckey = c.ckey AND (d.priority, d.scheduled_at, d.id) < (c.priority, c.scheduled_at, c.id)))
+)
+
 -- fragment: pa_rate_ctes
 limited AS MATERIALIZED (
   -- Each limited key of the window: the weight of its rows, and its bucket's balance now (read
@@ -264,14 +290,14 @@ limited AS MATERIALIZED (
   SELECT k.rkey, k.w, rc.rate, rc.burst,
          coalesce((SELECT least(rc.burst, b.tokens + rc.rate * extract(epoch FROM now() - b.updated_at))
                    FROM {schema}.buckets AS b WHERE b.key = k.rkey), rc.burst) AS balance
-  FROM (SELECT rkey, sum(weight) AS w FROM candidates WHERE rkey IS NOT NULL GROUP BY rkey) AS k
+  FROM (SELECT rkey, sum(weight) AS w FROM eligible WHERE rkey IS NOT NULL GROUP BY rkey) AS k
   JOIN rcfg AS rc ON rc.name = split_part(k.rkey, ':', 1)
 ), rated AS MATERIALIZED (
   -- The general case, run only when some key's rows do not all fit its balance: each row of
   -- such a key with the cumulative weight up to it in its bucket's urgency order.
   SELECT c.*, l.balance,
          sum(c.weight) OVER (PARTITION BY c.rkey ORDER BY c.priority, c.scheduled_at, c.id) AS upto
-  FROM candidates AS c
+  FROM eligible AS c
   JOIN limited AS l ON l.rkey = c.rkey AND l.w > l.balance
   WHERE (SELECT bool_or(w > balance) FROM limited)
 ), granted AS (
@@ -311,7 +337,8 @@ admitted AS (
   SELECT c.id, c.ckey, c.rkey, c.weight, c.priority, c.scheduled_at
   FROM candidates AS c
   WHERE c.rkey IS NULL
-     OR (c.rkey IN (SELECT d.key FROM rdebit AS d)
+     OR (c.id IN (SELECT e.id FROM eligible AS e)
+         AND c.rkey IN (SELECT d.key FROM rdebit AS d)
          AND (c.rkey NOT IN (SELECT r.rkey FROM rated AS r) OR c.id IN (SELECT r.id FROM rated AS r WHERE r.upto <= r.balance)))
 )
 
