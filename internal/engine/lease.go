@@ -118,18 +118,6 @@ func (l *gateLease) lost() {
 	l.mu.Unlock()
 }
 
-// leasable reports whether the runner's picks may take a gate lease: gates and no rate limits are
-// configured (the pick with a lease is pick_gated's).
-func (e *Engine) leasable() bool {
-	return e.cfg.Gates != nil && len(e.cfg.Gates.Names) > 0 && (e.cfg.Rates == nil || len(e.cfg.Rates.Names) == 0)
-}
-
-// laneable reports whether the runner's picks may take a rate lane: rate limits and no gates are
-// configured (the pick on a rate lane is pick_rated's).
-func (e *Engine) laneable() bool {
-	return e.cfg.Rates != nil && len(e.cfg.Rates.Names) > 0 && (e.cfg.Gates == nil || len(e.cfg.Gates.Names) == 0)
-}
-
 // oneRateLimit returns the rate limit of a batch whose rows have no key and are all of that one
 // limit or of none, with at least one of it, or "".
 func oneRateLimit(rows []store.Claimed) string {
@@ -184,15 +172,15 @@ func isLeased(c *store.Claimed, gl *gateLease) bool {
 	return c.ConcurrencyKey != nil && *c.ConcurrencyKey == gl.Key && c.ConcurrencyShard != nil
 }
 
-// leased returns the rows of a pick under gl that took their slots from it.
-func leased(rows []store.Claimed, gl *gateLease) []int {
-	var idx []int
+// countLeased returns how many rows of a pick under gl took their slots from it.
+func countLeased(rows []store.Claimed, gl *gateLease) int {
+	n := 0
 	for i := range rows {
 		if isLeased(&rows[i], gl) {
-			idx = append(idx, i)
+			n++
 		}
 	}
-	return idx
+	return n
 }
 
 // holdsKey reports whether rows has a row of key.
@@ -211,7 +199,7 @@ func holdsKey(rows []store.Claimed, key string) bool {
 // found, and decides whether the next pick may use the lease.
 func (r *runner) afterPick(asked int, rows []store.Claimed, gl *gateLease) {
 	if gl != nil {
-		gl.claimed(len(leased(rows, gl)))
+		gl.claimed(countLeased(rows, gl))
 	}
 	if gl != nil && len(rows) < asked {
 		// A short batch under the lease: rows of other keys may have been left in the window,
@@ -295,6 +283,21 @@ func (r *runner) leaseSlots(gl *gateLease) int {
 	}
 	gl.grew(r.conc)
 	return gl.freeSlots()
+}
+
+// afterRatePick decides, after a pick that asked for asked rows and claimed rows (on the rate
+// lane lane, if not ""), whether the next pick takes a rate lane: if this batch was full and all
+// of one limit.
+func (r *runner) afterRatePick(asked int, rows []store.Claimed, lane string) {
+	r.rateLane = ""
+	if len(rows) == asked {
+		r.rateLane = oneRateLimit(rows)
+	}
+	if lane != "" && len(rows) < asked {
+		// Rows of other limits or keys may have been left in the window, or the bucket could
+		// not afford the lane's: an admission pick follows at once.
+		r.poke()
+	}
 }
 
 // endLease releases the runner's lease once nothing admitted against it is in flight (or at

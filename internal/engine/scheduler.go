@@ -275,20 +275,11 @@ func (r *runner) pick(n int) (rows []store.Claimed, gl *gateLease, asked int, er
 		if len(rows) > 0 {
 			r.hint = store.HintFrom(rows)
 		}
-		if r.e.leasable() {
+		switch {
+		case store.LeasesGates(r.e.cfg.Gates, r.e.cfg.Rates):
 			r.afterPick(asked, rows, gl)
-		}
-		if r.e.laneable() {
-			// The next pick takes the rate lane if this batch was full and all of one limit.
-			r.rateLane = ""
-			if len(rows) == asked {
-				r.rateLane = oneRateLimit(rows)
-			}
-			if lane.Rate != "" && len(rows) < asked {
-				// Rows of other limits or keys may have been left in the window, or the
-				// bucket could not afford the lane's: an admission pick follows at once.
-				r.poke()
-			}
+		case store.RatesLanes(r.e.cfg.Gates, r.e.cfg.Rates):
+			r.afterRatePick(asked, rows, lane.Rate)
 		}
 	}
 	if fault.Enabled && len(rows) > 0 {
@@ -298,7 +289,7 @@ func (r *runner) pick(n int) (rows []store.Claimed, gl *gateLease, asked int, er
 		if err := fault.PointFor(fault.AfterClaimCommit, owner); err != nil {
 			if gl != nil {
 				// As lost as the claims: nothing will settle them on the lease.
-				for range leased(rows, gl) {
+				for range countLeased(rows, gl) {
 					gl.settle(false)
 				}
 			}

@@ -96,20 +96,21 @@ func (s *Store) assemblePicks() {
 			either(v.rates, "pa_refused", "pa_no_refused"))
 		s.stmts[v.name] = "WITH " + strings.Join(parts, ",\n") + "\n" + s.frag("pick_claim")
 	}
-	// pick_leased: the leased key's rows pass the scan without pa_gate_filter's test, which
-	// every other row takes.
+	// The lean picks (Lane): the lane's key or limit passes the scan untested, every other row
+	// takes the admission pick's test (filter).
+	passOr := func(test, filter string) string {
+		return "    AND (" + test + " OR (TRUE\n" + s.frag(filter) + "))"
+	}
 	s.stmts["pick_leased"] = "WITH " + strings.Join([]string{
 		s.frag("pa_gate_cfg"), s.frag("pl_lease"),
-		s.frag("pa_candidates_head") + "\n    AND (i.concurrency_key = @l_key OR (TRUE\n" + s.frag("pa_gate_filter") + "))\n" +
-			s.frag("pa_no_rate_filter") + "\n" + s.frag("pa_candidates_tail"),
-		s.frag("pl_chosen")}, ",\n") + "\n" + s.frag("pick_claim")
-	// pick_rate_lane: the lane's rows pass the scan without pa_rate_filter's test, which every
-	// other limited row takes.
+		strings.Join([]string{s.frag("pa_candidates_head"), passOr("i.concurrency_key = @l_key", "pa_gate_filter"),
+			s.frag("pa_no_rate_filter"), s.frag("pa_candidates_tail")}, "\n"),
+		s.frag("pl_chosen"), s.frag("pa_no_refused")}, ",\n") + "\n" + s.frag("pick_claim")
 	s.stmts["pick_rate_lane"] = "WITH " + strings.Join([]string{
 		s.frag("pa_rate_cfg"),
-		s.frag("pa_candidates_head") + "\n" + s.frag("pa_k1_filter") + "\n    AND (i.rate_limit = @lr_key OR (TRUE\n" +
-			s.frag("pa_rate_filter") + "))\n" + s.frag("pa_candidates_tail"),
-		s.frag("rl_granted"), s.frag("pa_rdebit"), s.frag("rl_chosen")}, ",\n") + "\n" + s.frag("pick_claim")
+		strings.Join([]string{s.frag("pa_candidates_head"), s.frag("pa_k1_filter"),
+			passOr("i.rate_limit = @lr_key", "pa_rate_filter"), s.frag("pa_candidates_tail")}, "\n"),
+		s.frag("rl_granted"), s.frag("pa_rdebit"), s.frag("rl_chosen"), s.frag("pa_no_refused")}, ",\n") + "\n" + s.frag("pick_claim")
 }
 
 // parse splits every file into statements named by "-- name: X" lines. A statement runs from its
@@ -258,6 +259,14 @@ func Admits(gates *Gates, rates *Rates) bool {
 	return gates.configured() || rates.configured()
 }
 
+// LeasesGates reports whether a pick under gates and rates can take a gate lease (Lane.Gate):
+// gates and no rate limits are configured.
+func LeasesGates(gates *Gates, rates *Rates) bool { return gates.configured() && !rates.configured() }
+
+// RatesLanes reports whether a pick under gates and rates can take a rate lane (Lane.Rate): rate
+// limits and no gates are configured.
+func RatesLanes(gates *Gates, rates *Rates) bool { return rates.configured() && !gates.configured() }
+
 func (g *Gates) configured() bool { return g != nil && len(g.Names) > 0 }
 
 func (r *Rates) configured() bool { return r != nil && len(r.Names) > 0 }
@@ -331,10 +340,10 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 	hasGates, hasRates := gates.configured(), rates.configured()
 	stmt := "pick"
 	switch {
-	case hasGates && !hasRates && lane.Gate != nil:
+	case lane.Gate != nil && LeasesGates(gates, rates):
 		stmt = "pick_leased"
 		args["l_key"], args["l_shard"], args["l_owner"] = lane.Gate.Key, lane.Gate.Shard, lane.Gate.Owner
-	case hasRates && !hasGates && lane.Rate != "":
+	case lane.Rate != "" && RatesLanes(gates, rates):
 		stmt = "pick_rate_lane"
 		args["lr_key"] = lane.Rate
 	case hasGates && hasRates:

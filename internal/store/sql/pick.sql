@@ -451,7 +451,7 @@ refused AS (
 --
 --   WITH {{pa_gate_cfg}}, {{pl_lease}},
 --   candidates (... AND (key = @l_key OR (TRUE {{pa_gate_filter}})) {{pa_no_rate_filter}} ...),
---   {{pl_chosen}}
+--   {{pl_chosen}}, {{pa_no_refused}}
 --   {{pick_claim}}
 
 -- fragment: pl_lease
@@ -472,8 +472,6 @@ chosen AS MATERIALIZED (
   FROM candidates AS c
   CROSS JOIN lease AS l
   WHERE c.ckey = @l_key
-), refused AS (
-  SELECT 0::bigint AS n, 0::bigint AS denied
 )
 
 -- The pick of a runner whose last batch was full and held rows of one rate limit and no key (a
@@ -488,7 +486,7 @@ chosen AS MATERIALIZED (
 --
 --   WITH {{pa_rate_cfg}},
 --   candidates (... {{pa_k1_filter}} AND (limit = @lr_key OR (TRUE {{pa_rate_filter}})) ...),
---   {{rl_granted}}, {{pa_rdebit}}, {{rl_chosen}}
+--   {{rl_granted}}, {{pa_rdebit}}, {{rl_chosen}}, {{pa_no_refused}}
 --   {{pick_claim}}
 
 -- fragment: rl_granted
@@ -509,6 +507,4 @@ chosen AS MATERIALIZED (
   FROM candidates AS c
   WHERE c.ckey IS NULL
     AND (c.rkey IS NULL OR (c.rkey = @lr_key AND EXISTS (SELECT 1 FROM rdebit)))
-), refused AS (
-  SELECT 0::bigint AS n, 0::bigint AS denied
 )
