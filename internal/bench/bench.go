@@ -21,8 +21,6 @@ import (
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/durablemigrate"
-	"github.com/gendurable/gendurable/internal/store"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -161,15 +159,8 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options, emit func(Result
 			return err
 		}
 		if opts.Preload > 0 {
-			st, err := store.New(opts.Schema)
-			if err != nil {
+			if err := preloadTerminal(ctx, pool, opts.Schema, opts.Preload, "preloaded", "bench"); err != nil {
 				return err
-			}
-			if err := st.PreloadTerminal(ctx, pool, opts.Preload, "preloaded", "bench"); err != nil {
-				return fmt.Errorf("preload %d rows: %w", opts.Preload, err)
-			}
-			if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+pgx.Identifier{opts.Schema, "instances"}.Sanitize()); err != nil {
-				return fmt.Errorf("vacuum after preload: %w", err)
 			}
 		}
 		r.heap = startHeapSampler()

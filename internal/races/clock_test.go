@@ -34,14 +34,13 @@ func TestEveryTimeComparisonUsesTheDatabaseClock(t *testing.T) {
 	exceptions := map[string]string{
 		// Keyset paging of the GC's sweep: the cursor is a finalized_at value the previous batch
 		// read from the database, not a clock reading.
-		"gc.sql: AND (i.finalized_at, i.id) > (@after_at::timestamptz, @after_id::bigint)": "cursor",
+		"maintenance.sql: AND (i.finalized_at, i.id) > (@after_at::timestamptz, @after_id::bigint)": "cursor",
 		// The operator's list filter (CLI --since): a bound the operator gives, computed by the
 		// CLI from its own clock. It selects rows to show, never decides a lease, a due time or
 		// a deadline; a skewed CLI clock shifts the window it shows.
 		"list.sql: AND inserted_at >= @since": "operator filter",
 		// Urgency order between two candidate rows of one pick: row against row, no clock.
-		"pick.sql: WHERE d.ckey = c.ckey AND (d.priority, d.scheduled_at, d.id) < (c.priority, c.scheduled_at, c.id))":  "row order",
-		"pick.sql: WHERE d.ckey = c.ckey AND (d.priority, d.scheduled_at, d.id) < (c.priority, c.scheduled_at, c.id)))": "row order",
+		"pick.sql: WHERE d.ckey = c.ckey AND (d.priority, d.scheduled_at, d.id) < (c.priority, c.scheduled_at, c.id))": "row order",
 	}
 	files, err := filepath.Glob(filepath.Join("..", "store", "sql", "*.sql"))
 	require.NoError(t, err)
@@ -78,7 +77,7 @@ func TestEveryTimeComparisonUsesTheDatabaseClock(t *testing.T) {
 	allowed := map[string]string{
 		"insert.sql $6::timestamptz":               "InsertOpts.ScheduledAt: the caller's own absolute time",
 		"outcome.sql @c_scheduled_at::timestamptz": "a spawned child's InsertOpts.ScheduledAt",
-		"gc.sql @after_at::timestamptz":            "the GC cursor, read from the database",
+		"maintenance.sql @after_at::timestamptz":   "the GC cursor, read from the database",
 	}
 	for _, f := range files {
 		b, err := os.ReadFile(f)

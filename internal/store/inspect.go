@@ -290,3 +290,62 @@ func (s *Store) Throughput(ctx context.Context, db DB, window time.Duration) ([]
 	slices.SortFunc(out, func(a, b durabletype.QueueThroughput) int { return cmp.Compare(a.Queue, b.Queue) })
 	return out, nil
 }
+
+// GetInstance reads one instance row.
+func (s *Store) GetInstance(ctx context.Context, db DB, id int64) (*durabletype.Instance, error) {
+	in, err := scanInstance(db.QueryRow(ctx, s.sql("get_instance"), id), nil)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("%w: id %d", durabletype.ErrNotFound, id)
+	}
+	return in, err
+}
+
+// CountByStatus counts instances by status, for one queue or ("") all.
+func (s *Store) CountByStatus(ctx context.Context, db DB, queue string) (map[durabletype.Status]int64, error) {
+	var q *string
+	if queue != "" {
+		q = &queue
+	}
+	rows, err := db.Query(ctx, s.sql("count_by_status"), q)
+	if err != nil {
+		return nil, err
+	}
+	out := map[durabletype.Status]int64{}
+	var status string
+	var n int64
+	_, err = pgx.ForEachRow(rows, []any{&status, &n}, func() error {
+		out[durabletype.Status(status)] = n
+		return nil
+	})
+	return out, err
+}
+
+// RunnableQueues lists the queues with rows due within horizon.
+func (s *Store) RunnableQueues(ctx context.Context, db DB, horizon time.Duration) ([]string, error) {
+	rows, err := db.Query(ctx, s.sql("runnable_queues"), horizon.Milliseconds())
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// Reason is a failure reason and how many failed instances it ended.
+type Reason struct {
+	Reason string
+	Count  int64
+}
+
+// FailureReasons counts failed instances by their last error.
+func (s *Store) FailureReasons(ctx context.Context, db DB) ([]Reason, error) {
+	rows, err := db.Query(ctx, s.sql("failure_reasons"))
+	if err != nil {
+		return nil, err
+	}
+	var out []Reason
+	var r Reason
+	_, err = pgx.ForEachRow(rows, []any{&r.Reason, &r.Count}, func() error {
+		out = append(out, r)
+		return nil
+	})
+	return out, err
+}

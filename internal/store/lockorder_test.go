@@ -44,12 +44,11 @@ func TestSettleLocksParentsInIDOrder(t *testing.T) {
 	rows, err := pool.Query(ctx, `SELECT id, locked_by FROM `+q+`.instances WHERE status = 'executing' AND locked_by LIKE '%-1'`)
 	require.NoError(t, err)
 	defer rows.Close()
-	var batch []OutcomeRow
+	var batch []Outcome
 	for rows.Next() {
-		var o OutcomeRow
-		require.NoError(t, rows.Scan(&o.ID, &o.Owner))
-		res := "{}"
-		o.Kind, o.Result, o.Child = KindDone, &res, true
+		var o Outcome
+		require.NoError(t, rows.Scan(&o.Claim.ID, &o.Claim.Owner))
+		o.Kind, o.Result, o.Child = KindDone, []byte("{}"), true
 		batch = append(batch, o)
 	}
 	require.NoError(t, rows.Err())
@@ -116,17 +115,15 @@ func testCreditLockOrder(t *testing.T, reaper bool) {
 	if reaper {
 		lease = "-1 second"
 	}
-	var batch []OutcomeRow
+	var batch []Outcome
 	for shard := range int16(2) {
-		var o OutcomeRow
+		var o Outcome
 		owner := fmt.Sprintf("o#%d", shard)
 		require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+q+`.instances (machine, step, queue, max_attempts, state, status,
 			locked_by, locked_until, concurrency_key, concurrency_shard)
 			VALUES ('m', 's', 'q', 3, '{}', 'executing', $1, now() + $3::interval, 'g:x', $2) RETURNING id`,
-			owner, shard, lease).Scan(&o.ID))
-		key, sh := "g:x", shard
-		res := "{}"
-		o.Owner, o.Kind, o.Result, o.CreditKey, o.CreditShard = owner, KindDone, &res, &key, &sh
+			owner, shard, lease).Scan(&o.Claim.ID))
+		o.Claim.Owner, o.Kind, o.Result, o.Credit = owner, KindDone, []byte("{}"), &GateSlot{Key: "g:x", Shard: shard}
 		batch = append(batch, o)
 	}
 

@@ -58,7 +58,7 @@ func (s *Store) Cancel(ctx context.Context, tx pgx.Tx, id int64, reason string) 
 	if row.Status.Terminal() {
 		return out, fmt.Errorf("%w: instance %d is already %s", durabletype.ErrWrongStatus, id, row.Status)
 	}
-	if _, err := tx.Exec(ctx, s.sql("op_cancel"), id, *storableText(&reason)); err != nil {
+	if _, err := tx.Exec(ctx, s.sql("op_cancel"), id, storableText(reason)); err != nil {
 		return out, err
 	}
 	if row.Status == durabletype.StatusExecuting && row.Shard != nil {

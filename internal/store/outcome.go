@@ -12,77 +12,129 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// OutcomeKind is how an outcome changes its row; the values are the statement's kind codes.
-type OutcomeKind int16
+// OutcomeKind is how an outcome changes its row. Its value is the kind's name as the outcome
+// statement (outcome.sql) and the events spell it.
+type OutcomeKind string
 
-// The outcome kinds the statement applies.
+// The outcome kinds.
 const (
-	KindNext     OutcomeKind = 1
-	KindRetry    OutcomeKind = 2
-	KindDone     OutcomeKind = 3
-	KindFailed   OutcomeKind = 4
-	KindReleased OutcomeKind = 5
-	KindAwait    OutcomeKind = 6
-	KindSpawn    OutcomeKind = 7
+	// KindNext moves the instance to Step (its attempt count starts over).
+	KindNext OutcomeKind = "next"
+	// KindRetry runs the same step again after Delay (its attempt count goes on).
+	KindRetry OutcomeKind = "retry"
+	// KindDone finishes the instance with Result.
+	KindDone OutcomeKind = "done"
+	// KindFailed finishes the instance as failed, ErrMsg recorded.
+	KindFailed OutcomeKind = "failed"
+	// KindReleased hands the claim back untouched: attempt restored, no error recorded, due
+	// after Delay (a node that cannot run the row, a shutdown's deadline).
+	KindReleased OutcomeKind = "released"
+	// KindAwait parks the instance on AwaitNames; Step runs on the wake.
+	KindAwait OutcomeKind = "await"
+	// KindSpawn starts Children and parks the instance until they have all finished; Step (the
+	// join) runs then, at once if there are none.
+	KindSpawn OutcomeKind = "spawn"
 )
 
 // String names the kind as events report it.
-func (k OutcomeKind) String() string {
-	switch k {
-	case KindNext:
-		return "next"
-	case KindRetry:
-		return "retry"
-	case KindDone:
-		return "done"
-	case KindFailed:
-		return "failed"
-	case KindReleased:
-		return "released"
-	case KindAwait:
-		return "await"
-	case KindSpawn:
-		return "spawn"
-	}
-	return fmt.Sprintf("kind(%d)", int16(k))
-}
+func (k OutcomeKind) String() string { return string(k) }
 
 // Terminal reports whether the kind finishes the instance.
 func (k OutcomeKind) Terminal() bool { return k == KindDone || k == KindFailed }
 
-// OutcomeRow is one encoded outcome, fenced by its claim token.
-type OutcomeRow struct {
-	ID      int64
-	Owner   string
-	Kind    OutcomeKind
-	Step    *string // nil keeps the step
-	State   *string // JSON; nil keeps the state
-	Delay   time.Duration
-	Result  *string // JSON (done)
-	ErrKind *string // nil: no error to record
-	ErrMsg  *string
-	// AwaitNames and AwaitTimeout (0: none) park the row (KindAwait).
+// Progress reports whether the kind moves the instance on to a step it names (next, await,
+// spawn): it consumes the awaited signals the step saw.
+func (k OutcomeKind) Progress() bool { return k == KindNext || k == KindAwait || k == KindSpawn }
+
+// KeyChange is what a Next does to the row's concurrency key; the zero value keeps it.
+type KeyChange string
+
+// The key changes.
+const (
+	KeyKeep    KeyChange = ""
+	KeySet     KeyChange = "set"     // to Outcome.NewKey
+	KeyRelease KeyChange = "release" // no key from the next step on
+)
+
+// GateSlot is the gate slot an execution holds: the shard of its key's gate its claim debited.
+type GateSlot struct {
+	Key   string
+	Shard int16
+}
+
+// Outcome is one step's outcome, the one value that goes from the executor to the outcome
+// statement. A machine's Run fills in what the step decided; Fence fills in the claim it applies
+// to and what the claimed row held.
+type Outcome struct {
+	Kind OutcomeKind
+	// Step is the step to run next (next, await, spawn).
+	Step string
+	// State is the new state, JSON; nil keeps the stored one.
+	State []byte
+	// Delay makes the row runnable only once it has passed (next, retry, released).
+	Delay time.Duration
+	// Result is the instance's result, JSON (done; nil for none).
+	Result []byte
+	// AwaitNames and AwaitTimeout (0: none) park the row (await).
 	AwaitNames   []string
 	AwaitTimeout time.Duration
-	// Children are the rows a spawn inserts (KindSpawn).
+	// Children are the instances a spawn starts.
 	Children []InsertRow
-	// Seen are the awaited signal ids the step saw; progress (next, await, spawn) consumes them.
+	// Key changes the concurrency key (next): KeySet to NewKey, or KeyRelease.
+	Key    KeyChange
+	NewKey string
+	// RateLimit ("" for none) and Weight are the rate limit the next step runs under (next).
+	RateLimit string
+	Weight    int
+	// ErrKind and ErrMsg, when ErrKind is not empty, are recorded in the row's error history.
+	ErrKind string
+	ErrMsg  string
+	// Cause is the error (or, with Panic, the recovered panic) the machine's handler was given.
+	// Events report it; the statement stores ErrMsg only.
+	Cause error
+	Panic bool
+
+	// Claim is the claim the outcome applies to: the statement applies it only while the row
+	// still holds exactly that claim (the fence).
+	Claim Claim
+	// Seen are the awaited signals the step saw; progress consumes them.
 	Seen []int64
-	// Signalled says the row had signals in its inbox when it was claimed: a terminal
-	// outcome must clear them.
+	// Signalled says the row had signals in its inbox when it was claimed: a terminal outcome
+	// clears them.
 	Signalled bool
 	// Child says the row has a parent: its terminal outcome settles the parent's join.
 	Child bool
-	// KeyMode sets (1) or releases (2) the row's concurrency key; 0 keeps it. Key is the new one.
-	KeyMode int16
-	Key     *string
-	// CreditKey and CreditShard name the gate slot the execution held (nil: none): the
-	// outcome gives it back.
-	CreditKey   *string
-	CreditShard *int16
-	// RateLimit and Weight are the rate limit (nil: none) the next step runs under (next).
-	RateLimit *string
-	Weight    int
+	// Credit is the gate slot the execution held, which the outcome gives back (nil: none, or
+	// the slot goes back to a gate lease instead).
+	Credit *GateSlot
+}
+
+// Fence makes o apply to c's claim, with what c's row held: its inbox, parent and gate slot.
+// The kind must be final: progress consumes the awaited signals the step saw (Ctx.Awaited).
+func (o *Outcome) Fence(c *Claimed) {
+	o.Claim = Claim{ID: c.ID, Owner: c.Owner}
+	o.Signalled, o.Child, o.Credit = c.Signalled, c.Child, c.Slot()
+	o.Seen = nil
+	if o.Kind.Progress() {
+		for _, s := range c.Inbox {
+			if slices.Contains(c.AwaitNames, s.Name) {
+				o.Seen = append(o.Seen, s.ID)
+			}
+		}
+	}
+}
+
+// FailInstead returns an outcome that fails the instance with the error recorded, on o's claim,
+// in place of o (one the database refused).
+func (o *Outcome) FailInstead(errKind, errMsg string, cause error) Outcome {
+	return Outcome{Kind: KindFailed, ErrKind: errKind, ErrMsg: errMsg, Cause: cause,
+		Claim: o.Claim, Signalled: o.Signalled, Child: o.Child, Credit: o.Credit}
+}
+
+// HandBack is the outcome that hands a claim back untouched, due again after delay, with its gate
+// slot credited.
+func HandBack(claim Claim, credit *GateSlot, delay time.Duration) Outcome {
+	return Outcome{Kind: KindReleased, Delay: delay, Claim: claim, Credit: credit}
 }
 
 // Woken is an instance an outcome batch made runnable (a park whose awaited signal had already
@@ -105,11 +157,11 @@ type Claim struct {
 // join-settling parts are included only when some outcome needs them, so the common batch is one
 // plain UPDATE. After it, in the same implicit transaction, come the statements that need a fresh
 // snapshot: clearing finished rows' inboxes, re-checking parked rows, recounting spawns.
-func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []OutcomeRow) (map[Claim]struct{}, []Woken, error) {
+func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []Outcome) (map[Claim]struct{}, []Woken, error) {
 	n := len(outs)
 	ids := make([]int64, n)
 	owners := make([]string, n)
-	kinds := make([]int16, n)
+	kinds := make([]string, n)
 	steps := make([]*string, n)
 	states := make([]*string, n)
 	delays := make([]int64, n)
@@ -119,7 +171,7 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []OutcomeRow) (ma
 	awaitNames := make([]*string, n)
 	awaitMs := make([]*int64, n)
 	spawned := make([]int32, n)
-	keyModes := make([]int16, n)
+	keyChanges := make([]string, n)
 	keys := make([]*string, n)
 	rateLimits := make([]*string, n)
 	weights := make([]int32, n)
@@ -130,24 +182,41 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []OutcomeRow) (ma
 	var children childArrays
 	settles := false
 	isTerminal := make(map[int64]bool)
-	for i, o := range outs {
-		ids[i], owners[i], kinds[i] = o.ID, o.Owner, int16(o.Kind)
-		steps[i], states[i], delays[i] = o.Step, o.State, o.Delay.Milliseconds()
-		results[i], errKinds[i], errMsgs[i] = o.Result, o.ErrKind, storableText(o.ErrMsg)
-		keyModes[i], keys[i] = o.KeyMode, o.Key
-		rateLimits[i], weights[i] = o.RateLimit, int32(max(o.Weight, 1))
-		if o.CreditShard != nil && o.CreditKey != nil {
-			crKeys[i], crShards[i], credits = o.CreditKey, o.CreditShard, true
+	for i := range outs {
+		o := &outs[i]
+		id := o.Claim.ID
+		ids[i], owners[i], kinds[i] = id, o.Claim.Owner, string(o.Kind)
+		if o.Kind.Progress() {
+			steps[i] = &o.Step
+		}
+		states[i], delays[i] = jsonText(o.State), o.Delay.Milliseconds()
+		if o.Kind == KindDone {
+			results[i] = jsonText(o.Result)
+		}
+		if o.ErrKind != "" {
+			msg := storableText(o.ErrMsg)
+			errKinds[i], errMsgs[i] = &o.ErrKind, &msg
+		}
+		keyChanges[i] = string(o.Key)
+		if o.Key == KeySet {
+			keys[i] = &o.NewKey
+		}
+		weights[i] = 1
+		if o.RateLimit != "" {
+			rateLimits[i], weights[i] = &o.RateLimit, int32(max(o.Weight, 1))
+		}
+		if o.Credit != nil {
+			crKeys[i], crShards[i], credits = &o.Credit.Key, &o.Credit.Shard, true
 		}
 		switch o.Kind {
 		case KindDone, KindFailed:
-			isTerminal[o.ID] = true
+			isTerminal[id] = true
 			if o.Signalled {
-				purge = append(purge, o.ID)
+				purge = append(purge, id)
 			}
 			settles = settles || o.Child
 		case KindAwait:
-			parked = append(parked, o.ID)
+			parked = append(parked, id)
 			names := strings.Join(o.AwaitNames, "\x1f")
 			awaitNames[i] = &names
 			if o.AwaitTimeout > 0 {
@@ -157,19 +226,19 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []OutcomeRow) (ma
 		case KindSpawn:
 			spawned[i] = int32(len(o.Children))
 			if len(o.Children) > 0 {
-				spawners = append(spawners, o.ID)
-				children.add(o.ID, o.Children)
+				spawners = append(spawners, id)
+				children.add(id, o.Children)
 			}
 		}
 		for _, sig := range o.Seen {
-			seenInst = append(seenInst, o.ID)
+			seenInst = append(seenInst, id)
 			seenSig = append(seenSig, sig)
 		}
 	}
 	args := pgx.NamedArgs{
 		"ids": ids, "owners": owners, "kinds": kinds, "steps": steps, "states": states, "delays": delays,
 		"results": results, "err_kinds": errKinds, "err_msgs": errMsgs, "await_names": awaitNames,
-		"await_ms": awaitMs, "spawned": spawned, "ckey_modes": keyModes, "ckeys": keys,
+		"await_ms": awaitMs, "spawned": spawned, "key_changes": keyChanges, "ckeys": keys,
 		"rate_limits": rateLimits, "weights": weights, "cr_keys": crKeys, "cr_shards": crShards,
 	}
 	var stmt string
@@ -180,31 +249,28 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []OutcomeRow) (ma
 		var b strings.Builder
 		b.WriteString("WITH upd AS (\n" + s.frag("outcome_update") + "\n)")
 		if len(seenSig) > 0 {
-			b.WriteString(", consumed AS (\n" + s.frag("outcome_consume") + "\n)")
+			b.WriteString(",\nconsumed AS (\n" + s.frag("outcome_consume") + "\n)")
 			args["seen_inst"], args["seen_sig"] = seenInst, seenSig
 		}
 		if len(spawners) > 0 {
-			b.WriteString(", kids AS (\n" + s.frag("outcome_spawn") + "\n  RETURNING 1\n)")
+			b.WriteString(",\nkids AS (\n" + s.frag("outcome_spawn") + "\n)")
 			children.into(args)
 		}
 		if credits {
-			b.WriteString(", credited AS (\n" + s.frag("outcome_credit") + "\n)")
+			b.WriteString(",\ncredited AS (\n" + s.frag("outcome_credit") + "\n)")
 		}
 		if settles {
-			b.WriteString(", finished AS (SELECT parent_id FROM upd WHERE kind IN (3, 4) AND parent_id IS NOT NULL)")
-			b.WriteString(", settled AS (\n" + s.frag("outcome_settle") + "\n)")
+			b.WriteString(",\nfinished AS (\n" + s.frag("outcome_finished") + "\n)")
+			b.WriteString(",\nsettled AS (\n" + s.frag("outcome_settle") + "\n)")
 		}
-		b.WriteString("\nSELECT id, owner, signalled, kind, NULL::text AS queue FROM upd")
+		b.WriteString("\n" + s.frag("outcome_applied"))
 		if len(spawners) > 0 {
 			// The children go in right after the outcomes, before any join is settled or gate
-			// slot credited: a child whose key belongs to a row another statement is finishing
-			// waits for that statement, and must not hold, while it waits, a parent or counter
-			// that statement is about to lock (see outcome_spawn). Reading kids here makes it
-			// run here; a CTE no branch reads runs after the whole query.
-			b.WriteString("\nUNION ALL SELECT NULL, NULL, NULL, NULL, NULL FROM (SELECT count(*) AS n FROM kids) AS k WHERE k.n < 0")
+			// slot credited (see outcome_spawn).
+			b.WriteString("\nUNION ALL " + s.frag("outcome_kids_first"))
 		}
 		if settles {
-			b.WriteString("\nUNION ALL SELECT id, NULL, NULL, NULL, queue FROM settled WHERE woke")
+			b.WriteString("\nUNION ALL " + s.frag("outcome_woken"))
 		}
 		stmt = b.String()
 	}
@@ -216,7 +282,7 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []OutcomeRow) (ma
 		var id int64
 		var owner, queue *string
 		var signalled *bool
-		var kind *int16
+		var kind *string
 		var parentID *int64
 		var wave *int32
 		dest := []any{&id, &owner, &signalled, &kind, &queue}
@@ -334,7 +400,7 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []OutcomeRow) (ma
 // applyParkedStepwise is the outcome batch of ApplyOutcomes for a chaos build when the batch
 // parks rows: the same statements in the same order and one transaction, sent one at a time, with
 // the await_between_stmts fault point between the park and the re-check.
-func (s *Store) applyParkedStepwise(ctx context.Context, db DB, outs []OutcomeRow, parked, purge, spawners []int64,
+func (s *Store) applyParkedStepwise(ctx context.Context, db DB, outs []Outcome, parked, purge, spawners []int64,
 	stmt string, args pgx.NamedArgs, scanOutcomes, scanWoken func(pgx.Rows) error) error {
 	tx, err := db.Begin(ctx)
 	if err != nil {
@@ -356,7 +422,7 @@ func (s *Store) applyParkedStepwise(ctx context.Context, db DB, outs []OutcomeRo
 	if fault.Enabled { // (the only caller is a chaos build's)
 		for _, o := range outs {
 			if o.Kind == KindAwait {
-				if err := fault.PointFor(fault.AwaitBetweenStmts, o.Owner); err != nil {
+				if err := fault.PointFor(fault.AwaitBetweenStmts, o.Claim.Owner); err != nil {
 					return err
 				}
 			}
@@ -440,14 +506,20 @@ func (c *childArrays) into(args pgx.NamedArgs) {
 // maxErrorText caps the error text recorded in an instance's history.
 const maxErrorText = 8000
 
+// jsonText is JSON as the statement's text parameter (nil for none).
+func jsonText(b []byte) *string {
+	if b == nil {
+		return nil
+	}
+	s := string(b)
+	return &s
+}
+
 // storableText makes error text storable: valid UTF-8 and no NUL (Postgres text rejects both),
 // at most maxErrorText bytes, cut on a character boundary. Every error an outcome records goes
 // through it, whoever wrote the text (a step, a handler, the database).
-func storableText(p *string) *string {
-	if p == nil {
-		return nil
-	}
-	s := strings.ReplaceAll(strings.ToValidUTF8(*p, "\uFFFD"), "\x00", "\\0")
+func storableText(msg string) string {
+	s := strings.ReplaceAll(strings.ToValidUTF8(msg, "\uFFFD"), "\x00", "\\0")
 	if len(s) > maxErrorText {
 		cut := maxErrorText
 		for cut > 0 && !utf8.RuneStart(s[cut]) {
@@ -455,5 +527,5 @@ func storableText(p *string) *string {
 		}
 		s = s[:cut] + "…"
 	}
-	return &s
+	return s
 }

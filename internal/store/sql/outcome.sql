@@ -29,33 +29,35 @@
 -- statement returns each applied row's signalled flag as of its commit: a row that finished and
 -- received its first signal while its step ran is purged by a follow-up statement.
 --
--- Kinds: 1 next, 2 retry, 3 done, 4 failed, 5 released (claim handed back untouched: attempt
--- restored, no error recorded, due after the delay), 6 await (park on signal names, step = the
--- step to run on wake), 7 spawn (park on children, step = the join step; with no children it is
--- runnable at once).
+-- Kinds (store.OutcomeKind): next, retry, done, failed, released (claim handed back untouched:
+-- attempt restored, no error recorded, due after the delay), await (park on signal names, step =
+-- the step to run on wake), spawn (park on children, step = the join step; with no children it
+-- is runnable at once).
 --
 -- @ids, @owners claim; @kinds; @steps (NULL keeps); @states JSON text (NULL keeps); @delays ms
 -- (next, retry, released); @results JSON text (done); @err_kinds (NULL: none), @err_msgs;
 -- @await_names joined by the unit separator U+001F (names are printable); @await_ms timeout
--- (NULL: none); @spawned children count (spawn); @ckey_modes, @ckeys concurrency key control;
+-- (NULL: none); @spawned children count (spawn); @key_changes ('set' to @ckeys, 'release', or ''
+-- to keep the concurrency key);
 -- @rate_limits, @weights the next step's rate limit (next); @cr_keys, @cr_shards the gate slot the
 -- execution held (see outcome_credit).
 
 -- fragment: outcome_update
 UPDATE {schema}.instances AS i
-SET status           = (CASE u.kind WHEN 3 THEN 'done' WHEN 4 THEN 'failed' WHEN 6 THEN 'awaiting'
-                                    WHEN 7 THEN (CASE WHEN u.spawned > 0 THEN 'joining' ELSE 'available' END)
+SET status           = (CASE u.kind WHEN 'done' THEN 'done' WHEN 'failed' THEN 'failed' WHEN 'await' THEN 'awaiting'
+                                    WHEN 'spawn' THEN (CASE WHEN u.spawned > 0 THEN 'joining' ELSE 'available' END)
                                     ELSE 'available' END)::{schema}.status,
     step             = coalesce(u.step, i.step),
     state            = coalesce(u.state::jsonb, i.state),
-    attempt          = CASE WHEN u.kind IN (1, 6, 7) THEN 0 WHEN u.kind = 5 THEN greatest(i.attempt - 1, 0)
+    attempt          = CASE WHEN u.kind IN ('next', 'await', 'spawn') THEN 0
+                            WHEN u.kind = 'released' THEN greatest(i.attempt - 1, 0)
                             ELSE i.attempt END,
-    scheduled_at     = CASE WHEN u.kind IN (1, 2, 5) THEN now() + u.delay_ms * interval '1 millisecond'
-                            WHEN u.kind = 7 THEN now()
+    scheduled_at     = CASE WHEN u.kind IN ('next', 'retry', 'released') THEN now() + u.delay_ms * interval '1 millisecond'
+                            WHEN u.kind = 'spawn' THEN now()
                             ELSE i.scheduled_at END,
     locked_by        = NULL,
     locked_until     = NULL,
-    result           = CASE u.kind WHEN 3 THEN u.result::jsonb ELSE i.result END,
+    result           = CASE u.kind WHEN 'done' THEN u.result::jsonb ELSE i.result END,
     errors           = CASE WHEN u.err_kind IS NULL THEN i.errors
                             ELSE (CASE WHEN jsonb_array_length(coalesce(i.errors, '[]'::jsonb)) >= 20
                                        THEN i.errors - 0
@@ -65,35 +67,35 @@ SET status           = (CASE u.kind WHEN 3 THEN 'done' WHEN 4 THEN 'failed' WHEN
                                       'kind', u.err_kind, 'error', u.err_msg))
                        END,
     -- Await names live until the woken step's outcome: a retry of that step still needs them.
-    await_names      = CASE WHEN u.kind = 6 THEN string_to_array(u.await_names, E'\x1f')
-                            WHEN u.kind IN (2, 5) THEN i.await_names
+    await_names      = CASE WHEN u.kind = 'await' THEN string_to_array(u.await_names, E'\x1f')
+                            WHEN u.kind IN ('retry', 'released') THEN i.await_names
                             ELSE NULL END,
-    await_deadline   = CASE WHEN u.kind = 6 AND u.await_ms IS NOT NULL
+    await_deadline   = CASE WHEN u.kind = 'await' AND u.await_ms IS NOT NULL
                             THEN now() + u.await_ms * interval '1 millisecond' END,
     -- A spawn opens a new wave of children; the join step (and its retries) sees that wave.
-    pending_children = CASE WHEN u.kind = 7 THEN u.spawned ELSE i.pending_children END,
-    spawn_wave       = CASE WHEN u.kind = 7 THEN coalesce(i.spawn_wave, 0) + 1 ELSE i.spawn_wave END,
-    join_due         = CASE WHEN u.kind = 7 THEN true WHEN u.kind IN (2, 5) THEN i.join_due END,
-    -- Next may set or release the concurrency key (mode 1 set, 2 release; 0 keeps it). Every
-    -- outcome ends the execution, so the gate shard it held is no longer the row's.
-    concurrency_key  = CASE u.ckey_mode WHEN 1 THEN u.ckey WHEN 2 THEN NULL ELSE i.concurrency_key END,
+    pending_children = CASE WHEN u.kind = 'spawn' THEN u.spawned ELSE i.pending_children END,
+    spawn_wave       = CASE WHEN u.kind = 'spawn' THEN coalesce(i.spawn_wave, 0) + 1 ELSE i.spawn_wave END,
+    join_due         = CASE WHEN u.kind = 'spawn' THEN true WHEN u.kind IN ('retry', 'released') THEN i.join_due END,
+    -- Next may set or release the concurrency key ('' keeps it). Every outcome ends the
+    -- execution, so the gate shard it held is no longer the row's.
+    concurrency_key  = CASE u.key_change WHEN 'set' THEN u.ckey WHEN 'release' THEN NULL ELSE i.concurrency_key END,
     concurrency_shard = NULL,
     -- A rate limit is per transition: the step a Next leads to runs under the limit that Next
     -- names (or none); a retried or released step keeps its own.
-    rate_limit       = CASE WHEN u.kind IN (2, 5) THEN i.rate_limit ELSE u.rate_limit END,
-    weight           = CASE WHEN u.kind IN (2, 5) THEN i.weight ELSE coalesce(u.weight, 1) END,
-    finalized_at     = CASE WHEN u.kind IN (3, 4) THEN now() END,
+    rate_limit       = CASE WHEN u.kind IN ('retry', 'released') THEN i.rate_limit ELSE u.rate_limit END,
+    weight           = CASE WHEN u.kind IN ('retry', 'released') THEN i.weight ELSE coalesce(u.weight, 1) END,
+    finalized_at     = CASE WHEN u.kind IN ('done', 'failed') THEN now() END,
     -- The step that just ran joins the path when it moved the instance on or finished it.
-    path             = CASE WHEN u.kind IN (1, 3, 4, 6, 7)
+    path             = CASE WHEN u.kind IN ('next', 'done', 'failed', 'await', 'spawn')
                             THEN (coalesce(i.path, '{}') || i.step)[greatest(cardinality(i.path) - 48, 1):]
                             ELSE i.path END,
     updated_at       = now()
-FROM unnest(@ids::bigint[], @owners::text[], @kinds::smallint[], @steps::text[], @states::text[],
+FROM unnest(@ids::bigint[], @owners::text[], @kinds::text[], @steps::text[], @states::text[],
             @delays::bigint[], @results::text[], @err_kinds::text[], @err_msgs::text[],
-            @await_names::text[], @await_ms::bigint[], @spawned::integer[], @ckey_modes::smallint[],
+            @await_names::text[], @await_ms::bigint[], @spawned::integer[], @key_changes::text[],
             @ckeys::text[], @rate_limits::text[], @weights::integer[], @cr_keys::text[], @cr_shards::smallint[])
      AS u(id, owner, kind, step, state, delay_ms, result, err_kind, err_msg, await_names, await_ms, spawned,
-          ckey_mode, ckey, rate_limit, weight, cr_key, cr_shard)
+          key_change, ckey, rate_limit, weight, cr_key, cr_shard)
 WHERE i.id = u.id
   -- The token alone is the fence (no "status = 'executing'" here): that predicate would let the
   -- planner read the whole instances_executing index, dead entries and all, instead of looking
@@ -112,7 +114,7 @@ DELETE FROM {schema}.signals AS s
 USING unnest(@seen_inst::bigint[], @seen_sig::bigint[]) AS c(instance_id, signal_id), upd
 WHERE s.id = c.signal_id
   AND c.instance_id = upd.id
-  AND upd.kind IN (1, 6, 7)
+  AND upd.kind IN ('next', 'await', 'spawn')
 
 -- A spawn's children, inserted only for parents whose outcome applied, in (machine,
 -- correlation_key) order like every insert. A child whose key is taken by a live instance of its
@@ -145,13 +147,14 @@ ORDER BY c.machine, c.correlation_key NULLS LAST, c.ord
 ON CONFLICT (machine, correlation_key)
   WHERE correlation_key IS NOT NULL AND status IN ('available', 'executing', 'awaiting', 'joining')
   DO NOTHING
+RETURNING 1
 
 -- The join barrier: every child that finished here (the statement's "finished" relation: one
 -- row per finished child, with its parent_id) decrements its parent's count of unsettled
 -- children, and the decrement that reaches zero makes the parent runnable, in this statement.
 -- Only a joining parent counts: a parent that was cancelled or failed meanwhile is left alone,
 -- and its children's completion wakes nobody. A CHECK keeps the count from going below zero.
--- Used by the outcome statement and by the reaper (release_expired in claims.sql).
+-- Used by the outcome statement and by the reaper (release_expired in maintenance.sql).
 -- Locks: each parent row, in parent id order. The sub-select d takes them: its locking step runs
 -- after its sort. (Left to the join, the order would be the scan's, which is the heap's: every
 -- update that is not HOT moves a parent's row, so two committers settling the same parents
@@ -177,7 +180,7 @@ RETURNING p.id, p.queue, p.status = 'available' AS woke
 -- Gate credits: every applied outcome of an execution that held a gate slot gives it back to the
 -- shard it debited (@cr_keys, @cr_shards in outcome_update's arrays: the key and shard as the pick
 -- claimed them, NULL for an execution that held none; an applied row returns them). A counter
--- never goes below zero here: should it have drifted low, the reconciler (gates.sql) sets it from
+-- never goes below zero here: should it have drifted low, the reconciler (maintenance.sql) sets it from
 -- the executing rows.
 -- Locks: the gate counter rows, in (key, shard) order, like the pick's debit: the sub-select c
 -- takes them after its sort (a join would take them in its scan's order, the heap's).
@@ -194,6 +197,24 @@ FROM (SELECT l.key, l.shard, x.n
       ORDER BY l.key, l.shard
       FOR NO KEY UPDATE OF l) AS c
 WHERE g.key = c.key AND g.shard = c.shard
+
+-- The rest of the assembled statement (ApplyOutcomes): the children that finished here (for
+-- outcome_settle), and the statement's result: the applied rows, then the parents it woke. A
+-- branch that reads kids (and returns nothing) makes the children's insert run right after the
+-- outcome_update: PostgreSQL runs a data-modifying CTE no branch reads only after the whole
+-- query (see outcome_spawn for why the order matters).
+
+-- fragment: outcome_finished
+SELECT parent_id FROM upd WHERE kind IN ('done', 'failed') AND parent_id IS NOT NULL
+
+-- fragment: outcome_applied
+SELECT id, owner, signalled, kind, NULL::text AS queue FROM upd
+
+-- fragment: outcome_kids_first
+SELECT NULL, NULL, NULL, NULL, NULL FROM (SELECT count(*) AS n FROM kids) AS k WHERE k.n < 0
+
+-- fragment: outcome_woken
+SELECT id, NULL, NULL, NULL, queue FROM settled WHERE woke
 
 -- The inboxes of instances that just finished: a terminal outcome clears the whole inbox,
 -- latecomers included. A fresh snapshot (after the outcome statement took the row locks) sees

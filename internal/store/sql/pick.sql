@@ -33,7 +33,22 @@
 --
 -- @queue, @limit, @owner claim token, @lease ms, @horizon ms (rows scheduled up to now() +
 -- horizon are due: 0 in production; the test kit's Drain passes a large horizon to collapse
--- delays). pick_admitted also takes the gates and rate-limit configuration (see there).
+-- delays). The picks that admit against gates or rate limits also take their configuration
+-- (see "Admission" below).
+--
+-- The statements. Every pick has the same shape, and each variant is made of the parts below
+-- (the fragments of this file); store/pick.go declares, in one table, which parts each variant
+-- uses, and assembles them once per Store:
+--
+--   WITH <configuration>,              the gates or limits configured, and the hinted keys
+--        candidates AS (<scan>),       due rows in urgency order, each tested by the filters
+--        <admission>,                  the rows the rate limits let through (admitted)
+--        chosen AS (…),                the rows to claim, each with its gate shard
+--        refused AS (…)                what the admission refused, for events
+--   <claim>                            the UPDATE that turns the chosen rows into claims
+--
+-- A variant carries only the machinery its configuration can use: it plans and runs none of what
+-- its configuration cannot need.
 
 -- The settings a pick runs under, local to its implicit transaction (the batch that sends the
 -- pick): a lock wait of at most $1 (see Store.Pick); no JIT (a pick is a few milliseconds of work,
@@ -51,12 +66,12 @@ SELECT pg_catalog.set_config('lock_timeout', $1, true),
        pg_catalog.set_config('enable_hashjoin', 'off', true),
        pg_catalog.set_config('enable_mergejoin', 'off', true);
 
--- The admission picks' settings add a generic plan from the first execution on: planning one of
--- them took a third of its cost (1.6 ms of 5), and Postgres, left to choose, would keep planning
--- them forever, since their generic plan's estimates (a batch of a tenth of the table) make it
+-- The admission picks' settings add a generic plan from the first execution on: planning is a
+-- large share of an admission pick's cost (docs/PERFORMANCE.md), and Postgres, left to choose,
+-- would keep planning them forever, since their generic plan's estimates (a batch of a tenth of the table) make it
 -- look dearer than any custom plan. Their generic plan is safe at any size: the candidates are an
 -- index scan in the pick index's order stopped by LIMIT, every gate counter and bucket is read by
--- key, and the claim walks an array by primary key (see pick_claim), with the join methods that
+-- key, and the claim walks an array by primary key (see claim), with the join methods that
 -- could read a table whole turned off as above. The plain pick keeps the server's choice: its
 -- generic plan is chosen on its own, and a role's plan_cache_mode stays in force.
 -- name: pick_settings_admission
@@ -67,7 +82,8 @@ SELECT pg_catalog.set_config('lock_timeout', $1, true),
        pg_catalog.set_config('enable_mergejoin', 'off', true),
        pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
 
--- fragment: pick_claim
+-- The claim: every pick ends with it.
+-- fragment: claim
 UPDATE {schema}.instances AS i
 SET status            = 'executing',
     attempt           = i.attempt + 1,
@@ -101,36 +117,90 @@ RETURNING i.id, i.machine, i.step, i.state, i.attempt, i.max_attempts, i.priorit
           i.concurrency_key, i.concurrency_shard, i.rate_limit,
           (SELECT count(*) FROM candidates), (SELECT n FROM refused), (SELECT denied FROM refused)
 
--- The pick of a client with no gates or rate limits configured: every key is K = 1.
+-- The candidate scan. No join here: the scan must stay in the pick index's order so that LIMIT
+-- stops it early. Its filters (the predicates below) go between its two halves, each as
+-- "AND <filter>".
 
--- name: pick
-WITH candidates AS MATERIALIZED (
-  SELECT i.id, i.concurrency_key AS ckey, i.priority, i.scheduled_at
+-- fragment: scan_begin
+candidates AS MATERIALIZED (
+  SELECT i.id, i.concurrency_key AS ckey, i.rate_limit AS rkey, i.weight, i.priority, i.scheduled_at
   FROM {schema}.instances AS i
   WHERE i.status = 'available'
     AND i.queue = @queue
     AND i.scheduled_at <= now() + @horizon::bigint * interval '1 millisecond'
-    AND (i.concurrency_key IS NULL
-         OR NOT EXISTS (SELECT 1 FROM {schema}.instances AS x
-                        WHERE x.concurrency_key = i.concurrency_key AND x.status = 'executing'
-                          AND x.concurrency_shard IS NULL))
-    -- No limit is configured: a row with one stalls (the maintenance sweep reports it).
-    AND i.rate_limit IS NULL
+
+-- fragment: scan_end
   ORDER BY i.priority, i.scheduled_at, i.id
   LIMIT @limit
   FOR NO KEY UPDATE OF i SKIP LOCKED
-), chosen AS MATERIALIZED (
-  SELECT c.id, c.ckey, NULL::smallint AS shard
-  FROM candidates AS c
-  WHERE c.ckey IS NULL
-     OR NOT EXISTS (SELECT 1 FROM candidates AS d
-                    WHERE d.ckey = c.ckey AND (d.priority, d.scheduled_at, d.id) < (c.priority, c.scheduled_at, c.id))
-), refused AS (
-  SELECT 0::bigint AS n, 0::bigint AS denied
 )
-{{pick_claim}};
 
--- The pick of a client with gates or rate limits configured (admission).
+-- The K = 1 rule, between transactions: no execution of row i's key runs (an execution that
+-- holds a gate slot is not one of a K = 1 key).
+
+-- fragment: key_idle
+NOT EXISTS (SELECT 1 FROM {schema}.instances AS x
+            WHERE x.concurrency_key = i.concurrency_key AND x.status = 'executing'
+              AND x.concurrency_shard IS NULL)
+
+-- The K = 1 rule, within a batch: row c is the most urgent row of its key in the relation named
+-- by the parameter (the candidates, or the admitted rows).
+
+-- fragment: first_of_key(rel)
+NOT EXISTS (SELECT 1 FROM {{rel}} AS d
+            WHERE d.ckey = c.ckey AND (d.priority, d.scheduled_at, d.id) < (c.priority, c.scheduled_at, c.id))
+
+-- Filter: a keyed row only while its key is idle (every key is K = 1: no gate is configured).
+
+-- fragment: key_runnable
+(i.concurrency_key IS NULL OR {{key_idle}})
+
+-- Filter: a keyed row only while its gate has a free slot (as of this statement's snapshot), or,
+-- for a key no gate owns, while the key is idle.
+
+-- fragment: gate_has_room
+(i.concurrency_key IS NULL
+ -- A hinted gated key: as read at the start (ghint).
+ OR CASE WHEN i.concurrency_key = ANY (CAST((SELECT known FROM ghint) AS text[]))
+         THEN i.concurrency_key = ANY (CAST((SELECT roomy FROM ghint) AS text[]))
+         -- Any other gated key: its gate has a free slot. (NULL: no gate owns the key;
+         -- then K = 1.)
+         ELSE coalesce((SELECT cfg.lim > coalesce((SELECT sum(g.held) FROM {schema}.gates AS g
+                                                   WHERE g.key = i.concurrency_key), 0)
+                        FROM cfg WHERE cfg.name = split_part(i.concurrency_key, ':', 1)),
+                       {{key_idle}})
+    END)
+
+-- Filter: a row with a rate limit only while its bucket holds a token (rows of a limit no
+-- configuration here names are not candidates at all).
+
+-- fragment: rate_has_token
+(i.rate_limit IS NULL
+ -- A hinted limited key: as read at the start (rhint).
+ OR CASE WHEN i.rate_limit = ANY (CAST((SELECT known FROM rhint) AS text[]))
+         THEN i.rate_limit = ANY (CAST((SELECT affordable FROM rhint) AS text[]))
+         -- Any other: its bucket holds a token. (NULL: an unknown limit: not a candidate.)
+         ELSE (SELECT coalesce((SELECT least(rc.burst, b.tokens + rc.rate * extract(epoch FROM now() - b.updated_at))
+                                FROM {schema}.buckets AS b WHERE b.key = i.rate_limit), rc.burst) >= 1
+               FROM rcfg AS rc WHERE rc.name = split_part(i.rate_limit, ':', 1))
+    END)
+
+-- Filter: no rate limit is configured, so a row with one stalls (the maintenance sweep reports
+-- it).
+
+-- fragment: no_rate_limit
+i.rate_limit IS NULL
+
+-- Filters of the lean picks: the row is of the caller's gate lease or rate lane (it passes
+-- untested; see lease_held and lane_grant).
+
+-- fragment: lease_key
+i.concurrency_key = @l_key
+
+-- fragment: lane_limit
+i.rate_limit = @lr_key
+
+-- Admission.
 --
 -- Gates. A gated key's candidates take its free slots in urgency order, from the emptiest shard
 -- first (which spreads a busy key over its shards); a shard with no row yet is empty (its
@@ -142,48 +212,36 @@ WITH candidates AS MATERIALIZED (
 -- cannot deadlock; racing first debits of a cold shard merge in ON CONFLICT, which applies a
 -- debit only while it fits; the CHECK backs that up.
 --
--- Rate limits. A row with a rate limit is a candidate only if its bucket holds a token (rows of a
--- limit no configuration here names are not candidates at all: they stall, and the maintenance
--- sweep reports them). Each bucket refills to now: min(burst, tokens + rate × elapsed), a missing
--- bucket being full. Its candidates are granted in urgency order while their cumulative weight
--- fits: a heavy row at the head that does not fit yet blocks the lighter rows behind it (strict
--- order, the head of the line keeps its place). In the common case the whole batch of a key fits
--- its balance and is granted without that running sum. The writeback is one upsert per bucket in
--- key order; it recomputes the balance on the locked newest row and applies only while the grant
--- still fits, so picks racing over a bucket never overdraw it (a refused grant claims nothing:
--- rate_limit.contended), and racing first grants of a cold bucket meet on its primary key.
--- A row under both a gate and a limit takes a gate slot only once the limit granted it.
+-- Rate limits. A row with a rate limit is a candidate only if its bucket holds a token. Each
+-- bucket refills to now: min(burst, tokens + rate × elapsed), a missing bucket being full. Its
+-- candidates are granted in urgency order while their cumulative weight fits: a heavy row at the
+-- head that does not fit yet blocks the lighter rows behind it (strict order, the head of the
+-- line keeps its place). In the common case the whole batch of a key fits its balance and is
+-- granted without that running sum. The writeback is one upsert per bucket in key order; it
+-- recomputes the balance on the locked newest row and applies only while the grant still fits,
+-- so picks racing over a bucket never overdraw it (a refused grant claims nothing:
+-- rate_limit.contended), and racing first grants of a cold bucket meet on its primary key. A row
+-- under both a gate and a limit takes a gate slot only once the limit granted it.
 --
 -- Hints. The candidate scan must test each row's gate or bucket (so that rows of a saturated key
 -- never take the batch's places from the work behind them), and a test per row is a sub-select
--- per row: a third of the statement's cost. The caller names the keys it expects (@g_hint,
--- @r_hint: the keys of its last batch); the statement reads each of those once (when the first
--- candidate row with a key or a limit needs it), and tests a row of a hinted key against that
--- answer: the same answer as the row-by-row test,
--- from the same snapshot. Rows of other keys are tested one by one. A hint is only ever a list
--- of what to read first: a wrong or stale one costs nothing but its own reads.
+-- per row. The caller names the keys it expects (@g_hint, @r_hint: the keys of its last batch);
+-- the statement reads each of those once (when the first candidate row with a key or a limit
+-- needs it), and tests a row of a hinted key against that answer: the same answer as the
+-- row-by-row test, from the same snapshot. Rows of other keys are tested one by one. A hint is
+-- only ever a list of what to read first: a wrong or stale one costs nothing but its own reads.
 --
 -- Locks, besides the candidates: the gate counters and buckets it writes (until commit).
--- Also: @g_names, @g_limits, @g_shards, @g_hint (gates); @r_names, @r_rates (tokens per second),
--- @r_bursts, @r_hint (limits).
+-- Parameters: @g_names, @g_limits, @g_shards, @g_hint (gates); @r_names, @r_rates (tokens per
+-- second), @r_bursts, @r_hint (limits).
 
--- The pick_admitted family is assembled from the fragments below (Store.New, once): pick_gated
--- for a client with gates and no rate limits, pick_rated for one with rate limits and no gates,
--- pick_admitted for one with both. A statement carries only the machinery its configuration can
--- use: it plans and runs none of what its configuration cannot need.
---
---   WITH {{pa_gate_cfg}} | {{pa_rate_cfg}},   (the configuration present, and the hinted keys)
---   candidates (... {{pa_gate_filter}} or {{pa_k1_filter}} ... {{pa_rate_filter}} or {{pa_no_rate_filter}}),
---   {{pa_rate_ctes}} or {{pa_no_rate_ctes}},  (admitted: the rows the rate limits let through)
---   {{pa_gate_ctes}} or {{pa_k1_chosen}},     (chosen: the rows claimed, with their gate shards)
---   {{pa_refused}} or {{pa_no_refused}}
---   {{pick_claim}}
+-- Configuration: the gates, and the hinted keys a gate owns (known) and those of them with a
+-- free slot (roomy).
 
--- fragment: pa_gate_cfg
+-- fragment: gate_config
 cfg AS (
   SELECT * FROM unnest(@g_names::text[], @g_limits::integer[], @g_shards::integer[]) AS g(name, lim, shards)
 ), ghint AS (
-  -- The hinted keys a gate owns (known), and those of them with a free slot (roomy).
   SELECT coalesce(array_agg(h.key), '{}') AS known,
          coalesce(array_agg(h.key) FILTER (WHERE cfg.lim > coalesce((SELECT sum(g.held) FROM {schema}.gates AS g
                                                                      WHERE g.key = h.key), 0)), '{}') AS roomy
@@ -191,13 +249,14 @@ cfg AS (
   JOIN cfg ON cfg.name = split_part(h.key, ':', 1)
 )
 
--- fragment: pa_rate_cfg
+-- Configuration: the rate limits, and the hinted keys a configured limit owns (known) and those
+-- of them whose bucket holds a token (affordable).
+
+-- fragment: rate_config
 rcfg AS (
   SELECT * FROM unnest(@r_names::text[], @r_rates::double precision[], @r_bursts::double precision[])
          AS r(name, rate, burst)
 ), rhint AS (
-  -- The hinted keys a configured limit owns (known), and those of them whose bucket holds a
-  -- token (affordable).
   SELECT coalesce(array_agg(h.key), '{}') AS known,
          coalesce(array_agg(h.key) FILTER (WHERE coalesce((SELECT least(rc.burst, b.tokens + rc.rate * extract(epoch FROM now() - b.updated_at))
                                                            FROM {schema}.buckets AS b WHERE b.key = h.key), rc.burst) >= 1),
@@ -206,84 +265,32 @@ rcfg AS (
   JOIN rcfg AS rc ON rc.name = split_part(h.key, ':', 1)
 )
 
--- fragment: pa_candidates_head
-candidates AS MATERIALIZED (
-  SELECT i.id, i.concurrency_key AS ckey, i.rate_limit AS rkey, i.weight, i.priority, i.scheduled_at
-  FROM {schema}.instances AS i
-  -- No join here: the scan must stay in the pick index's order so that LIMIT stops it early.
-  WHERE i.status = 'available'
-    AND i.queue = @queue
-    AND i.scheduled_at <= now() + @horizon::bigint * interval '1 millisecond'
-
--- fragment: pa_gate_filter
-    AND (i.concurrency_key IS NULL
-         -- A hinted gated key: as read at the start (ghint).
-         OR CASE WHEN i.concurrency_key = ANY (CAST((SELECT known FROM ghint) AS text[]))
-                 THEN i.concurrency_key = ANY (CAST((SELECT roomy FROM ghint) AS text[]))
-                 -- Any other gated key: its gate has a free slot. (NULL: no gate owns the key;
-                 -- then K = 1.)
-                 ELSE coalesce((SELECT cfg.lim > coalesce((SELECT sum(g.held) FROM {schema}.gates AS g
-                                                           WHERE g.key = i.concurrency_key), 0)
-                                FROM cfg WHERE cfg.name = split_part(i.concurrency_key, ':', 1)),
-                               NOT EXISTS (SELECT 1 FROM {schema}.instances AS x
-                                           WHERE x.concurrency_key = i.concurrency_key AND x.status = 'executing'
-                                             AND x.concurrency_shard IS NULL))
-            END)
-
--- fragment: pa_k1_filter
-    AND (i.concurrency_key IS NULL
-         OR NOT EXISTS (SELECT 1 FROM {schema}.instances AS x
-                        WHERE x.concurrency_key = i.concurrency_key AND x.status = 'executing'
-                          AND x.concurrency_shard IS NULL))
-
--- fragment: pa_rate_filter
-    AND (i.rate_limit IS NULL
-         -- A hinted limited key: as read at the start (rhint).
-         OR CASE WHEN i.rate_limit = ANY (CAST((SELECT known FROM rhint) AS text[]))
-                 THEN i.rate_limit = ANY (CAST((SELECT affordable FROM rhint) AS text[]))
-                 -- Any other: its bucket holds a token. (NULL: an unknown limit: not a candidate.)
-                 ELSE (SELECT coalesce((SELECT least(rc.burst, b.tokens + rc.rate * extract(epoch FROM now() - b.updated_at))
-                                        FROM {schema}.buckets AS b WHERE b.key = i.rate_limit), rc.burst) >= 1
-                       FROM rcfg AS rc WHERE rc.name = split_part(i.rate_limit, ':', 1))
-            END)
-
--- fragment: pa_no_rate_filter
-    -- No limit is configured: a row with one stalls (the maintenance sweep reports it).
-    AND i.rate_limit IS NULL
-
--- fragment: pa_candidates_tail
-  ORDER BY i.priority, i.scheduled_at, i.id
-  LIMIT @limit
-  FOR NO KEY UPDATE OF i SKIP LOCKED
-)
-
 -- The limited rows the rate limits may grant: all of them but a K = 1 key's rows after its most
 -- urgent one in the window, which this pick cannot claim (the key runs one row at a time) and
--- which therefore take no tokens (pa_rate_ctes, pa_rate_admitted). pr_eligible: every key is
--- K = 1 (no gates); pa_eligible: a key a gate owns may run several rows.
+-- which therefore take no tokens. eligible_ungated: every key is K = 1 (no gates);
+-- eligible_gated: a key a gate owns may run several rows.
 
--- fragment: pr_eligible
+-- fragment: eligible_ungated
 eligible AS MATERIALIZED (
   SELECT c.*
   FROM candidates AS c
   WHERE c.rkey IS NOT NULL
-    AND (c.ckey IS NULL
-         OR NOT EXISTS (SELECT 1 FROM candidates AS d
-                        WHERE d.ckey = c.ckey AND (d.priority, d.scheduled_at, d.id) < (c.priority, c.scheduled_at, c.id)))
+    AND (c.ckey IS NULL OR {{first_of_key(candidates)}})
 )
 
--- fragment: pa_eligible
+-- fragment: eligible_gated
 eligible AS MATERIALIZED (
   SELECT c.*
   FROM candidates AS c
   WHERE c.rkey IS NOT NULL
     AND (c.ckey IS NULL
          OR split_part(c.ckey, ':', 1) = ANY (@g_names::text[])
-         OR NOT EXISTS (SELECT 1 FROM candidates AS d
-                        WHERE d.ckey = c.ckey AND (d.priority, d.scheduled_at, d.id) < (c.priority, c.scheduled_at, c.id)))
+         OR {{first_of_key(candidates)}})
 )
 
--- fragment: pa_rate_ctes
+-- The grants: each bucket's, from the eligible rows.
+
+-- fragment: rate_grants
 limited AS MATERIALIZED (
   -- Each limited key of the window: the weight of its rows, and its bucket's balance now (read
   -- once per key, by key: a join could hash the whole buckets table).
@@ -314,10 +321,24 @@ limited AS MATERIALIZED (
   GROUP BY r.rkey, l.rate, l.burst
 )
 
--- fragment: pa_rdebit
+-- The grant of a rate lane: the weight of all the lane's rows in the window, if a full bucket
+-- holds it and none of them has a key (a keyed row is not the lane's to claim: its rows all go
+-- to the admission pick, which grants them in order with the key's rule).
+
+-- fragment: lane_grant
+granted AS (
+  SELECT CAST(@lr_key AS text) AS rkey, w.weight, rc.rate, rc.burst
+  FROM (SELECT sum(c.weight) AS weight, bool_or(c.ckey IS NOT NULL) AS keyed
+        FROM candidates AS c WHERE c.rkey = @lr_key) AS w
+  JOIN rcfg AS rc ON rc.name = split_part(@lr_key, ':', 1)
+  WHERE w.weight <= rc.burst AND NOT w.keyed
+)
+
+-- The writeback of each grant (granted: rkey, weight, rate, burst; a grant is never more than a
+-- full bucket holds). Returns the buckets whose grant applied.
+
+-- fragment: bucket_debit
 rdebit AS (
-  -- The writeback of each grant (granted: rkey, weight, rate, burst; a grant is never more than
-  -- a full bucket holds).
   INSERT INTO {schema}.buckets (key, tokens, rate, burst, updated_at)
   SELECT g.rkey, greatest(g.burst - g.weight, 0), g.rate, g.burst, now()
   FROM granted AS g
@@ -331,9 +352,10 @@ rdebit AS (
   RETURNING key
 )
 
--- fragment: pa_rate_admitted
+-- admitted: the rows the rate limits let through (or that have none).
+
+-- fragment: rate_admitted
 admitted AS (
-  -- Rows the rate limits let through (or that have none).
   SELECT c.id, c.ckey, c.rkey, c.weight, c.priority, c.scheduled_at
   FROM candidates AS c
   WHERE c.rkey IS NULL
@@ -342,12 +364,27 @@ admitted AS (
          AND (c.rkey NOT IN (SELECT r.rkey FROM rated AS r) OR c.id IN (SELECT r.id FROM rated AS r WHERE r.upto <= r.balance)))
 )
 
--- fragment: pa_no_rate_ctes
+-- admitted, with no rate limits configured: every candidate.
+
+-- fragment: admit_all
 admitted AS (
   SELECT * FROM candidates
 )
 
--- fragment: pa_gate_ctes
+-- chosen: rows with no key, and the most urgent row of each key in the relation named by the
+-- parameter (every key is K = 1: no gate is configured).
+
+-- fragment: chosen_first_of_key(rel)
+chosen AS MATERIALIZED (
+  SELECT c.id, c.ckey, NULL::smallint AS shard
+  FROM {{rel}} AS c
+  WHERE c.ckey IS NULL OR {{first_of_key(rel)}}
+)
+
+-- chosen, with gates configured: rows with no key, the most urgent row of each K = 1 key (one no
+-- gate owns), and the rows of gated keys whose gate debit applied.
+
+-- fragment: chosen_gate_debit
 gated AS MATERIALIZED (
   -- Each gated key of the batch: its gate, and how many of its rows were admitted.
   SELECT k.ckey, cfg.lim, cfg.shards, k.n
@@ -396,14 +433,10 @@ gated AS MATERIALIZED (
     WHERE gates.held + EXCLUDED.held <= gates.capacity
   RETURNING key, shard
 ), chosen AS MATERIALIZED (
-  -- Rows with no key, the most urgent row of each K = 1 key (one no gate owns), and the rows of
-  -- gated keys whose debit applied.
   SELECT c.id, c.ckey, NULL::smallint AS shard
   FROM admitted AS c
   WHERE c.ckey IS NULL
-     OR (split_part(c.ckey, ':', 1) <> ALL (@g_names::text[])
-         AND NOT EXISTS (SELECT 1 FROM admitted AS d
-                         WHERE d.ckey = c.ckey AND (d.priority, d.scheduled_at, d.id) < (c.priority, c.scheduled_at, c.id)))
+     OR (split_part(c.ckey, ':', 1) <> ALL (@g_names::text[]) AND {{first_of_key(admitted)}})
   UNION ALL
   SELECT c.id, c.ckey, b.shard::smallint
   FROM admitted AS c
@@ -415,46 +448,14 @@ gated AS MATERIALIZED (
   WHERE (s.ckey, s.shard) IN (SELECT d.key, d.shard FROM debit AS d)
 )
 
--- fragment: pa_k1_chosen
-chosen AS MATERIALIZED (
-  -- No gate is configured: every key is K = 1, and a key gets its most urgent admitted row.
-  SELECT c.id, c.ckey, NULL::smallint AS shard
-  FROM admitted AS c
-  WHERE c.ckey IS NULL
-     OR NOT EXISTS (SELECT 1 FROM admitted AS d
-                    WHERE d.ckey = c.ckey AND (d.priority, d.scheduled_at, d.id) < (c.priority, c.scheduled_at, c.id))
-)
+-- The gate lease a leased pick admits its key's rows against (store/lease.go, lease.sql): the
+-- caller asks for no more rows than its lease has free slots, so every row of the key in the
+-- window fits.
+-- Locks: the lease row FOR KEY SHARE, until commit: the reconciler removes only a lease it can
+-- lock, so a lease this pick admits against cannot expire away under it; if it is gone or
+-- expired, no row of the key is claimed. Parameters: @l_key, @l_shard, @l_owner.
 
--- fragment: pa_refused
-refused AS (
-  -- n: buckets whose grant another pick's writeback beat this one to; denied: limited rows in
-  -- the window their bucket could not afford.
-  SELECT (SELECT count(*) FROM granted AS g WHERE NOT EXISTS (SELECT 1 FROM rdebit AS d WHERE d.key = g.rkey)) AS n,
-         (SELECT count(*) FROM rated AS r WHERE r.upto > r.balance) AS denied
-)
-
--- fragment: pa_no_refused
-refused AS (
-  SELECT 0::bigint AS n, 0::bigint AS denied
-)
-
--- The pick of a runner that holds a gate lease (gates.sql), for a client with gates and no rate
--- limits: pick_gated's candidates, where the leased key's rows pass without a test, and rows of
--- the leased key are claimed into the lease's shard with no counter read or written. The caller
--- asks for no more rows than its lease has free slots, so every row of the key in the window
--- fits. A row of any other key that its test admits is left available for the caller's next
--- pick, an admission pick (the caller picks again at once after a short batch). Also: @l_key,
--- @l_shard, @l_owner (the lease), @g_hint.
--- Locks, besides the candidates: the lease row FOR KEY SHARE, until commit: the reconciler
--- removes only a lease it can lock, so a lease this pick admits against cannot expire away
--- under it; if it is gone or expired, no row of the key is claimed.
---
---   WITH {{pa_gate_cfg}}, {{pl_lease}},
---   candidates (... AND (key = @l_key OR (TRUE {{pa_gate_filter}})) {{pa_no_rate_filter}} ...),
---   {{pl_chosen}}, {{pa_no_refused}}
---   {{pick_claim}}
-
--- fragment: pl_lease
+-- fragment: lease_held
 lease AS MATERIALIZED (
   SELECT gl.shard
   FROM {schema}.gate_leases AS gl
@@ -462,7 +463,12 @@ lease AS MATERIALIZED (
   FOR KEY SHARE
 )
 
--- fragment: pl_chosen
+-- chosen, on a gate lease: rows with no key, and the leased key's rows, into the lease's shard
+-- with no counter read or written. A row of any other key that its test admitted is left
+-- available for the caller's next pick, an admission pick (the caller picks again at once after
+-- a short batch).
+
+-- fragment: chosen_lease
 chosen AS MATERIALIZED (
   SELECT c.id, c.ckey, NULL::smallint AS shard
   FROM candidates AS c
@@ -474,37 +480,33 @@ chosen AS MATERIALIZED (
   WHERE c.ckey = @l_key
 )
 
--- The pick of a runner whose last batch was full and held rows of one rate limit and no key (a
--- rate lane), for a client with rate limits and no gates: pick_rated's candidates, where the
--- lane's rows pass without a test, and one grant for all of the lane's rows in the window,
--- written back like pick_rated's (only while it fits the bucket's newest balance): all of them
--- are claimed, or none. Rows of any other limit or key that their tests admit are left available
--- for the caller's next pick, an admission pick (the caller picks again at once after a short
--- batch), and so are the lane's rows when the bucket cannot afford them all: the admission pick
--- grants the prefix that fits. Also: @lr_key (the lane), @r_hint.
--- Locks, besides the candidates: the lane's bucket (pa_rdebit).
---
---   WITH {{pa_rate_cfg}},
---   candidates (... {{pa_k1_filter}} AND (limit = @lr_key OR (TRUE {{pa_rate_filter}})) ...),
---   {{rl_granted}}, {{pa_rdebit}}, {{rl_chosen}}, {{pa_no_refused}}
---   {{pick_claim}}
+-- chosen, on a rate lane (a runner whose last batch was full and held rows of one rate limit and
+-- no key): rows with no key or limit, and all of the lane's rows if its one grant applied, or
+-- none of them. Rows of any other limit or key that their tests admitted are left available for
+-- the caller's next pick, an admission pick, and so are the lane's rows when the bucket cannot
+-- afford them all: the admission pick grants the prefix that fits. Parameter: @lr_key.
 
--- fragment: rl_granted
-granted AS (
-  -- The lane's grant: the weight of all its rows in the window, if a full bucket holds it and
-  -- none of them has a key (a keyed row is not the lane's to claim: its rows all go to the
-  -- admission pick, which grants them in order with the key's rule).
-  SELECT CAST(@lr_key AS text) AS rkey, w.weight, rc.rate, rc.burst
-  FROM (SELECT sum(c.weight) AS weight, bool_or(c.ckey IS NOT NULL) AS keyed
-        FROM candidates AS c WHERE c.rkey = @lr_key) AS w
-  JOIN rcfg AS rc ON rc.name = split_part(@lr_key, ':', 1)
-  WHERE w.weight <= rc.burst AND NOT w.keyed
-)
-
--- fragment: rl_chosen
+-- fragment: chosen_lane
 chosen AS MATERIALIZED (
   SELECT c.id, c.ckey, NULL::smallint AS shard
   FROM candidates AS c
   WHERE c.ckey IS NULL
     AND (c.rkey IS NULL OR (c.rkey = @lr_key AND EXISTS (SELECT 1 FROM rdebit)))
+)
+
+-- refused: n, the buckets whose grant another pick's writeback beat this one to; denied, the
+-- limited rows in the window their bucket could not afford (events: rate_limit.contended,
+-- rate_limit.throttled).
+
+-- fragment: refused_count
+refused AS (
+  SELECT (SELECT count(*) FROM granted AS g WHERE NOT EXISTS (SELECT 1 FROM rdebit AS d WHERE d.key = g.rkey)) AS n,
+         (SELECT count(*) FROM rated AS r WHERE r.upto > r.balance) AS denied
+)
+
+-- refused, for a pick that refuses nothing it reports.
+
+-- fragment: refused_none
+refused AS (
+  SELECT 0::bigint AS n, 0::bigint AS denied
 )

@@ -1,0 +1,220 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/gendurable/gendurable/durabletype"
+	"github.com/gendurable/gendurable/internal/fault"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// Released is a row the reaper or a startup reclaim released.
+type Released struct {
+	ID      int64
+	Queue   string
+	Machine string
+	Step    string
+	Attempt int
+	Status  durabletype.Status
+}
+
+// ReleaseExpired releases up to limit claims: with prefix empty (the reaper), every claim whose
+// lease has run out; otherwise (startup reclaim) only claims of that worker-id prefix, whose
+// lease ends before now() + slack.
+func (s *Store) ReleaseExpired(ctx context.Context, db DB, limit int, prefix string, slack time.Duration) ([]Released, []Woken, error) {
+	var p *string
+	if prefix != "" {
+		p = &prefix
+	}
+	// One transaction: the instances it fails and the clearing of their inboxes (which needs a
+	// snapshot taken after the release) commit together.
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	rows, err := tx.Query(ctx, s.sql("release_expired"), limit, p, slack.Milliseconds())
+	if err != nil {
+		return nil, nil, err
+	}
+	var out []Released
+	var woken []Woken
+	var failed []int64
+	var woke bool
+	var r Released
+	var attempt int32
+	var status string
+	if _, err := pgx.ForEachRow(rows, []any{&woke, &r.ID, &r.Queue, &r.Machine, &r.Step, &attempt, &status}, func() error {
+		if woke { // a parent whose last child failed here
+			woken = append(woken, Woken{ID: r.ID, Queue: r.Queue})
+			return nil
+		}
+		r.Attempt, r.Status = int(attempt), durabletype.Status(status)
+		out = append(out, r)
+		if r.Status.Terminal() {
+			failed = append(failed, r.ID)
+		}
+		return nil
+	}); err != nil {
+		return nil, nil, err
+	}
+	if fault.Enabled {
+		// The claims are released, their row locks held, nothing committed yet.
+		if err := fault.PointFor(fault.ReaperBetweenSelectUpdate, prefix); err != nil {
+			return nil, nil, err
+		}
+	}
+	if len(failed) > 0 {
+		// Instances that failed here are finished: clear their inboxes, with a fresh snapshot
+		// (see purge_terminal_inboxes).
+		if _, err := tx.Exec(ctx, s.sql("purge_terminal_inboxes"), failed); err != nil {
+			return nil, nil, fmt.Errorf("clear the inboxes of failed instances: %w", err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, nil, err
+	}
+	return out, woken, nil
+}
+
+// Fired is an instance whose await deadline woke it.
+type Fired struct {
+	ID      int64
+	Queue   string
+	Machine string
+	Step    string
+}
+
+// FireAwaitDeadlines wakes up to limit parked instances whose deadline is within horizon.
+func (s *Store) FireAwaitDeadlines(ctx context.Context, db DB, limit int, horizon time.Duration) ([]Fired, error) {
+	rows, err := db.Query(ctx, s.sql("fire_await_deadlines"), limit, horizon.Milliseconds())
+	if err != nil {
+		return nil, err
+	}
+	var out []Fired
+	var f Fired
+	_, err = pgx.ForEachRow(rows, []any{&f.ID, &f.Queue, &f.Machine, &f.Step}, func() error {
+		out = append(out, f)
+		return nil
+	})
+	return out, err
+}
+
+// ReconcileGates sets the gate counters that disagree with the executing rows, their leases or
+// the configuration right, and removes expired leases (see maintenance.sql), in one transaction; it
+// returns how many counters it repaired and removed.
+func (s *Store) ReconcileGates(ctx context.Context, db DB, g *Gates) (repaired, removed int, err error) {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	cfg := pgx.NamedArgs{"g_names": g.Names, "g_limits": g.Limits, "g_shards": g.Shards}
+	rows, err := tx.Query(ctx, s.sql("reconcile_gates_lock"), cfg)
+	if err != nil {
+		return 0, 0, err
+	}
+	var keys []string
+	var shards []int16
+	var key string
+	var shard int16
+	if _, err := pgx.ForEachRow(rows, []any{&key, &shard}, func() error {
+		keys, shards = append(keys, key), append(shards, shard)
+		return nil
+	}); err != nil {
+		return 0, 0, err
+	}
+	if len(keys) == 0 {
+		return 0, 0, tx.Commit(ctx)
+	}
+	cfg["keys"], cfg["shards"] = keys, shards
+	rows, err = tx.Query(ctx, s.sql("reconcile_gates_leases"), cfg)
+	if err != nil {
+		return 0, 0, err
+	}
+	var xKeys, xOwners []string
+	var xShards []int16
+	var owner string
+	if _, err := pgx.ForEachRow(rows, []any{&key, &shard, &owner}, func() error {
+		xKeys, xShards, xOwners = append(xKeys, key), append(xShards, shard), append(xOwners, owner)
+		return nil
+	}); err != nil {
+		return 0, 0, err
+	}
+	cfg["x_keys"], cfg["x_shards"], cfg["x_owners"] = xKeys, xShards, xOwners
+	if fault.Enabled {
+		// The counters that look wrong and their expired leases are locked; the repair has not
+		// read the truth yet.
+		if err := fault.Point(fault.GCBetweenSelectDelete); err != nil {
+			return 0, 0, err
+		}
+	}
+	var rep, rem int64
+	if err := tx.QueryRow(ctx, s.sql("reconcile_gates_fix"), cfg).Scan(&rep, &rem); err != nil {
+		return 0, 0, err
+	}
+	return int(rep), int(rem), tx.Commit(ctx)
+}
+
+// GCBuckets deletes up to 1,000 buckets that are refilled or whose limit is not configured.
+func (s *Store) GCBuckets(ctx context.Context, db DB, r *Rates) (int, error) {
+	tag, err := db.Exec(ctx, s.sql("gc_buckets"), pgx.NamedArgs{"r_names": r.Names})
+	if err != nil {
+		return 0, err
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// RateUnknown counts the runnable rows stalled on each limit the configuration does not name.
+func (s *Store) RateUnknown(ctx context.Context, db DB, r *Rates) (map[string]int, error) {
+	rows, err := db.Query(ctx, s.sql("rate_unknown"), pgx.NamedArgs{"r_names": r.Names})
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int{}
+	var name string
+	var n int64
+	_, err = pgx.ForEachRow(rows, []any{&name, &n}, func() error {
+		out[name] = int(n)
+		return nil
+	})
+	return out, err
+}
+
+// GCCursor is where a GC sweep's next batch starts: after the (finalized_at, id) of the last row
+// the previous batch deleted. The zero value starts at the beginning.
+type GCCursor struct {
+	At time.Time
+	ID int64
+}
+
+// GCInstances deletes up to batch finished instances whose finalized_at is older than retention,
+// after cur in (finalized_at, id) order, with their inboxes (see maintenance.sql). It returns how many it
+// deleted and the cursor for the next batch.
+func (s *Store) GCInstances(ctx context.Context, db DB, retention time.Duration, batch int, cur GCCursor) (int, GCCursor, error) {
+	args := s.GCInstancesArgs(retention, batch, cur)
+	var n int64
+	var at *time.Time
+	var id *int64
+	if err := db.QueryRow(ctx, s.sql("gc_instances"), args).Scan(&n, &at, &id); err != nil {
+		return 0, cur, err
+	}
+	if at != nil && id != nil {
+		cur = GCCursor{At: *at, ID: *id}
+	}
+	return int(n), cur, nil
+}
+
+// GCInstancesArgs are the arguments of one GC batch (GCInstances; tests EXPLAIN the statement
+// with them).
+func (s *Store) GCInstancesArgs(retention time.Duration, batch int, cur GCCursor) pgx.NamedArgs {
+	args := pgx.NamedArgs{"retention_ms": retention.Milliseconds(), "batch": batch,
+		"after_at": pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}, "after_id": int64(0)}
+	if !cur.At.IsZero() {
+		args["after_at"], args["after_id"] = cur.At, cur.ID
+	}
+	return args
+}

@@ -1,0 +1,359 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/gendurable/gendurable/internal/fault"
+	"github.com/jackc/pgx/v5"
+)
+
+// Claimed is a row the pick claimed.
+type Claimed struct {
+	ID             int64
+	Machine        string
+	Step           string
+	State          []byte
+	Attempt        int
+	MaxAttempts    int
+	Priority       int
+	CorrelationKey string
+	InsertedAt     time.Time
+	// AwaitNames are the names the instance parked on, if this step runs after an Await.
+	AwaitNames []string
+	// Inbox is the instance's inbox as of the pick, oldest first.
+	Inbox []SignalRow
+	// Signalled says the instance has ever received a signal.
+	Signalled bool
+	// Child says the instance has a parent.
+	Child bool
+	// Children are the parent's latest wave, loaded when its join step is due.
+	Children []ChildRow
+	// ConcurrencyKey is the row's key (nil: none); ConcurrencyShard the gate shard its claim
+	// debited (nil: not gated). The outcome credits that shard back.
+	ConcurrencyKey   *string
+	ConcurrencyShard *int16
+	// RateLimit is the rate limit the claim was granted under (nil: none).
+	RateLimit *string
+	// Owner is the claim token the pick set (filled in by the caller).
+	Owner string
+}
+
+// Slot returns the gate slot the claim took (nil: none).
+func (c *Claimed) Slot() *GateSlot {
+	if c.ConcurrencyKey == nil || c.ConcurrencyShard == nil {
+		return nil
+	}
+	return &GateSlot{Key: *c.ConcurrencyKey, Shard: *c.ConcurrencyShard}
+}
+
+// ChildRow is a child of a parent's latest wave.
+type ChildRow struct {
+	ID      int64           `json:"id"`
+	Machine string          `json:"machine"`
+	Status  string          `json:"status"`
+	Result  json.RawMessage `json:"result"`
+	Error   string          `json:"error"`
+}
+
+// SignalRow is a signal in an inbox.
+type SignalRow struct {
+	ID      int64           `json:"id"`
+	Name    string          `json:"name"`
+	Payload json.RawMessage `json:"payload"`
+	At      time.Time       `json:"at"`
+}
+
+// Gates is the concurrency-gate configuration a pick admits against (parallel slices).
+type Gates struct {
+	Names  []string
+	Limits []int32
+	Shards []int32
+}
+
+// Rates is the rate-limit configuration a pick admits against (parallel slices): refill rate in
+// tokens per second and burst, per limit name.
+type Rates struct {
+	Names  []string
+	Rates  []float64
+	Bursts []float64
+}
+
+// Admits reports whether a pick under gates and rates is an admission pick (it reads gates or
+// buckets, and a Hint can make it cheaper) rather than the plain one.
+func Admits(gates *Gates, rates *Rates) bool {
+	return gates.configured() || rates.configured()
+}
+
+// LeasesGates reports whether a pick under gates and rates can take a gate lease (Lane.Gate):
+// gates and no rate limits are configured.
+func LeasesGates(gates *Gates, rates *Rates) bool { return gates.configured() && !rates.configured() }
+
+// RatesLanes reports whether a pick under gates and rates can take a rate lane (Lane.Rate): rate
+// limits and no gates are configured.
+func RatesLanes(gates *Gates, rates *Rates) bool { return rates.configured() && !gates.configured() }
+
+func (g *Gates) configured() bool { return g != nil && len(g.Names) > 0 }
+
+func (r *Rates) configured() bool { return r != nil && len(r.Names) > 0 }
+
+// pickVariant is one pick statement, as the list of pick.sql's fragments it is made of (see the
+// shape at the top of pick.sql). A filter "a OR b" passes a row that either fragment passes.
+type pickVariant struct {
+	config  []string // CTEs the scan and admission read: the configuration, the lease held
+	filters []string // the candidate scan's tests, each row must pass them all
+	admit   []string // CTEs from the candidates to the admitted rows (the rate limits' grants)
+	chosen  string   // the CTE of the rows to claim, with their gate shards
+	refused string   // the CTE of what admission refused (events)
+}
+
+// pickVariants declares every pick statement, by name (see Pick for which one runs).
+var pickVariants = map[string]pickVariant{
+	// No gates or rate limits configured: every key is K = 1.
+	"pick": {
+		filters: []string{"key_runnable", "no_rate_limit"},
+		chosen:  "chosen_first_of_key(candidates)", refused: "refused_none",
+	},
+	// Gates, no rate limits.
+	"pick_gated": {
+		config:  []string{"gate_config"},
+		filters: []string{"gate_has_room", "no_rate_limit"},
+		admit:   []string{"admit_all"},
+		chosen:  "chosen_gate_debit", refused: "refused_none",
+	},
+	// Rate limits, no gates.
+	"pick_rated": {
+		config:  []string{"rate_config"},
+		filters: []string{"key_runnable", "rate_has_token"},
+		admit:   []string{"eligible_ungated", "rate_grants", "bucket_debit", "rate_admitted"},
+		chosen:  "chosen_first_of_key(admitted)", refused: "refused_count",
+	},
+	// Gates and rate limits.
+	"pick_admitted": {
+		config:  []string{"gate_config", "rate_config"},
+		filters: []string{"gate_has_room", "rate_has_token"},
+		admit:   []string{"eligible_gated", "rate_grants", "bucket_debit", "rate_admitted"},
+		chosen:  "chosen_gate_debit", refused: "refused_count",
+	},
+	// On a gate lease (Lane.Gate): the leased key's rows pass untested and take the lease's
+	// slots; no counter is read or written for them.
+	"pick_leased": {
+		config:  []string{"gate_config", "lease_held"},
+		filters: []string{"lease_key OR gate_has_room", "no_rate_limit"},
+		chosen:  "chosen_lease", refused: "refused_none",
+	},
+	// On a rate lane (Lane.Rate): the lane's rows pass untested and are granted in one debit.
+	"pick_rate_lane": {
+		config:  []string{"rate_config"},
+		filters: []string{"key_runnable", "lane_limit OR rate_has_token"},
+		admit:   []string{"lane_grant", "bucket_debit"},
+		chosen:  "chosen_lane", refused: "refused_none",
+	},
+}
+
+// pickTemplates writes each variant as a statement of fragment splices, for New to expand.
+func pickTemplates() map[string]string {
+	out := make(map[string]string, len(pickVariants))
+	splice := func(name string) string { return "{{" + name + "}}" }
+	for name, v := range pickVariants {
+		scan := splice("scan_begin")
+		for _, f := range v.filters {
+			alts := strings.Split(f, " OR ")
+			for i, a := range alts {
+				alts[i] = splice(a)
+			}
+			test := alts[0]
+			if len(alts) > 1 {
+				test = "(" + strings.Join(alts, " OR ") + ")"
+			}
+			scan += "\n    AND " + test
+		}
+		scan += "\n" + splice("scan_end")
+		var ctes []string
+		for _, c := range v.config {
+			ctes = append(ctes, splice(c))
+		}
+		ctes = append(ctes, scan)
+		for _, c := range v.admit {
+			ctes = append(ctes, splice(c))
+		}
+		ctes = append(ctes, splice(v.chosen), splice(v.refused))
+		out[name] = "WITH " + strings.Join(ctes, ",\n") + "\n" + splice("claim")
+	}
+	return out
+}
+
+// pickLockTimeout bounds how long a pick waits for a lock (see Pick).
+const pickLockTimeout = "100ms"
+
+// PickResult is what a pick claimed, and how many candidates its window considered (the
+// difference was denied by a concurrency key or gate in this pick).
+type PickResult struct {
+	Rows       []Claimed
+	Considered int
+	// Refused counts the buckets whose grant another pick's writeback beat this one to.
+	Refused int
+	// RateDenied counts the rate-limited rows of the window their bucket could not afford.
+	RateDenied int
+}
+
+// Hint names the gate and rate-limit keys an admission pick expects among its candidates,
+// usually the keys of the caller's last batch (HintFrom). The pick reads each hinted
+// key's gate or bucket once, where it would read it once per candidate row; what it claims is the
+// same with any hint, or none.
+type Hint struct {
+	GateKeys []string
+	RateKeys []string
+}
+
+// maxHintKeys bounds a hint: a batch of many keys gains little from it, and each hinted key costs
+// a read whether or not the batch holds a row of it.
+const maxHintKeys = 32
+
+// HintFrom returns the hint for the pick after the one that claimed rows: their gated keys and
+// rate limits, each once, at most 32 of each.
+func HintFrom(rows []Claimed) Hint {
+	var h Hint
+	for i := range rows {
+		c := &rows[i]
+		if c.ConcurrencyShard != nil && c.ConcurrencyKey != nil && len(h.GateKeys) < maxHintKeys &&
+			!slices.Contains(h.GateKeys, *c.ConcurrencyKey) {
+			h.GateKeys = append(h.GateKeys, *c.ConcurrencyKey)
+		}
+		if c.RateLimit != nil && len(h.RateKeys) < maxHintKeys && !slices.Contains(h.RateKeys, *c.RateLimit) {
+			h.RateKeys = append(h.RateKeys, *c.RateLimit)
+		}
+	}
+	return h
+}
+
+// Lane is a lean way for an admission pick to take a batch like the caller's last one, all of
+// one gated key or one rate limit (at most one of the two is set): a pick on it claims that
+// key's or limit's rows without the admission pick's per-key machinery, and leaves rows of any
+// other key or limit that it could admit for the next pick, an admission pick.
+type Lane struct {
+	// Gate is the caller's gate lease (a client with gates and no rate limits): the key's rows
+	// are claimed into the lease's shard without touching its counter. The caller must ask for
+	// no more rows than the lease has free slots; every row of the key it gets back took one of
+	// them (none if the lease is gone).
+	Gate *Lease
+	// Rate is a rate limit (a client with rate limits and no gates): all of its rows in the
+	// window are granted in one debit of its bucket, or none of them are (the admission pick
+	// then grants the prefix that fits).
+	Rate string
+}
+
+// Pick claims up to limit due rows of queue for the claim token owner. hint only makes an
+// admission pick cheaper (see Hint); lane makes it leaner still for a batch like the last one
+// (see Lane).
+func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner string, lease, horizon time.Duration, gates *Gates, rates *Rates, hint Hint, lane Lane) (PickResult, error) {
+	args := pgx.NamedArgs{"queue": queue, "limit": limit, "owner": owner, "lease": lease.Milliseconds(), "horizon": horizon.Milliseconds()}
+	// The statement carries only the admission machinery the configuration can use.
+	hasGates, hasRates := gates.configured(), rates.configured()
+	stmt := "pick"
+	switch {
+	case lane.Gate != nil && LeasesGates(gates, rates):
+		stmt = "pick_leased"
+		args["l_key"], args["l_shard"], args["l_owner"] = lane.Gate.Key, lane.Gate.Shard, lane.Gate.Owner
+	case lane.Rate != "" && RatesLanes(gates, rates):
+		stmt = "pick_rate_lane"
+		args["lr_key"] = lane.Rate
+	case hasGates && hasRates:
+		stmt = "pick_admitted"
+	case hasGates:
+		stmt = "pick_gated"
+	case hasRates:
+		stmt = "pick_rated"
+	}
+	if hasGates {
+		args["g_names"], args["g_limits"], args["g_shards"] = gates.Names, gates.Limits, gates.Shards
+		args["g_hint"] = hint.GateKeys
+	}
+	if hasRates {
+		args["r_names"], args["r_rates"], args["r_bursts"] = rates.Names, rates.Rates, rates.Bursts
+		args["r_hint"] = hint.RateKeys
+	}
+	// A pick never waits long: the statement's lock_timeout (its own implicit transaction, via
+	// the batch) turns a wait on another transaction (a claim of the same concurrency key, a
+	// gate counter or bucket being written) into an error the caller retries. Without it, such a
+	// wait could close a cycle with an outcome commit waiting on a row lock the pick took and
+	// kept for a row its scan then found already claimed: a deadlock.
+	// (In a caller's transaction, the test kit's Drain, the setting would outlive the pick, and
+	// nothing races the drain: it is left alone there.)
+	if fault.Enabled && stmt == "pick_admitted" && len(rates.Names) > 0 {
+		if err := fault.PointFor(fault.BucketBeforeWriteback, queue); err != nil {
+			return PickResult{}, err
+		}
+	}
+	var rows pgx.Rows
+	if _, inTx := db.(pgx.Tx); inTx {
+		r, err := db.Query(ctx, s.sql(stmt), args)
+		if err != nil {
+			return PickResult{}, err
+		}
+		rows = r
+	} else {
+		b := &pgx.Batch{}
+		settings := "pick_settings_admission"
+		if stmt == "pick" {
+			settings = "pick_settings"
+		}
+		b.Queue(s.sql(settings), pickLockTimeout)
+		b.Queue(s.sql(stmt), args)
+		br := db.SendBatch(ctx, b)
+		defer func() { _ = br.Close() }()
+		if _, err := br.Exec(); err != nil {
+			return PickResult{}, err
+		}
+		r, err := br.Query()
+		if err != nil {
+			return PickResult{}, err
+		}
+		rows = r
+	}
+	defer rows.Close()
+	res := PickResult{}
+	out := make([]Claimed, 0, limit)
+	for rows.Next() {
+		var c Claimed
+		var attempt, maxAttempts int32
+		var priority int16
+		var inbox, children []byte
+		var considered, refused, denied int64
+		if err := rows.Scan(&c.ID, &c.Machine, &c.Step, &c.State, &attempt, &maxAttempts, &priority,
+			&c.CorrelationKey, &c.InsertedAt, &c.AwaitNames, &c.Signalled, &inbox, &c.Child, &children,
+			&c.ConcurrencyKey, &c.ConcurrencyShard, &c.RateLimit, &considered, &refused, &denied); err != nil {
+			return PickResult{}, err
+		}
+		res.Considered, res.Refused, res.RateDenied = int(considered), int(refused), int(denied)
+		if len(children) > 0 {
+			if err := json.Unmarshal(children, &c.Children); err != nil {
+				return PickResult{}, fmt.Errorf("decode children of %d: %w", c.ID, err)
+			}
+		}
+		c.Attempt, c.MaxAttempts, c.Priority = int(attempt), int(maxAttempts), int(priority)
+		if len(inbox) > 0 {
+			if err := json.Unmarshal(inbox, &c.Inbox); err != nil {
+				return PickResult{}, fmt.Errorf("decode inbox of %d: %w", c.ID, err)
+			}
+		}
+		out = append(out, c)
+	}
+	if err := rows.Err(); err != nil {
+		return PickResult{}, err
+	}
+	// The UPDATE returns rows in no particular order; run them in urgency order.
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Priority != out[j].Priority {
+			return out[i].Priority < out[j].Priority
+		}
+		return out[i].ID < out[j].ID
+	})
+	res.Rows = out
+	return res, nil
+}
