@@ -115,7 +115,7 @@ func checkMachineOpts(what, name, queue string, maxAttempts int) error {
 	return nil
 }
 
-func (m FSM[S]) run(call *engine.Call) engine.Outcome {
+func (m FSM[S]) run(call *engine.Call) store.Outcome {
 	ctx := newCtx(call)
 	var state S
 	if err := jsonx.Decode(call.Row.State, &state); err != nil {
@@ -126,7 +126,7 @@ func (m FSM[S]) run(call *engine.Call) engine.Outcome {
 	}
 	out, err, panicked := callStep(m.Steps[call.Row.Step], ctx, state)
 	if err == nil {
-		var enc engine.Outcome
+		var enc store.Outcome
 		if enc, err = m.encode(ctx, out); err == nil {
 			return enc
 		}
@@ -145,18 +145,18 @@ func (m FSM[S]) run(call *engine.Call) engine.Outcome {
 // route hands a failed step's error to Handle and applies its decision. If Handle itself fails
 // (an error, a panic, an outcome that cannot be applied), the instance fails: the handler is the
 // last word and must not loop.
-func (m FSM[S]) route(ctx *Ctx, state S, err error, kind string) engine.Outcome {
+func (m FSM[S]) route(ctx *Ctx, state S, err error, kind string) store.Outcome {
 	h := m.Handle
 	if h == nil {
 		h = func(ctx *Ctx, _ S, err error) Outcome { return m.defaultHandle(ctx, err) }
 	}
 	out, herr := callHandle(h, ctx, state, err)
-	var enc engine.Outcome
+	var enc store.Outcome
 	if herr == nil {
 		enc, herr = m.encode(ctx, out)
 	}
 	if herr != nil {
-		enc = engine.Outcome{Kind: store.KindFailed}
+		enc = store.Outcome{Kind: store.KindFailed}
 		enc.ErrMsg = fmt.Sprintf("%v; then the handler failed: %v", err, herr)
 	} else {
 		msg := err.Error()
@@ -166,15 +166,15 @@ func (m FSM[S]) route(ctx *Ctx, state S, err error, kind string) engine.Outcome 
 		enc.ErrMsg = msg
 	}
 	enc.ErrKind = kind
-	enc.Routed, enc.Panic = err, kind == "panic"
+	enc.Cause, enc.Panic = err, kind == "panic"
 	return enc
 }
 
 // policy applies the default retry policy without calling Handle (for a state that cannot be
 // decoded, where Handle could not be given a state).
-func (m FSM[S]) policy(ctx *Ctx, err error, kind string) engine.Outcome {
+func (m FSM[S]) policy(ctx *Ctx, err error, kind string) store.Outcome {
 	enc, _ := m.encode(ctx, m.defaultHandle(ctx, err))
-	enc.ErrKind, enc.ErrMsg, enc.Routed = kind, err.Error(), err
+	enc.ErrKind, enc.ErrMsg, enc.Cause = kind, err.Error(), err
 	return enc
 }
 
@@ -190,102 +190,102 @@ func (m FSM[S]) defaultHandle(ctx *Ctx, err error) Outcome {
 }
 
 // encode checks an outcome against the machine and encodes it for the engine.
-func (m FSM[S]) encode(ctx *Ctx, o Outcome) (engine.Outcome, error) {
+func (m FSM[S]) encode(ctx *Ctx, o Outcome) (store.Outcome, error) {
 	for _, opt := range o.opts {
 		if opt.apply == nil {
-			return engine.Outcome{}, outcomeErrorf("the zero OutcomeOption is not an option")
+			return store.Outcome{}, outcomeErrorf("the zero OutcomeOption is not an option")
 		}
 		if err := opt.apply(&o); err != nil {
-			return engine.Outcome{}, outcomeErrorf("%s: %v", o.kind, err)
+			return store.Outcome{}, outcomeErrorf("%s: %v", o.kind, err)
 		}
 	}
 	switch o.kind {
 	case outcomeNext:
 		if m.Steps[o.step] == nil {
-			return engine.Outcome{}, outcomeError{fmt.Errorf("%w: Next(%q): machine %q has no such step", ErrUnknownStep, o.step, m.Name)}
+			return store.Outcome{}, outcomeError{fmt.Errorf("%w: Next(%q): machine %q has no such step", ErrUnknownStep, o.step, m.Name)}
 		}
 		st, err := stateOf[S](o.state)
 		if err != nil {
-			return engine.Outcome{}, outcomeErrorf("Next(%q): %v", o.step, err)
+			return store.Outcome{}, outcomeErrorf("Next(%q): %v", o.step, err)
 		}
 		b, err := jsonx.Encode(st, ctx.call.MaxPayload)
 		if err != nil {
-			return engine.Outcome{}, outcomeError{fmt.Errorf("Next(%q) state: %w", o.step, err)}
+			return store.Outcome{}, outcomeError{fmt.Errorf("Next(%q) state: %w", o.step, err)}
 		}
 		if o.weight > 0 && o.rate == "" {
-			return engine.Outcome{}, outcomeErrorf("Next(%q): option Weight without RateLimit", o.step)
+			return store.Outcome{}, outcomeErrorf("Next(%q): option Weight without RateLimit", o.step)
 		}
-		return engine.Outcome{Kind: store.KindNext, Step: o.step, State: b, Delay: o.delay, KeyMode: o.keyMode, Key: o.key,
+		return store.Outcome{Kind: store.KindNext, Step: o.step, State: b, Delay: o.delay, Key: o.keyChange, NewKey: o.key,
 			RateLimit: o.rate, Weight: max(o.weight, 1)}, nil
 	case outcomeAwait:
 		if m.Steps[o.step] == nil {
-			return engine.Outcome{}, outcomeError{fmt.Errorf("%w: Await(…, %q): machine %q has no such step", ErrUnknownStep, o.step, m.Name)}
+			return store.Outcome{}, outcomeError{fmt.Errorf("%w: Await(…, %q): machine %q has no such step", ErrUnknownStep, o.step, m.Name)}
 		}
 		if err := checkAwaitNames(o.names); err != nil {
-			return engine.Outcome{}, outcomeErrorf("Await: %v", err)
+			return store.Outcome{}, outcomeErrorf("Await: %v", err)
 		}
 		st, err := stateOf[S](o.state)
 		if err != nil {
-			return engine.Outcome{}, outcomeErrorf("Await(…, %q): %v", o.step, err)
+			return store.Outcome{}, outcomeErrorf("Await(…, %q): %v", o.step, err)
 		}
 		b, err := jsonx.Encode(st, ctx.call.MaxPayload)
 		if err != nil {
-			return engine.Outcome{}, outcomeError{fmt.Errorf("Await(…, %q) state: %w", o.step, err)}
+			return store.Outcome{}, outcomeError{fmt.Errorf("Await(…, %q) state: %w", o.step, err)}
 		}
-		return engine.Outcome{Kind: store.KindAwait, Step: o.step, State: b, AwaitNames: o.names, AwaitTimeout: o.timeout}, nil
+		return store.Outcome{Kind: store.KindAwait, Step: o.step, State: b, AwaitNames: o.names, AwaitTimeout: o.timeout}, nil
 	case outcomeSpawn:
 		if m.Steps[o.step] == nil {
-			return engine.Outcome{}, outcomeError{fmt.Errorf("%w: Spawn(…, %q): machine %q has no such step", ErrUnknownStep, o.step, m.Name)}
+			return store.Outcome{}, outcomeError{fmt.Errorf("%w: Spawn(…, %q): machine %q has no such step", ErrUnknownStep, o.step, m.Name)}
 		}
 		if limit := ctx.call.MaxChildren; len(o.children) > limit {
-			return engine.Outcome{}, outcomeError{fmt.Errorf("%w: Spawn: %d children, more than Config.MaxChildren (%d)",
+			return store.Outcome{}, outcomeError{fmt.Errorf("%w: Spawn: %d children, more than Config.MaxChildren (%d)",
 				ErrInvalidInput, len(o.children), limit)}
 		}
 		st, err := stateOf[S](o.state)
 		if err != nil {
-			return engine.Outcome{}, outcomeErrorf("Spawn(…, %q): %v", o.step, err)
+			return store.Outcome{}, outcomeErrorf("Spawn(…, %q): %v", o.step, err)
 		}
 		b, err := jsonx.Encode(st, ctx.call.MaxPayload)
 		if err != nil {
-			return engine.Outcome{}, outcomeError{fmt.Errorf("Spawn(…, %q) state: %w", o.step, err)}
+			return store.Outcome{}, outcomeError{fmt.Errorf("Spawn(…, %q) state: %w", o.step, err)}
 		}
 		rows := make([]store.InsertRow, len(o.children))
 		for i, ch := range o.children {
 			if ch.Opts != nil && len(ch.Opts.CorrelationScope) > 0 {
-				return engine.Outcome{}, outcomeErrorf("Spawn: child %d: CorrelationScope does not apply to children (they deduplicate against live instances only)", i)
+				return store.Outcome{}, outcomeErrorf("Spawn: child %d: CorrelationScope does not apply to children (they deduplicate against live instances only)", i)
 			}
 			if err := buildRow(ch.Input, ch.Opts, i, ctx.call.MaxPayload, ctx.call.Machine, &rows[i]); err != nil {
-				return engine.Outcome{}, outcomeError{fmt.Errorf("Spawn: %w", err)}
+				return store.Outcome{}, outcomeError{fmt.Errorf("Spawn: %w", err)}
 			}
 		}
-		return engine.Outcome{Kind: store.KindSpawn, Step: o.step, State: b, Children: rows}, nil
+		return store.Outcome{Kind: store.KindSpawn, Step: o.step, State: b, Children: rows}, nil
 	case outcomeRetry:
 		return retryOutcome(ctx, o.delay), nil
 	case outcomeDone:
 		return doneOutcome(ctx, o.result)
 	case outcomeStop:
-		return engine.Outcome{Kind: store.KindFailed, ErrKind: "stop", ErrMsg: o.reason.Error()}, nil
+		return store.Outcome{Kind: store.KindFailed, ErrKind: "stop", ErrMsg: o.reason.Error()}, nil
 	}
-	return engine.Outcome{}, outcomeErrorf("the step returned no outcome (the zero Outcome)")
+	return store.Outcome{}, outcomeErrorf("the step returned no outcome (the zero Outcome)")
 }
 
-func retryOutcome(ctx *Ctx, delay time.Duration) engine.Outcome {
+func retryOutcome(ctx *Ctx, delay time.Duration) store.Outcome {
 	if ctx.Attempt >= ctx.MaxAttempts {
-		return engine.Outcome{Kind: store.KindFailed, ErrKind: "retry",
+		return store.Outcome{Kind: store.KindFailed, ErrKind: "retry",
 			ErrMsg: fmt.Sprintf("Retry after attempt %d of %d: no attempts left", ctx.Attempt, ctx.MaxAttempts)}
 	}
-	return engine.Outcome{Kind: store.KindRetry, Delay: max(delay, 0)}
+	return store.Outcome{Kind: store.KindRetry, Delay: max(delay, 0)}
 }
 
-func doneOutcome(ctx *Ctx, result any) (engine.Outcome, error) {
+func doneOutcome(ctx *Ctx, result any) (store.Outcome, error) {
 	if result == nil {
-		return engine.Outcome{Kind: store.KindDone}, nil
+		return store.Outcome{Kind: store.KindDone}, nil
 	}
 	b, err := jsonx.Encode(result, ctx.call.MaxPayload)
 	if err != nil {
-		return engine.Outcome{}, outcomeError{fmt.Errorf("Done result: %w", err)}
+		return store.Outcome{}, outcomeError{fmt.Errorf("Done result: %w", err)}
 	}
-	return engine.Outcome{Kind: store.KindDone, Result: b}, nil
+	return store.Outcome{Kind: store.KindDone, Result: b}, nil
 }
 
 // checkAwaitNames validates an await set: at least one name, each a valid signal name, no
@@ -371,7 +371,7 @@ func (j Job[A]) def() (*engine.MachineDef, error) {
 	}, nil
 }
 
-func (j Job[A]) run(call *engine.Call) engine.Outcome {
+func (j Job[A]) run(call *engine.Call) store.Outcome {
 	ctx := newCtx(call)
 	var args A
 	kind := "decode"
@@ -382,7 +382,7 @@ func (j Job[A]) run(call *engine.Call) engine.Outcome {
 		var panicked bool
 		err, panicked = callPerform(j.Perform, ctx, args)
 		if err == nil {
-			return engine.Outcome{Kind: store.KindDone}
+			return store.Outcome{Kind: store.KindDone}
 		}
 		call.RollbackTx()
 		kind = "error"
@@ -390,17 +390,17 @@ func (j Job[A]) run(call *engine.Call) engine.Outcome {
 			kind = "panic"
 		}
 	}
-	var out engine.Outcome
+	var out store.Outcome
 	if errors.Is(err, errUnrecoverable) || ctx.Attempt >= ctx.MaxAttempts {
-		out = engine.Outcome{Kind: store.KindFailed}
+		out = store.Outcome{Kind: store.KindFailed}
 	} else {
 		b := j.Backoff
 		if b == nil {
 			b = DefaultBackoff
 		}
-		out = engine.Outcome{Kind: store.KindRetry, Delay: max(b(ctx.Attempt), 0)}
+		out = store.Outcome{Kind: store.KindRetry, Delay: max(b(ctx.Attempt), 0)}
 	}
-	out.ErrKind, out.ErrMsg, out.Routed, out.Panic = kind, err.Error(), err, kind == "panic"
+	out.ErrKind, out.ErrMsg, out.Cause, out.Panic = kind, err.Error(), err, kind == "panic"
 	return out
 }
 

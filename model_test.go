@@ -313,9 +313,8 @@ func TestModelOneInstance(t *testing.T) {
 				if len(me.tokens) > 0 {
 					token = rapid.SampledFrom(me.tokens).Draw(rt, "token")
 				}
-				step, state := "s2", `{"i": -1}`
-				applied, _, err := me.st.ApplyOutcomes(ctx, pool, []store.OutcomeRow{{ID: m.target(rt), Owner: token,
-					Kind: store.KindNext, Step: &step, State: &state}})
+				applied, _, err := me.st.ApplyOutcomes(ctx, pool, []store.Outcome{{Claim: store.Claim{ID: m.target(rt), Owner: token},
+					Kind: store.KindNext, Step: "s2", State: []byte(`{"i": -1}`)}})
 				if err != nil {
 					rt.Fatalf("stale commit: %v", err)
 				}

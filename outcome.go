@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/gendurable/gendurable/internal/store"
 )
 
 type outcomeKind int
@@ -24,20 +26,20 @@ const (
 // (Done) or fail (Stop). Build one with those functions; the zero Outcome is invalid and is
 // routed to the machine's Handle as an error.
 type Outcome struct {
-	kind     outcomeKind
-	step     string
-	state    any
-	delay    time.Duration
-	result   any
-	reason   error
-	names    []string
-	timeout  time.Duration
-	children []Child
-	keyMode  int16
-	key      string
-	rate     string
-	weight   int
-	opts     []OutcomeOption
+	kind      outcomeKind
+	step      string
+	state     any
+	delay     time.Duration
+	result    any
+	reason    error
+	names     []string
+	timeout   time.Duration
+	children  []Child
+	keyChange store.KeyChange
+	key       string
+	rate      string
+	weight    int
+	opts      []OutcomeOption
 }
 
 // OutcomeOption adjusts an outcome (see After). Options are checked when the outcome is applied:
@@ -93,7 +95,7 @@ func ConcurrencyKey(key string) OutcomeOption {
 		if err := checkKey(key); err != nil {
 			return fmt.Errorf("option ConcurrencyKey: %w", err)
 		}
-		o.keyMode, o.key = 1, key
+		o.keyChange, o.key = store.KeySet, key
 		return nil
 	}}
 }
@@ -139,7 +141,7 @@ func ReleaseConcurrencyKey() OutcomeOption {
 		if o.kind != outcomeNext {
 			return fmt.Errorf("option ReleaseConcurrencyKey applies to Next only")
 		}
-		o.keyMode, o.key = 2, ""
+		o.keyChange, o.key = store.KeyRelease, ""
 		return nil
 	}}
 }

@@ -73,12 +73,14 @@ func FuzzOutcome(f *testing.F) {
 }
 
 // checkEncoded fails unless an applied outcome keeps the bounds of the outcome statement.
-func checkEncoded(t *testing.T, m FSM[string], o engine.Outcome) {
+func checkEncoded(t *testing.T, m FSM[string], o store.Outcome) {
 	t.Helper()
-	if o.Kind < store.KindNext || o.Kind > store.KindSpawn || o.Kind == store.KindReleased {
+	switch o.Kind {
+	case store.KindNext, store.KindRetry, store.KindDone, store.KindFailed, store.KindAwait, store.KindSpawn:
+	default:
 		t.Fatalf("kind %v", o.Kind)
 	}
-	if (o.Kind == store.KindNext || o.Kind == store.KindAwait || o.Kind == store.KindSpawn) && m.Steps[o.Step] == nil {
+	if o.Kind.Progress() && m.Steps[o.Step] == nil {
 		t.Fatalf("%v to unknown step %q", o.Kind, o.Step)
 	}
 	for _, doc := range [][]byte{o.State, o.Result} {
@@ -92,7 +94,10 @@ func checkEncoded(t *testing.T, m FSM[string], o engine.Outcome) {
 	if o.Kind == store.KindAwait && checkAwaitNames(o.AwaitNames) != nil {
 		t.Fatalf("await names %q", o.AwaitNames)
 	}
-	for _, k := range []string{o.Key, o.RateLimit} {
+	if (o.Key == store.KeySet) != (o.NewKey != "") || (o.Key != store.KeyKeep && o.Key != store.KeySet && o.Key != store.KeyRelease) {
+		t.Fatalf("key change %q to %q", o.Key, o.NewKey)
+	}
+	for _, k := range []string{o.NewKey, o.RateLimit} {
 		if k != "" && checkKey(k) != nil {
 			t.Fatalf("key %q", k)
 		}

@@ -40,8 +40,7 @@ const stallAfter = 20 * time.Millisecond
 
 type commitReq struct {
 	flight  *flight
-	row     store.OutcomeRow
-	outcome Outcome
+	out     store.Outcome
 	release func() // frees the executor slot once the request is queued
 }
 
@@ -201,20 +200,21 @@ func (c *committer) rejected(batch []*commitReq, err error) {
 		return
 	}
 	r := batch[0]
-	if r.row.Kind == store.KindFailed && r.row.ErrKind != nil && *r.row.ErrKind == "rejected" {
+	if r.out.Kind == store.KindFailed && r.out.ErrKind == errRejected {
 		e.log.Error("gendurable: the database refused an outcome; dropped it", "client", e.cfg.Name,
-			"queue", r.flight.queue, "id", r.row.ID, "error", err)
-		e.finish(r.flight, &r.outcome, false, err)
+			"queue", r.flight.queue, "id", r.out.Claim.ID, "error", err)
+		e.finish(r.flight, &r.out, false, err)
 		return
 	}
-	kind, msg := "rejected", "the database refused the outcome "+r.outcome.Kind.String()+": "+err.Error()
-	r.row = store.OutcomeRow{ID: r.row.ID, Owner: r.row.Owner, Kind: store.KindFailed, ErrKind: &kind, ErrMsg: &msg,
-		Signalled: r.row.Signalled, CreditKey: r.row.CreditKey, CreditShard: r.row.CreditShard}
-	r.outcome = Outcome{Kind: store.KindFailed, ErrKind: kind, ErrMsg: msg, Routed: err}
+	r.out = r.out.FailInstead(errRejected, "the database refused the outcome "+r.out.Kind.String()+": "+err.Error(), err)
 	e.log.Error("gendurable: the database refused an outcome; failing the instance with the error",
-		"client", e.cfg.Name, "queue", r.flight.queue, "id", r.row.ID, "error", err)
+		"client", e.cfg.Name, "queue", r.flight.queue, "id", r.out.Claim.ID, "error", err)
 	c.commit([]*commitReq{r}, true)
 }
+
+// errRejected is the error kind of an outcome that fails its instance because the database
+// refused the step's own outcome.
+const errRejected = "rejected"
 
 // linger is the longest a committer waits for more outcomes of steps that are still running
 // before it commits what it has: steps dispatched by one pick finish close together, and one
@@ -262,19 +262,19 @@ func (c *committer) commit(batch []*commitReq, stopping bool) {
 		return
 	}
 	e := c.e
-	rows := make([]store.OutcomeRow, len(batch))
+	outs := make([]store.Outcome, len(batch))
 	for i, r := range batch {
-		rows[i] = r.row
+		outs[i] = r.out
 	}
 	backoff := 50 * time.Millisecond
 	for try := 1; ; try++ {
 		ctx, cancel := context.WithTimeout(context.Background(), StatementTimeout(e.cfg.Lease))
-		applied, woken, err := e.store.ApplyOutcomes(ctx, e.pool, rows)
+		applied, woken, err := e.store.ApplyOutcomes(ctx, e.pool, outs)
 		cancel()
 		if err == nil {
 			for _, r := range batch {
-				_, ok := applied[store.Claim{ID: r.row.ID, Owner: r.row.Owner}]
-				e.finish(r.flight, &r.outcome, ok, nil)
+				_, ok := applied[r.out.Claim]
+				e.finish(r.flight, &r.out, ok, nil)
 			}
 			e.wakeAll(woken)
 			return
@@ -286,7 +286,7 @@ func (c *committer) commit(batch []*commitReq, stopping bool) {
 		}
 		if (stopping && try >= 3) || try >= 1000 {
 			for _, r := range batch {
-				e.finish(r.flight, &r.outcome, false, err)
+				e.finish(r.flight, &r.out, false, err)
 			}
 			return
 		}
@@ -317,9 +317,9 @@ func splitKeyedSpawns(batch []*commitReq) (spawns, rest []*commitReq) {
 	finishes := false
 	for _, r := range batch {
 		keyed := false
-		if r.row.Kind == store.KindSpawn {
-			for i := range r.row.Children {
-				if r.row.Children[i].CorrelationKey != "" {
+		if r.out.Kind == store.KindSpawn {
+			for i := range r.out.Children {
+				if r.out.Children[i].CorrelationKey != "" {
 					keyed = true
 					break
 				}
@@ -329,7 +329,7 @@ func splitKeyedSpawns(batch []*commitReq) (spawns, rest []*commitReq) {
 			spawns = append(spawns, r)
 		} else {
 			rest = append(rest, r)
-			finishes = finishes || r.row.Kind.Terminal()
+			finishes = finishes || r.out.Kind.Terminal()
 		}
 	}
 	if !finishes {

@@ -64,8 +64,7 @@ func (e *Engine) Drain(ctx context.Context, db store.DB, opts DrainOpts) (DrainR
 			}
 			for i := range rows {
 				if opts.MaxSteps > 0 && res.Steps >= opts.MaxSteps {
-					_, _, _ = e.store.ApplyOutcomes(ctx, db, []store.OutcomeRow{{ID: rows[i].ID, Owner: token, Kind: store.KindReleased,
-						CreditKey: rows[i].ConcurrencyKey, CreditShard: rows[i].ConcurrencyShard}})
+					e.handBack(ctx, db, &rows[i])
 					return res, fmt.Errorf("%w (MaxSteps %d; last: instance %d, machine %q, step %q)",
 						ErrMaxSteps, opts.MaxSteps, rows[i].ID, rows[i].Machine, rows[i].Step)
 				}
@@ -84,8 +83,7 @@ func (e *Engine) Drain(ctx context.Context, db store.DB, opts DrainOpts) (DrainR
 func (e *Engine) drainOne(ctx context.Context, db store.DB, queue string, c *store.Claimed, res *DrainResult) error {
 	def := e.cfg.Machines[c.Machine]
 	if def == nil || !def.Steps[c.Step] {
-		_, _, _ = e.store.ApplyOutcomes(ctx, db, []store.OutcomeRow{{ID: c.ID, Owner: c.Owner, Kind: store.KindReleased,
-			CreditKey: c.ConcurrencyKey, CreditShard: c.ConcurrencyShard}})
+		e.handBack(ctx, db, c)
 		if def == nil {
 			return fmt.Errorf("gendurable: drain: instance %d: %w %q (register it in Config.Machines)", c.ID, durabletype.ErrUnknownMachine, c.Machine)
 		}
@@ -94,20 +92,19 @@ func (e *Engine) drainOne(ctx context.Context, db store.DB, queue string, c *sto
 	res.Steps++
 	started := time.Now()
 	out, call := e.execute(ctx, db, queue, c)
-	row := outcomeRow(c, &out)
 	var applied bool
 	if call != nil && call.tx != nil {
-		ok, _, err := e.commitInTx(call, row)
+		ok, _, err := e.commitInTx(call, &out)
 		if err != nil {
 			return fmt.Errorf("gendurable: drain: commit instance %d: %w", c.ID, err)
 		}
 		applied = ok
 	} else {
-		ok, _, err := e.store.ApplyOutcomes(ctx, db, []store.OutcomeRow{row})
+		ok, _, err := e.store.ApplyOutcomes(ctx, db, []store.Outcome{out})
 		if err != nil {
 			return fmt.Errorf("gendurable: drain: commit instance %d: %w", c.ID, err)
 		}
-		_, applied = ok[store.Claim{ID: c.ID, Owner: c.Owner}]
+		_, applied = ok[out.Claim]
 	}
 	f := &flight{id: c.ID, owner: c.Owner, queue: queue, machine: c.Machine, step: c.Step, attempt: c.Attempt, started: started}
 	if !applied {
@@ -118,4 +115,10 @@ func (e *Engine) drainOne(ctx context.Context, db store.DB, queue string, c *sto
 	e.Emit(durabletype.Event{Name: durabletype.EventStepFinished, Queue: queue, Machine: c.Machine, Step: c.Step,
 		InstanceID: c.ID, Attempt: c.Attempt, Outcome: out.Kind.String(), Duration: time.Since(started)})
 	return nil
+}
+
+// handBack hands a claim the drain will not run back untouched (best effort: the drain is
+// failing anyway, and a claim left behind runs out with its lease).
+func (e *Engine) handBack(ctx context.Context, db store.DB, c *store.Claimed) {
+	_, _, _ = e.store.ApplyOutcomes(ctx, db, []store.Outcome{store.HandBack(store.Claim{ID: c.ID, Owner: c.Owner}, c.Slot(), 0)})
 }

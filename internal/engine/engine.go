@@ -1,7 +1,22 @@
-// Package engine is gendurable's runtime: per-queue schedulers that claim batches, the executor
-// that runs one claimed step, the committer that applies outcomes in groups, the heartbeat that
-// keeps leases alive, and the inline drain the test kit uses. It works on type-erased machines
-// (MachineDef); the root package gives it typed ones.
+// Package engine is gendurable's runtime. It works on type-erased machines (MachineDef); the root
+// package gives it typed ones, and the store (internal/store) runs every statement. Each file has
+// one role:
+//
+//   - engine.go: a client's lifecycle: Start (startup reclaim, then every loop) and Stop (drain).
+//   - scheduler.go: per queue, the pick loop (demand, batches, idle backoff, pokes) and the
+//     executor goroutines it feeds; an Insert that claims its own row joins here too.
+//   - executor.go: one claimed step: run it, turn what it returns into one store.Outcome fenced
+//     by the claim, hand it to the committer, and report what follows its commit.
+//   - committer.go: group commit: the outcomes that finish close together, in one statement.
+//   - flight.go: the claims this client holds, from the pick until their outcome is settled.
+//   - heartbeat.go: the leases' upkeep: every claim's lease and every gate lease, one statement
+//     each per interval.
+//   - lease.go: gate leases and rate lanes, the state behind the scheduler's lean picks.
+//   - await.go: the await bridge behind Client.Await.
+//   - drain.go: the test kit's inline drain, through the same pick, executor and outcome.
+//   - machine.go (MachineDef, Call), poke.go (transports), events.go (hooks), ops.go.
+//
+// docs/architecture.md follows one row through these files.
 package engine
 
 import (
@@ -17,7 +32,6 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable/durabletype"
-	"github.com/gendurable/gendurable/internal/fault"
 	"github.com/gendurable/gendurable/internal/maintenance"
 	"github.com/gendurable/gendurable/internal/store"
 	"github.com/jackc/pgx/v5"
@@ -115,35 +129,6 @@ type Engine struct {
 	bg         sync.WaitGroup  // heartbeat, reaper
 	bgStop     chan struct{}
 }
-
-// flight is a claim this client holds: from the pick until its outcome commits (or is dropped).
-type flight struct {
-	id    int64
-	owner string
-	// ckey and shard are the concurrency key and gate shard the claim held (the outcome
-	// credits the shard; any outcome of a keyed row may let another row of its key run).
-	ckey  *string
-	shard *int16
-	// lease is the gate lease the claim took its slot from (nil: none, or settled); gaveBack
-	// says its outcome was sent to give the slot back to it rather than credit the counter.
-	lease    atomic.Pointer[gateLease]
-	gaveBack bool
-	queue    string
-	machine  string
-	step     string
-	attempt  int
-	started  time.Time
-	cancel   context.CancelCauseFunc
-	state    flightState
-}
-
-type flightState int
-
-const (
-	flightRunning   flightState = iota // the step is running
-	flightHanded                       // the outcome is with the committer
-	flightAbandoned                    // released at shutdown; a late outcome is dropped
-)
 
 // New builds an engine. It does nothing until Start.
 func New(pool Pool, st *store.Store, cfg Config) *Engine {
@@ -373,169 +358,6 @@ func (e *Engine) Stop(ctx context.Context) error {
 	e.baseCancel(durabletype.ErrClientStopped)
 	e.events.stop()
 	return err
-}
-
-// abandon cancels the steps still running at the end of the drain and hands their claims back.
-func (e *Engine) abandon() error {
-	e.mu.Lock()
-	var rows []store.OutcomeRow
-	for _, f := range e.flights {
-		if f.state != flightRunning {
-			continue
-		}
-		f.state = flightAbandoned
-		f.cancel(durabletype.ErrClientStopped)
-		// The hand-back credits the counter, leased slot or not.
-		if gl := f.lease.Swap(nil); gl != nil {
-			gl.settle(false)
-		}
-		rows = append(rows, store.OutcomeRow{ID: f.id, Owner: f.owner, Kind: store.KindReleased,
-			CreditKey: f.ckey, CreditShard: f.shard})
-		delete(e.flights, f.id)
-	}
-	e.mu.Unlock()
-	if len(rows) == 0 {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, _, err := e.store.ApplyOutcomes(ctx, e.pool, rows); err != nil {
-		e.log.Error("gendurable: could not hand back claims at shutdown; they will be reclaimed when their lease expires",
-			"client", e.cfg.Name, "claims", len(rows), "error", err)
-		return fmt.Errorf("gendurable: stop: release %d claims: %w", len(rows), err)
-	}
-	e.log.Info("gendurable: stop deadline reached; running steps cancelled and their claims released",
-		"client", e.cfg.Name, "claims", len(rows))
-	return nil
-}
-
-// track registers a claim as in flight, with the context its step runs under.
-func (e *Engine) track(queue, owner string, c *store.Claimed, gl *gateLease) (*flight, context.Context) {
-	ctx, cancel := context.WithCancelCause(e.stepParent)
-	f := &flight{id: c.ID, owner: owner, queue: queue, machine: c.Machine, step: c.Step,
-		attempt: c.Attempt, started: time.Now(), cancel: cancel, ckey: c.ConcurrencyKey, shard: c.ConcurrencyShard}
-	if gl != nil {
-		f.lease.Store(gl)
-	}
-	e.mu.Lock()
-	e.flights[c.ID] = f
-	e.mu.Unlock()
-	return f, ctx
-}
-
-// handOff moves a flight from running to handed, unless it was abandoned.
-func (e *Engine) handOff(f *flight) bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if f.state == flightAbandoned {
-		return false
-	}
-	f.state = flightHanded
-	e.sends.Add(1)
-	return true
-}
-
-// settle forgets a flight whose outcome committed or was dropped.
-func (e *Engine) settle(f *flight) {
-	e.mu.Lock()
-	if cur, ok := e.flights[f.id]; ok && cur == f {
-		delete(e.flights, f.id)
-	}
-	e.mu.Unlock()
-	f.cancel(nil)
-}
-
-// heartbeatLoop extends the leases of every claim in flight, once per interval, in one
-// statement; it cancels the steps whose claims are gone. If it cannot reach the database for a
-// whole lease, every running step is cancelled: its claim is presumed lost.
-func (e *Engine) heartbeatLoop() {
-	defer e.bg.Done()
-	t := time.NewTicker(e.cfg.Heartbeat)
-	defer t.Stop()
-	for {
-		select {
-		case <-e.bgStop:
-			return
-		case <-t.C:
-			e.beat()
-		}
-	}
-}
-
-func (e *Engine) beat() {
-	// The gate leases after the claims: a slow renewal must not hold up the claims' beat.
-	defer e.renewLeases()
-	e.mu.Lock()
-	ids := make([]int64, 0, len(e.flights))
-	owners := make([]string, 0, len(e.flights))
-	for _, f := range e.flights {
-		ids = append(ids, f.id)
-		owners = append(owners, f.owner)
-	}
-	e.mu.Unlock()
-	if len(ids) == 0 {
-		e.lastBeat = time.Now()
-		return
-	}
-	if fault.Enabled {
-		// A beat about to extend the leases: a hook holding it here is a stalled heartbeat;
-		// an error is a failed one.
-		if err := fault.PointFor(fault.Heartbeat, e.cfg.Name); err != nil {
-			e.log.Warn("gendurable: heartbeat failed", "client", e.cfg.Name, "claims", len(ids), "error", err)
-			if time.Since(e.lastBeat) > e.cfg.Lease {
-				e.cancelAll(ids, owners)
-			}
-			return
-		}
-	}
-	ctx, cancel := context.WithTimeout(e.baseCtx, e.cfg.Heartbeat)
-	began := time.Now()
-	lost, err := e.store.Heartbeat(ctx, e.pool, ids, owners, e.cfg.Lease)
-	cancel()
-	if err != nil {
-		e.log.Warn("gendurable: heartbeat failed", "client", e.cfg.Name, "claims", len(ids), "error", err)
-		if time.Since(e.lastBeat) > e.cfg.Lease {
-			e.cancelAll(ids, owners)
-		}
-		return
-	}
-	e.lastBeat = time.Now()
-	e.Emit(durabletype.Event{Name: durabletype.EventHeartbeatBeat, Count: len(ids), Duration: e.lastBeat.Sub(began)})
-	if len(lost) > 0 {
-		// The statement names lost claims by row id; the claim is the one this beat sent for
-		// that id (one per id: flights holds one claim per row).
-		sent := make(map[int64]string, len(ids))
-		for i, id := range ids {
-			sent[id] = owners[i]
-		}
-		lostOwners := make([]string, len(lost))
-		for i, id := range lost {
-			lostOwners[i] = sent[id]
-		}
-		e.cancelAll(lost, lostOwners)
-	}
-}
-
-// cancelAll cancels the running steps of the given claims (ids[i] under token owners[i]). A
-// claim is matched by its token, not by its row alone: by the time a beat reports a claim lost,
-// this client may hold a new claim of the same row (the reaper released the old one, and this
-// client's scheduler picked the row again while the old claim's late outcome was still on its
-// way), and that new claim is not lost.
-func (e *Engine) cancelAll(ids []int64, owners []string) {
-	e.mu.Lock()
-	n := 0
-	for i, id := range ids {
-		if f, ok := e.flights[id]; ok && f.owner == owners[i] && f.state == flightRunning {
-			f.cancel(durabletype.ErrLeaseLost)
-			n++
-		}
-	}
-	e.mu.Unlock()
-	if n > 0 {
-		e.log.Warn("gendurable: lost claims; their steps are cancelled and their outcomes will be dropped",
-			"client", e.cfg.Name, "claims", n)
-		e.Emit(durabletype.Event{Name: durabletype.EventHeartbeatLost, Count: n})
-	}
 }
 
 // beginner returns a function that begins a transaction on db.

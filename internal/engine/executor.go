@@ -1,19 +1,66 @@
 package engine
 
+// The executor: one claimed row's step, from the claim to one outcome value (store.Outcome), and
+// what follows the outcome's commit (events, wakes, the await bridge). The runner's executor
+// goroutines call runStep; the test kit's Drain calls execute and applies the outcome itself.
+
 import (
 	"context"
 	"fmt"
 	"runtime/debug"
 	"slices"
+	"time"
 
 	"github.com/gendurable/gendurable/durabletype"
+	"github.com/gendurable/gendurable/internal/fault"
 	"github.com/gendurable/gendurable/internal/store"
 )
 
-// execute runs one claimed step and returns its encoded outcome and the Call (whose transaction,
-// if the step began one, the outcome must commit in). A row whose machine or step this node does
-// not know is handed back untouched (KindReleased) with an fsm.unknown event.
-func (e *Engine) execute(ctx context.Context, db store.DB, queue string, c *store.Claimed) (Outcome, *Call) {
+// runStep executes one claimed step and hands its outcome to the committer (or, for a step that
+// wrote through its transaction, commits it there). release frees the row's executor slot: once
+// the outcome is handed off (the committer's bounded queue is the backpressure).
+func (e *Engine) runStep(queue string, c *store.Claimed, gl *gateLease, release func()) {
+	f, ctx := e.track(queue, c.Owner, c, gl)
+	out, call := e.execute(ctx, e.pool, queue, c)
+	if fault.Enabled {
+		// The step has run; its outcome is not committed yet, and this slot stays taken. An
+		// error drops the outcome, as a worker dying here would: the lease runs out and the
+		// reaper releases the claim.
+		if err := fault.PointFor(fault.BeforeOutcome, c.Owner); err != nil {
+			e.inFlight.Add(-1)
+			if call != nil {
+				call.RollbackTx()
+			}
+			release()
+			e.finish(f, &out, false, err)
+			return
+		}
+	}
+	e.inFlight.Add(-1)
+	if gl != nil && gl.isLive() {
+		// The slot goes back to the lease when the outcome applies, not to the counter.
+		out.Credit = nil
+		f.gaveBack = true
+	}
+	if call != nil && call.tx != nil {
+		applied, woken, err := e.commitInTx(call, &out)
+		release()
+		e.finish(f, &out, applied, err)
+		e.wakeAll(woken)
+		return
+	}
+	if !e.handOff(f) {
+		release()
+		e.dropAbandoned(f, &out)
+		return
+	}
+	e.committer.submit(&commitReq{flight: f, out: out, release: release})
+}
+
+// execute runs one claimed step and returns its outcome, fenced by the claim, and the Call (whose
+// transaction, if the step began one, the outcome must commit in). A row whose machine or step
+// this node does not know is handed back untouched (KindReleased) with an fsm.unknown event.
+func (e *Engine) execute(ctx context.Context, db store.DB, queue string, c *store.Claimed) (store.Outcome, *Call) {
 	def := e.cfg.Machines[c.Machine]
 	if def == nil || !def.Steps[c.Step] {
 		reason := fmt.Sprintf("machine %q is not registered on this client", c.Machine)
@@ -24,7 +71,7 @@ func (e *Engine) execute(ctx context.Context, db store.DB, queue string, c *stor
 			"client", e.cfg.Name, "queue", queue, "id", c.ID, "machine", c.Machine, "step", c.Step, "reason", reason)
 		e.Emit(durabletype.Event{Name: durabletype.EventFSMUnknown, Queue: queue, Machine: c.Machine, Step: c.Step,
 			InstanceID: c.ID, Attempt: c.Attempt, Err: fmt.Errorf("%s", reason)})
-		return Outcome{Kind: store.KindReleased, Delay: unknownDelay}, nil
+		return store.HandBack(store.Claim{ID: c.ID, Owner: c.Owner}, c.Slot(), unknownDelay), nil
 	}
 	call := &Call{
 		Ctx: ctx, Row: c, Queue: queue, MaxPayload: e.cfg.MaxPayload, MaxChildren: e.cfg.MaxChildren, Machine: e.Machine,
@@ -33,86 +80,44 @@ func (e *Engine) execute(ctx context.Context, db store.DB, queue string, c *stor
 	e.Emit(durabletype.Event{Name: durabletype.EventStepStarted, Queue: queue, Machine: c.Machine, Step: c.Step,
 		InstanceID: c.ID, Attempt: c.Attempt})
 	out := safeRun(def, call)
-	if out.Routed != nil {
+	if out.Cause != nil {
 		e.Emit(durabletype.Event{Name: durabletype.EventStepError, Queue: queue, Machine: c.Machine, Step: c.Step,
-			InstanceID: c.ID, Attempt: c.Attempt, Err: out.Routed, Panic: out.Panic})
+			InstanceID: c.ID, Attempt: c.Attempt, Err: out.Cause, Panic: out.Panic})
 	}
+	out.Fence(c)
 	return out, call
 }
 
 // safeRun is the last safety net around a machine's Run, which recovers step panics itself: if
 // Run panics anyway (a bug in a handler's encoding), the instance fails with the panic recorded
 // rather than crash the worker or loop through the reaper.
-func safeRun(def *MachineDef, call *Call) (out Outcome) {
+func safeRun(def *MachineDef, call *Call) (out store.Outcome) {
 	defer func() {
 		if r := recover(); r != nil {
 			call.RollbackTx()
 			msg := fmt.Sprintf("panic while running the step: %v\n%s", r, debug.Stack())
-			out = Outcome{Kind: store.KindFailed, ErrKind: "panic", ErrMsg: msg,
-				Routed: fmt.Errorf("panic: %v", r), Panic: true}
+			out = store.Outcome{Kind: store.KindFailed, ErrKind: "panic", ErrMsg: msg,
+				Cause: fmt.Errorf("panic: %v", r), Panic: true}
 		}
 	}()
 	return def.Run(call)
 }
 
-// outcomeRow turns an outcome into its statement row.
-func outcomeRow(c *store.Claimed, o *Outcome) store.OutcomeRow {
-	r := store.OutcomeRow{ID: c.ID, Owner: c.Owner, Kind: o.Kind, Delay: o.Delay, Signalled: c.Signalled, Child: c.Child,
-		KeyMode: o.KeyMode, CreditKey: c.ConcurrencyKey, CreditShard: c.ConcurrencyShard}
-	if o.KeyMode == 1 {
-		k := o.Key
-		r.Key = &k
-	}
-	if o.RateLimit != "" {
-		rl := o.RateLimit
-		r.RateLimit, r.Weight = &rl, o.Weight
-	}
-	if o.Kind == store.KindNext || o.Kind == store.KindAwait || o.Kind == store.KindSpawn {
-		step := o.Step
-		r.Step = &step
-		// Progress consumes exactly the awaited signals the step saw (Ctx.Awaited).
-		for _, s := range c.Inbox {
-			if slices.Contains(c.AwaitNames, s.Name) {
-				r.Seen = append(r.Seen, s.ID)
-			}
-		}
-	}
-	if o.Kind == store.KindAwait {
-		r.AwaitNames, r.AwaitTimeout = o.AwaitNames, o.AwaitTimeout
-	}
-	if o.Kind == store.KindSpawn {
-		r.Children = o.Children
-	}
-	if o.State != nil {
-		s := string(o.State)
-		r.State = &s
-	}
-	if o.Kind == store.KindDone && o.Result != nil {
-		s := string(o.Result)
-		r.Result = &s
-	}
-	if o.ErrKind != "" {
-		k, m := o.ErrKind, o.ErrMsg
-		r.ErrKind, r.ErrMsg = &k, &m
-	}
-	return r
-}
-
 // commitInTx applies a step's outcome inside the transaction the step wrote through, then
 // commits it: the step's writes and its progress commit together or not at all. If the claim is
 // gone (stale), the transaction rolls back and the step's writes are discarded.
-func (e *Engine) commitInTx(call *Call, row store.OutcomeRow) (applied bool, woken []store.Woken, err error) {
+func (e *Engine) commitInTx(call *Call, out *store.Outcome) (applied bool, woken []store.Woken, err error) {
 	tx := call.tx
 	call.tx = nil
 	ctx := context.WithoutCancel(call.Ctx)
 	ctx, cancel := context.WithTimeout(ctx, StatementTimeout(e.cfg.Lease))
 	defer cancel()
-	ok, woken, err := e.store.ApplyOutcomes(ctx, tx, []store.OutcomeRow{row})
+	ok, woken, err := e.store.ApplyOutcomes(ctx, tx, []store.Outcome{*out})
 	if err != nil {
 		_ = tx.Rollback(ctx)
 		return false, nil, err
 	}
-	if _, applied := ok[store.Claim{ID: row.ID, Owner: row.Owner}]; !applied {
+	if _, applied := ok[out.Claim]; !applied {
 		_ = tx.Rollback(ctx)
 		return false, nil, nil
 	}
@@ -120,4 +125,77 @@ func (e *Engine) commitInTx(call *Call, row store.OutcomeRow) (applied bool, wok
 		return false, nil, err
 	}
 	return true, woken, nil
+}
+
+// finish reports an outcome that committed, or was found stale, or failed to commit.
+func (e *Engine) finish(f *flight, out *store.Outcome, applied bool, err error) {
+	defer e.settle(f)
+	if gl := f.lease.Swap(nil); gl != nil {
+		gl.settle(f.gaveBack && applied && err == nil)
+	}
+	switch {
+	case err != nil:
+		e.log.Error("gendurable: outcome commit failed; the claim will be reclaimed when its lease expires",
+			"client", e.cfg.Name, "queue", f.queue, "id", f.id, "error", err)
+		e.Emit(durabletype.Event{Name: durabletype.EventCommitFailed, Queue: f.queue, Machine: f.machine, Step: f.step,
+			InstanceID: f.id, Attempt: f.attempt, Count: 1, Err: err})
+	case !applied:
+		e.stale(f, out)
+	default:
+		e.Emit(durabletype.Event{Name: durabletype.EventStepFinished, Queue: f.queue, Machine: f.machine, Step: f.step,
+			InstanceID: f.id, Attempt: f.attempt, Outcome: out.Kind.String(), Duration: time.Since(f.started)})
+		if (out.Kind == store.KindNext || out.Kind == store.KindRetry || out.Kind == store.KindReleased) && out.Delay <= 0 {
+			e.Wake(f.queue)
+		}
+		if f.keyed {
+			// The execution held its key (or a slot of its gate): another row of that key may
+			// run now.
+			e.Wake(f.queue)
+		}
+		if out.Kind == store.KindSpawn {
+			// The children are runnable now (those without a delay), in their own queues,
+			// perhaps on other nodes; a spawn of none made the parent runnable.
+			if len(out.Children) == 0 {
+				e.Wake(f.queue)
+			}
+			var queues []string
+			for i := range out.Children {
+				ch := &out.Children[i]
+				if ch.ScheduledAt == nil && ch.Delay == 0 && !slices.Contains(queues, ch.Queue) {
+					queues = append(queues, ch.Queue)
+				}
+			}
+			e.Poke(queues...)
+		}
+		e.awaits.push(f.id)
+	}
+}
+
+// wakeAll pokes the queues of the instances an outcome batch woke (parents whose join the last
+// child completed), on every node.
+func (e *Engine) wakeAll(woken []store.Woken) {
+	var queues []string
+	for _, w := range woken {
+		if !slices.Contains(queues, w.Queue) {
+			queues = append(queues, w.Queue)
+		}
+	}
+	e.Poke(queues...)
+}
+
+func (e *Engine) stale(f *flight, out *store.Outcome) {
+	e.log.Warn("gendurable: dropped a stale outcome: the claim was lost (its lease expired and the row was reclaimed, or the instance was cancelled)",
+		"client", e.cfg.Name, "queue", f.queue, "id", f.id, "machine", f.machine, "step", f.step, "outcome", out.Kind.String())
+	e.Emit(durabletype.Event{Name: durabletype.EventOutcomeStale, Queue: f.queue, Machine: f.machine, Step: f.step,
+		InstanceID: f.id, Attempt: f.attempt, Outcome: out.Kind.String()})
+}
+
+// dropAbandoned drops the outcome of a step that outlived the drain deadline: its claim was
+// already handed back, so the outcome is stale by construction.
+func (e *Engine) dropAbandoned(f *flight, out *store.Outcome) {
+	e.log.Info("gendurable: dropped the outcome of a step cancelled at shutdown; its claim was already handed back",
+		"client", e.cfg.Name, "queue", f.queue, "id", f.id, "machine", f.machine, "step", f.step, "outcome", out.Kind.String())
+	e.Emit(durabletype.Event{Name: durabletype.EventOutcomeStale, Queue: f.queue, Machine: f.machine, Step: f.step,
+		InstanceID: f.id, Attempt: f.attempt, Outcome: out.Kind.String()})
+	f.cancel(nil)
 }

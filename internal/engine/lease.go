@@ -15,7 +15,7 @@ import (
 // lease): its picks then read and write no gate counter, and an outcome that applies gives its
 // slot back to the lease instead of crediting the counter. The counter holds the lease's unused
 // slots meanwhile, so the gate's limit holds across every node; the reconciler leaves a counter
-// alone while it lies within its leases (see gates.sql).
+// alone while it lies within its leases (see maintenance.sql).
 //
 // The lease is the runner's loop's own, except its slot accounting (mu), which outcomes settle on
 // the executors and the committer, and its renewal, which the heartbeat does.
@@ -318,42 +318,5 @@ func (r *runner) endLease(gl *gateLease, force bool) {
 		// The lease expires unrenewed, and the reconciler removes it with its slots.
 		r.e.log.Warn("gendurable: gate lease release failed; it expires", "client", r.e.cfg.Name, "queue", r.queue,
 			"key", gl.Key, "error", err)
-	}
-}
-
-// renewLeases is the heartbeat's renewal of every runner's lease; a lease it finds gone is lost.
-func (e *Engine) renewLeases() {
-	var held []*gateLease
-	var leases []store.Lease
-	for _, r := range e.runners {
-		if gl := r.lease.Load(); gl != nil && gl.isLive() {
-			held = append(held, gl)
-			leases = append(leases, gl.Lease)
-		}
-	}
-	if len(leases) == 0 {
-		return
-	}
-	ctx, cancel := context.WithTimeout(e.baseCtx, e.cfg.Heartbeat)
-	renewed, err := e.store.RenewLeases(ctx, e.pool, leases, e.cfg.Lease)
-	cancel()
-	if err != nil {
-		// The picks check the lease themselves: one that expired admits nothing.
-		e.log.Warn("gendurable: gate lease renewal failed", "client", e.cfg.Name, "error", err)
-		return
-	}
-	for _, gl := range held {
-		found := false
-		for _, l := range renewed {
-			if l == gl.Lease {
-				found = true
-				break
-			}
-		}
-		if !found && gl.isLive() { // (not one its runner released meanwhile)
-			gl.lost()
-			e.log.Warn("gendurable: a gate lease expired before it was renewed; its key is admitted claim by claim again",
-				"client", e.cfg.Name, "key", gl.Key, "shard", gl.Shard)
-		}
 	}
 }

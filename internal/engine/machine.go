@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"time"
 
 	"github.com/gendurable/gendurable/internal/store"
 	"github.com/jackc/pgx/v5"
@@ -21,36 +20,10 @@ type MachineDef struct {
 	// Queue and MaxAttempts are the defaults for inserts of this machine.
 	Queue       string
 	MaxAttempts int
-	// Run runs one step of a claimed row and returns its encoded outcome. It recovers the step's
-	// panics and routes errors to the machine's handler itself; the engine only adds a last
-	// safety net.
-	Run func(call *Call) Outcome
-}
-
-// Outcome is an encoded outcome, ready for the outcome statement.
-type Outcome struct {
-	Kind   store.OutcomeKind
-	Step   string // next: the step to run next
-	State  []byte // JSON; nil keeps the stored state
-	Delay  time.Duration
-	Result []byte // done: JSON, nil for no result
-	// AwaitNames and AwaitTimeout (0: none) park the instance (await).
-	AwaitNames   []string
-	AwaitTimeout time.Duration
-	// Children are the instances a spawn starts.
-	Children []store.InsertRow
-	// KeyMode sets (1, to Key) or releases (2) the concurrency key; 0 keeps it.
-	KeyMode int16
-	Key     string
-	// RateLimit ("" for none) and Weight are the rate limit the next step runs under (next).
-	RateLimit string
-	Weight    int
-	// ErrKind and ErrMsg, when ErrKind is not empty, are recorded in the row's error history.
-	ErrKind string
-	ErrMsg  string
-	// Routed is the error (or recovered panic) that was routed to the handler, for events.
-	Routed error
-	Panic  bool
+	// Run runs one step of a claimed row and returns its outcome (the executor fences it with
+	// the claim). It recovers the step's panics and routes errors to the machine's handler
+	// itself; the engine only adds a last safety net.
+	Run func(call *Call) store.Outcome
 }
 
 // Call is one execution of one step: what the machine's Run gets.

@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"math/rand/v2"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -90,7 +89,7 @@ func (r *runner) startWorkers() {
 		go func() {
 			defer r.e.steps.Done()
 			for j := range r.work {
-				r.run(&j.Claimed, j.lease)
+				r.e.runStep(r.queue, &j.Claimed, j.lease, r.release)
 			}
 		}()
 	}
@@ -389,120 +388,4 @@ func (e *Engine) RunInserted(queue string, c *store.Claimed, took time.Duration)
 			"client", e.cfg.Name, "queue", queue, "id", c.ID)
 	}
 	r.release()
-}
-
-// run executes one claimed step and hands its outcome to the committer (or, for a step that
-// wrote through its transaction, commits it there). Its slot frees once the outcome is handed
-// off; the committer's bounded queue is the backpressure.
-func (r *runner) run(c *store.Claimed, gl *gateLease) {
-	e := r.e
-	f, ctx := e.track(r.queue, c.Owner, c, gl)
-	out, call := e.execute(ctx, e.pool, r.queue, c)
-	if fault.Enabled {
-		// The step has run; its outcome is not committed yet, and this slot stays taken. An
-		// error drops the outcome, as a worker dying here would: the lease runs out and the
-		// reaper releases the claim.
-		if err := fault.PointFor(fault.BeforeOutcome, c.Owner); err != nil {
-			e.inFlight.Add(-1)
-			if call != nil {
-				call.RollbackTx()
-			}
-			r.release()
-			e.finish(f, &out, false, err)
-			return
-		}
-	}
-	e.inFlight.Add(-1)
-	row := outcomeRow(c, &out)
-	if gl != nil && gl.isLive() {
-		// The slot goes back to the lease when the outcome applies, not to the counter.
-		row.CreditKey, row.CreditShard = nil, nil
-		f.gaveBack = true
-	}
-	if call != nil && call.tx != nil {
-		applied, woken, err := e.commitInTx(call, row)
-		r.release()
-		e.finish(f, &out, applied, err)
-		e.wakeAll(woken)
-		return
-	}
-	if !e.handOff(f) {
-		r.release()
-		e.dropAbandoned(f, &out)
-		return
-	}
-	e.committer.submit(&commitReq{flight: f, row: row, outcome: out, release: r.release})
-}
-
-// finish reports an outcome that committed, or was found stale, or failed to commit.
-func (e *Engine) finish(f *flight, out *Outcome, applied bool, err error) {
-	defer e.settle(f)
-	if gl := f.lease.Swap(nil); gl != nil {
-		gl.settle(f.gaveBack && applied && err == nil)
-	}
-	switch {
-	case err != nil:
-		e.log.Error("gendurable: outcome commit failed; the claim will be reclaimed when its lease expires",
-			"client", e.cfg.Name, "queue", f.queue, "id", f.id, "error", err)
-		e.Emit(durabletype.Event{Name: durabletype.EventCommitFailed, Queue: f.queue, Machine: f.machine, Step: f.step,
-			InstanceID: f.id, Attempt: f.attempt, Count: 1, Err: err})
-	case !applied:
-		e.stale(f, out)
-	default:
-		e.Emit(durabletype.Event{Name: durabletype.EventStepFinished, Queue: f.queue, Machine: f.machine, Step: f.step,
-			InstanceID: f.id, Attempt: f.attempt, Outcome: out.Kind.String(), Duration: time.Since(f.started)})
-		if (out.Kind == store.KindNext || out.Kind == store.KindRetry || out.Kind == store.KindReleased) && out.Delay <= 0 {
-			e.Wake(f.queue)
-		}
-		if f.ckey != nil {
-			// The execution held its key (or a slot of its gate): another row of that key may
-			// run now.
-			e.Wake(f.queue)
-		}
-		if out.Kind == store.KindSpawn {
-			// The children are runnable now (those without a delay), in their own queues,
-			// perhaps on other nodes; a spawn of none made the parent runnable.
-			if len(out.Children) == 0 {
-				e.Wake(f.queue)
-			}
-			var queues []string
-			for i := range out.Children {
-				ch := &out.Children[i]
-				if ch.ScheduledAt == nil && ch.Delay == 0 && !slices.Contains(queues, ch.Queue) {
-					queues = append(queues, ch.Queue)
-				}
-			}
-			e.Poke(queues...)
-		}
-		e.awaits.push(f.id)
-	}
-}
-
-// wakeAll pokes the queues of the instances an outcome batch woke (parents whose join the last
-// child completed), on every node.
-func (e *Engine) wakeAll(woken []store.Woken) {
-	var queues []string
-	for _, w := range woken {
-		if !slices.Contains(queues, w.Queue) {
-			queues = append(queues, w.Queue)
-		}
-	}
-	e.Poke(queues...)
-}
-
-func (e *Engine) stale(f *flight, out *Outcome) {
-	e.log.Warn("gendurable: dropped a stale outcome: the claim was lost (its lease expired and the row was reclaimed, or the instance was cancelled)",
-		"client", e.cfg.Name, "queue", f.queue, "id", f.id, "machine", f.machine, "step", f.step, "outcome", out.Kind.String())
-	e.Emit(durabletype.Event{Name: durabletype.EventOutcomeStale, Queue: f.queue, Machine: f.machine, Step: f.step,
-		InstanceID: f.id, Attempt: f.attempt, Outcome: out.Kind.String()})
-}
-
-// dropAbandoned drops the outcome of a step that outlived the drain deadline: its claim was
-// already handed back, so the outcome is stale by construction.
-func (e *Engine) dropAbandoned(f *flight, out *Outcome) {
-	e.log.Info("gendurable: dropped the outcome of a step cancelled at shutdown; its claim was already handed back",
-		"client", e.cfg.Name, "queue", f.queue, "id", f.id, "machine", f.machine, "step", f.step, "outcome", out.Kind.String())
-	e.Emit(durabletype.Event{Name: durabletype.EventOutcomeStale, Queue: f.queue, Machine: f.machine, Step: f.step,
-		InstanceID: f.id, Attempt: f.attempt, Outcome: out.Kind.String()})
-	f.cancel(nil)
 }

@@ -10,7 +10,7 @@ import (
 	"github.com/gendurable/gendurable/internal/store"
 )
 
-// bucketBatch is how many buckets one gc_buckets statement deletes at most (see buckets.sql).
+// bucketBatch is how many buckets one gc_buckets statement deletes at most (see maintenance.sql).
 const bucketBatch = 1000
 
 // GC collects what no longer carries information: finished instances past their retention (with

@@ -1,0 +1,109 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/gendurable/gendurable/durabletype"
+	"github.com/gendurable/gendurable/internal/store"
+)
+
+// flight is a claim this client holds: from the pick until its outcome commits (or is dropped).
+type flight struct {
+	id    int64
+	owner string
+	// keyed says the row has a concurrency key (any outcome of it may let another row of its
+	// key run); slot is the gate slot the claim holds (a hand-back at shutdown credits it).
+	keyed bool
+	slot  *store.GateSlot
+	// lease is the gate lease the claim took its slot from (nil: none, or settled); gaveBack
+	// says its outcome was sent to give the slot back to it rather than credit the counter.
+	lease    atomic.Pointer[gateLease]
+	gaveBack bool
+	queue    string
+	machine  string
+	step     string
+	attempt  int
+	started  time.Time
+	cancel   context.CancelCauseFunc
+	state    flightState
+}
+
+type flightState int
+
+const (
+	flightRunning   flightState = iota // the step is running
+	flightHanded                       // the outcome is with the committer
+	flightAbandoned                    // released at shutdown; a late outcome is dropped
+)
+
+// abandon cancels the steps still running at the end of the drain and hands their claims back.
+func (e *Engine) abandon() error {
+	e.mu.Lock()
+	var rows []store.Outcome
+	for _, f := range e.flights {
+		if f.state != flightRunning {
+			continue
+		}
+		f.state = flightAbandoned
+		f.cancel(durabletype.ErrClientStopped)
+		// The hand-back credits the counter, leased slot or not.
+		if gl := f.lease.Swap(nil); gl != nil {
+			gl.settle(false)
+		}
+		rows = append(rows, store.HandBack(store.Claim{ID: f.id, Owner: f.owner}, f.slot, 0))
+		delete(e.flights, f.id)
+	}
+	e.mu.Unlock()
+	if len(rows) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, _, err := e.store.ApplyOutcomes(ctx, e.pool, rows); err != nil {
+		e.log.Error("gendurable: could not hand back claims at shutdown; they will be reclaimed when their lease expires",
+			"client", e.cfg.Name, "claims", len(rows), "error", err)
+		return fmt.Errorf("gendurable: stop: release %d claims: %w", len(rows), err)
+	}
+	e.log.Info("gendurable: stop deadline reached; running steps cancelled and their claims released",
+		"client", e.cfg.Name, "claims", len(rows))
+	return nil
+}
+
+// track registers a claim as in flight, with the context its step runs under.
+func (e *Engine) track(queue, owner string, c *store.Claimed, gl *gateLease) (*flight, context.Context) {
+	ctx, cancel := context.WithCancelCause(e.stepParent)
+	f := &flight{id: c.ID, owner: owner, queue: queue, machine: c.Machine, step: c.Step,
+		attempt: c.Attempt, started: time.Now(), cancel: cancel, keyed: c.ConcurrencyKey != nil, slot: c.Slot()}
+	if gl != nil {
+		f.lease.Store(gl)
+	}
+	e.mu.Lock()
+	e.flights[c.ID] = f
+	e.mu.Unlock()
+	return f, ctx
+}
+
+// handOff moves a flight from running to handed, unless it was abandoned.
+func (e *Engine) handOff(f *flight) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if f.state == flightAbandoned {
+		return false
+	}
+	f.state = flightHanded
+	e.sends.Add(1)
+	return true
+}
+
+// settle forgets a flight whose outcome committed or was dropped.
+func (e *Engine) settle(f *flight) {
+	e.mu.Lock()
+	if cur, ok := e.flights[f.id]; ok && cur == f {
+		delete(e.flights, f.id)
+	}
+	e.mu.Unlock()
+	f.cancel(nil)
+}

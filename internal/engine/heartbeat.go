@@ -1,0 +1,140 @@
+package engine
+
+import (
+	"context"
+	"time"
+
+	"github.com/gendurable/gendurable/durabletype"
+	"github.com/gendurable/gendurable/internal/fault"
+	"github.com/gendurable/gendurable/internal/store"
+)
+
+// heartbeatLoop extends the leases of every claim in flight, once per interval, in one
+// statement; it cancels the steps whose claims are gone. If it cannot reach the database for a
+// whole lease, every running step is cancelled: its claim is presumed lost.
+func (e *Engine) heartbeatLoop() {
+	defer e.bg.Done()
+	t := time.NewTicker(e.cfg.Heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.bgStop:
+			return
+		case <-t.C:
+			e.beat()
+		}
+	}
+}
+
+func (e *Engine) beat() {
+	// The gate leases after the claims: a slow renewal must not hold up the claims' beat.
+	defer e.renewLeases()
+	e.mu.Lock()
+	ids := make([]int64, 0, len(e.flights))
+	owners := make([]string, 0, len(e.flights))
+	for _, f := range e.flights {
+		ids = append(ids, f.id)
+		owners = append(owners, f.owner)
+	}
+	e.mu.Unlock()
+	if len(ids) == 0 {
+		e.lastBeat = time.Now()
+		return
+	}
+	if fault.Enabled {
+		// A beat about to extend the leases: a hook holding it here is a stalled heartbeat;
+		// an error is a failed one.
+		if err := fault.PointFor(fault.Heartbeat, e.cfg.Name); err != nil {
+			e.log.Warn("gendurable: heartbeat failed", "client", e.cfg.Name, "claims", len(ids), "error", err)
+			if time.Since(e.lastBeat) > e.cfg.Lease {
+				e.cancelAll(ids, owners)
+			}
+			return
+		}
+	}
+	ctx, cancel := context.WithTimeout(e.baseCtx, e.cfg.Heartbeat)
+	began := time.Now()
+	lost, err := e.store.Heartbeat(ctx, e.pool, ids, owners, e.cfg.Lease)
+	cancel()
+	if err != nil {
+		e.log.Warn("gendurable: heartbeat failed", "client", e.cfg.Name, "claims", len(ids), "error", err)
+		if time.Since(e.lastBeat) > e.cfg.Lease {
+			e.cancelAll(ids, owners)
+		}
+		return
+	}
+	e.lastBeat = time.Now()
+	e.Emit(durabletype.Event{Name: durabletype.EventHeartbeatBeat, Count: len(ids), Duration: e.lastBeat.Sub(began)})
+	if len(lost) > 0 {
+		// The statement names lost claims by row id; the claim is the one this beat sent for
+		// that id (one per id: flights holds one claim per row).
+		sent := make(map[int64]string, len(ids))
+		for i, id := range ids {
+			sent[id] = owners[i]
+		}
+		lostOwners := make([]string, len(lost))
+		for i, id := range lost {
+			lostOwners[i] = sent[id]
+		}
+		e.cancelAll(lost, lostOwners)
+	}
+}
+
+// cancelAll cancels the running steps of the given claims (ids[i] under token owners[i]). A
+// claim is matched by its token, not by its row alone: by the time a beat reports a claim lost,
+// this client may hold a new claim of the same row (the reaper released the old one, and this
+// client's scheduler picked the row again while the old claim's late outcome was still on its
+// way), and that new claim is not lost.
+func (e *Engine) cancelAll(ids []int64, owners []string) {
+	e.mu.Lock()
+	n := 0
+	for i, id := range ids {
+		if f, ok := e.flights[id]; ok && f.owner == owners[i] && f.state == flightRunning {
+			f.cancel(durabletype.ErrLeaseLost)
+			n++
+		}
+	}
+	e.mu.Unlock()
+	if n > 0 {
+		e.log.Warn("gendurable: lost claims; their steps are cancelled and their outcomes will be dropped",
+			"client", e.cfg.Name, "claims", n)
+		e.Emit(durabletype.Event{Name: durabletype.EventHeartbeatLost, Count: n})
+	}
+}
+
+// renewLeases is the heartbeat's renewal of every runner's lease; a lease it finds gone is lost.
+func (e *Engine) renewLeases() {
+	var held []*gateLease
+	var leases []store.Lease
+	for _, r := range e.runners {
+		if gl := r.lease.Load(); gl != nil && gl.isLive() {
+			held = append(held, gl)
+			leases = append(leases, gl.Lease)
+		}
+	}
+	if len(leases) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(e.baseCtx, e.cfg.Heartbeat)
+	renewed, err := e.store.RenewLeases(ctx, e.pool, leases, e.cfg.Lease)
+	cancel()
+	if err != nil {
+		// The picks check the lease themselves: one that expired admits nothing.
+		e.log.Warn("gendurable: gate lease renewal failed", "client", e.cfg.Name, "error", err)
+		return
+	}
+	for _, gl := range held {
+		found := false
+		for _, l := range renewed {
+			if l == gl.Lease {
+				found = true
+				break
+			}
+		}
+		if !found && gl.isLive() { // (not one its runner released meanwhile)
+			gl.lost()
+			e.log.Warn("gendurable: a gate lease expired before it was renewed; its key is admitted claim by claim again",
+				"client", e.cfg.Name, "key", gl.Key, "shard", gl.Shard)
+		}
+	}
+}
