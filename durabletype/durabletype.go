@@ -55,7 +55,10 @@ type ErrorEntry struct {
 	Attempt int `json:"attempt"`
 	// Kind says where the error came from: "error" (a step returned it), "panic", "outcome"
 	// (the step's outcome could not be applied: unknown step, unencodable state, too large),
-	// "lease" (the worker lost its claim; found by the reaper), "stop" (the step returned Stop).
+	// "lease" (the worker lost its claim; found by the reaper), "stop" (the step returned Stop),
+	// "rejected" (the database refused the step's outcome; the instance failed with the state it
+	// had), "decode" (the stored state could not be decoded), "retry" (Retry past MaxAttempts),
+	// "cancel" (an operator cancelled it).
 	Kind string `json:"kind"`
 	// Error is the error's text.
 	Error string `json:"error"`
