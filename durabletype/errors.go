@@ -13,8 +13,9 @@ var (
 	ErrNoTarget = errors.New("gendurable: signal target is finished or does not exist")
 	// ErrPayloadTooLarge: an encoded state, result or payload is over Config.MaxPayloadBytes.
 	ErrPayloadTooLarge = errors.New("gendurable: payload too large")
-	// ErrInvalidPayload: a value cannot be stored as JSON (it does not encode, or it holds a
-	// NUL character, which Postgres's jsonb rejects).
+	// ErrInvalidPayload: a value cannot be stored as JSON: it does not encode, or jsonb would
+	// refuse it (a NUL character, invalid UTF-8, a lone UTF-16 surrogate escape, a number outside
+	// numeric's range), or it nests deeper than 10,000 levels.
 	ErrInvalidPayload = errors.New("gendurable: invalid payload")
 	// ErrUnknownMachine: no registered machine has that name.
 	ErrUnknownMachine = errors.New("gendurable: unknown machine")

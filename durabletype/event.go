@@ -2,7 +2,7 @@ package durabletype
 
 import "time"
 
-// EventName names an event. The names follow the seed's telemetry events.
+// EventName names an event.
 type EventName string
 
 // The events the engine emits. docs/events.md is the catalogue: when each fires and what it

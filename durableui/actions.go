@@ -56,7 +56,7 @@ func (h *handler) action(do act) http.HandlerFunc {
 		}
 		if !h.checkCSRF(r) {
 			refuse(http.StatusForbidden, "csrf",
-				"The form did not carry this session's CSRF token: it was not sent from this dashboard, or the page is stale. Reload the page and try again.")
+				"The form did not carry the CSRF token of your dashboard session: it was not sent from this dashboard, or the page is stale. Reload the page and try again.")
 			return
 		}
 		if h.opts.Token != "" {

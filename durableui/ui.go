@@ -67,9 +67,9 @@ type Options struct {
 	// (Client.Throughput), shown per minute: default 1 minute, at most an hour.
 	ThroughputWindow time.Duration
 	// CountEvery is how often, at most, the queues page counts the parked and finished
-	// instances: that count is a scan of the instances table (about 0.1 s per million rows), so
-	// it is shared by every viewer and reused for this long. Default 30s; negative: never (the
-	// page shows only the counts that indexes give cheaply: available, due, executing, lag).
+	// instances: that count is a scan of the instances table, so it is shared by every viewer
+	// and reused for this long. Default 30s; negative: never (the page shows only the counts
+	// that indexes give cheaply: available, due, executing, lag).
 	CountEvery time.Duration
 	// MaxPayloadBytes caps the JSON payload of a signal sent from the form: default 1 MiB (the
 	// client's own Config.MaxPayloadBytes applies too). A larger one is refused with 413 and

@@ -1,7 +1,7 @@
 // Package oracle is the reliability tests' judge: it records every committed transition of a test
 // schema's instances with a trigger the test installs (never the library), gives steps an effect
-// log on a connection of their own, and checks the invariants of ../shared/RELIABILITY.md §4.1
-// with SQL after quiescence, trusting nothing the engine reports about itself.
+// log on a connection of their own, and checks the invariants below (docs/reliability.md, "The
+// oracle") with SQL after quiescence, trusting nothing the engine reports about itself.
 //
 //   - I1 complete: every instance terminal.
 //   - I2 exactly one terminal transition per instance, and every instance seen.
