@@ -25,7 +25,7 @@ func runBench(ctx context.Context, args []string, out io.Writer) error {
 	fs.Var(&scenarios, "scenario", "scenario to run (repeatable; default all available)")
 	n := fs.Int("n", 0, "size of each scenario (default: the scenario's own)")
 	conc := fs.Int("concurrency", 100, "queue concurrency of the benchmarked client")
-	clients := fs.Int("clients", 1, "clients (nodes) working the queue together in jobs and chain")
+	clients := fs.Int("clients", 1, "clients (nodes) working the queue together in jobs, chain, gated and rated")
 	preload := fs.Int("preload", 0, "finished rows to insert before each scenario (a large table)")
 	asJSON := fs.Bool("json", false, "print one JSON object per scenario per line")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof)")

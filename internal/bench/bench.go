@@ -34,7 +34,8 @@ type Options struct {
 	N int
 	// Concurrency overrides the client's queue concurrency (default 100).
 	Concurrency int
-	// Clients is how many clients (nodes) work the queue together in jobs and chain (default 1).
+	// Clients is how many clients (nodes) work the queue together in jobs, chain, gated and rated
+	// (default 1).
 	Clients int
 	// Preload inserts this many finished rows before each scenario, to measure the cost of a
 	// large table.
