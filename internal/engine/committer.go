@@ -18,7 +18,7 @@ import (
 // The workers take turns: the one holding the turn takes outcomes off the queue and sends them,
 // so one statement is in flight at a time and the next batch grows while it is, and a busy client
 // sends few, large statements (two workers sending side by side split the same outcomes into
-// twice as many smaller ones: a sixth fewer jobs a second in the jobs benchmark). Once the
+// twice as many smaller ones, which costs throughput: docs/PERFORMANCE.md). Once the
 // statement in flight has taken stallAfter, a waiting worker sends what is queued beside it, so
 // a statement that waits on a lock, or retries against a restarting server, never holds back the
 // rest.
