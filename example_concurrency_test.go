@@ -79,10 +79,10 @@ func ExampleConfig_concurrencyLimits() {
 		// "exports" is a gate: the key "exports:acme" is a semaphore of 2, "exports:globex" another.
 		ConcurrencyLimits: map[string]gendurable.ConcurrencyLimit{"exports": {Limit: 2}},
 	})
+	// docs:end
 	if err != nil {
 		panic(err)
 	}
-	// docs:end
 	if err := client.Start(ctx); err != nil {
 		panic(err)
 	}
