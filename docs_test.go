@@ -26,8 +26,8 @@ type quotable struct {
 
 // Every Go snippet in the guides (docs/*.md) and the README is compiled code a user could write,
 // never the tests' own scaffolding. It is one of:
-//   - a region between "// docs:begin <name>" and "// docs:end" lines (dedented by one tab) of a
-//     root example file (example_test.go, example_*_test.go), which `go test` runs and checks;
+//   - a region between "// docs:begin <name>" and "// docs:end" lines of a root example file
+//     (example_test.go, example_*_test.go), which `go test` runs and checks;
 //   - a region of a contrib module's example file (contrib/*/example*_test.go);
 //   - an example program (examples/*/main.go), whole or a region of it;
 //   - a region of durabletest's tests, quoted by docs/testing.md only: there a snippet may show
@@ -36,19 +36,25 @@ type quotable struct {
 // Regions anywhere else (the root's behaviour tests above all, whose code leans on their own
 // helpers) fail the test, and so does a snippet that uses a test helper: testing.T, require or
 // assert, a function of the root's behaviour tests (newEnv, start, eventually, …), the tests'
-// env (e.client), or the examples' own scaffolding (examplePool). Every region of the root
-// examples, the example programs and durabletest is quoted somewhere: a region nobody quotes is
-// a guide that went its own way.
+// env (e.client), or the examples' own scaffolding (examplePool). Go code in a fence not marked
+// `go` fails too (it would escape all of this), and every region of the root examples, the
+// example programs and durabletest must be quoted somewhere: a region nobody quotes is a guide
+// that went its own way.
 func TestGuidesQuoteCompiledCode(t *testing.T) {
 	t.Parallel()
 	region := regexp.MustCompile(`(?ms)^[ \t]*// docs:begin \S+\n(.*?)^[ \t]*// docs:end\n`)
 	marker := regexp.MustCompile(`(?m)^[ \t]*// docs:(begin \S+|end)$`)
+	// A region inside a function (every line indented) is dedented by one tab; at the top level
+	// of a file gofmt puts a blank line before its end marker, which is not part of it.
 	dedent := func(s string) string {
-		lines := strings.Split(s, "\n")
+		lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+		inside := !slices.ContainsFunc(lines, func(l string) bool { return l != "" && !strings.HasPrefix(l, "\t") })
 		for i, l := range lines {
-			lines[i] = strings.TrimPrefix(l, "\t")
+			if inside {
+				lines[i] = strings.TrimPrefix(l, "\t")
+			}
 		}
-		return strings.Join(lines, "\n")
+		return strings.Join(lines, "\n") + "\n"
 	}
 
 	var quotables []quotable
@@ -79,8 +85,7 @@ func TestGuidesQuoteCompiledCode(t *testing.T) {
 		require.NoError(t, err)
 		quotables = append(quotables, quotable{text: string(b), origin: p})
 		for _, m := range region.FindAllStringSubmatch(string(b), -1) {
-			// Top-level code: nothing to dedent, and gofmt puts a blank line before the end marker.
-			quotables = append(quotables, quotable{text: strings.TrimRight(m[1], "\n") + "\n", origin: p, region: true})
+			quotables = append(quotables, quotable{text: dedent(m[1]), origin: p, region: true})
 		}
 	}
 	require.NotEmpty(t, programs)
@@ -108,6 +113,16 @@ func TestGuidesQuoteCompiledCode(t *testing.T) {
 	helper := testHelpers(t)
 	docs := append(glob("docs/*.md"), "README.md")
 	block := regexp.MustCompile("(?ms)^```go\n(.*?)^```\n")
+	fence := regexp.MustCompile("(?ms)^```(\\w*)\n(.*?)^```\n")
+	for _, d := range docs {
+		b, err := os.ReadFile(d)
+		require.NoError(t, err)
+		for _, m := range fence.FindAllStringSubmatch(string(b), -1) {
+			if m[1] != "go" {
+				require.False(t, isGo(m[2]), "%s: Go code in a fence marked %q instead of go escapes this test:\n%s", d, m[1], m[2])
+			}
+		}
+	}
 	quoted := map[int]bool{}
 	snippets := 0
 	for _, d := range docs {
@@ -210,4 +225,12 @@ func typeName(e ast.Expr) string {
 		return x.Name
 	}
 	return ""
+}
+
+// isGo reports whether text parses as Go declarations or statements (shell, SQL and PromQL do not).
+func isGo(text string) bool {
+	fset := token.NewFileSet()
+	_, declErr := parser.ParseFile(fset, "", "package p\n"+text, parser.SkipObjectResolution)
+	_, stmtErr := parser.ParseFile(fset, "", "package p\nfunc _() {\n"+text+"\n}\n", parser.SkipObjectResolution)
+	return declErr == nil || stmtErr == nil
 }
