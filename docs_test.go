@@ -37,9 +37,9 @@ type quotable struct {
 // helpers) fail the test, and so does a snippet that uses a test helper: testing.T, require or
 // assert, a function of the root's behaviour tests (newEnv, start, eventually, …), the tests'
 // env (e.client), or the examples' own scaffolding (examplePool). Go code in a fence not marked
-// `go` fails too (it would escape all of this), and every region of the root examples, the
-// example programs and durabletest must be quoted somewhere: a region nobody quotes is a guide
-// that went its own way.
+// `go` fails too (it would escape all of this); an example a guide names (ExampleSpawn, …) must
+// exist; and every region of the root examples, the example programs and durabletest must be
+// quoted somewhere: a region nobody quotes is a guide that went its own way.
 func TestGuidesQuoteCompiledCode(t *testing.T) {
 	t.Parallel()
 	region := regexp.MustCompile(`(?ms)^[ \t]*// docs:begin \S+\n(.*?)^[ \t]*// docs:end\n`)
@@ -112,6 +112,25 @@ func TestGuidesQuoteCompiledCode(t *testing.T) {
 
 	helper := testHelpers(t)
 	docs := append(glob("docs/*.md"), "README.md")
+
+	// The examples a guide names by function exist.
+	declared := map[string]bool{}
+	exampleFunc := regexp.MustCompile(`(?m)^func (Example\w*)\(\)`)
+	for _, q := range append(append(glob("example_*_test.go"), glob("durabletest/*_test.go")...), contrib...) {
+		b, err := os.ReadFile(q)
+		require.NoError(t, err)
+		for _, m := range exampleFunc.FindAllStringSubmatch(string(b), -1) {
+			declared[m[1]] = true
+		}
+	}
+	named := regexp.MustCompile(`\bExample\w*`)
+	for _, d := range docs {
+		b, err := os.ReadFile(d)
+		require.NoError(t, err)
+		for _, name := range named.FindAllString(string(b), -1) {
+			require.True(t, declared[name], "%s names %s, which no example file declares", d, name)
+		}
+	}
 	block := regexp.MustCompile("(?ms)^```go\n(.*?)^```\n")
 	fence := regexp.MustCompile("(?ms)^```(\\w*)\n(.*?)^```\n")
 	for _, d := range docs {
