@@ -124,33 +124,23 @@ func TestGuidesQuoteCompiledCode(t *testing.T) {
 		}
 	}
 	named := regexp.MustCompile(`\bExample\w*`)
+	fence := regexp.MustCompile("(?ms)^```(\\w*)\n(.*?)^```\n")
+	quoted := map[int]bool{}
+	snippets := 0
 	for _, d := range docs {
 		b, err := os.ReadFile(d)
 		require.NoError(t, err)
 		for _, name := range named.FindAllString(string(b), -1) {
 			require.True(t, declared[name], "%s names %s, which no example file declares", d, name)
 		}
-	}
-	block := regexp.MustCompile("(?ms)^```go\n(.*?)^```\n")
-	fence := regexp.MustCompile("(?ms)^```(\\w*)\n(.*?)^```\n")
-	for _, d := range docs {
-		b, err := os.ReadFile(d)
-		require.NoError(t, err)
+		testingGuide := d == filepath.Join("docs", "testing.md")
 		for _, m := range fence.FindAllStringSubmatch(string(b), -1) {
 			if m[1] != "go" {
 				require.False(t, isGo(m[2]), "%s: Go code in a fence marked %q instead of go escapes this test:\n%s", d, m[1], m[2])
+				continue
 			}
-		}
-	}
-	quoted := map[int]bool{}
-	snippets := 0
-	for _, d := range docs {
-		b, err := os.ReadFile(d)
-		require.NoError(t, err)
-		testingGuide := d == filepath.Join("docs", "testing.md")
-		for _, m := range block.FindAllStringSubmatch(string(b), -1) {
 			snippets++
-			snippet := m[1]
+			snippet := m[2]
 			match := -1
 			for i, q := range quotables {
 				if q.text == snippet && (!q.kit || testingGuide) {
