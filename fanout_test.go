@@ -33,7 +33,6 @@ type basket struct {
 }
 
 func fanoutMachines(lineQueue string) (gendurable.FSM[basket], gendurable.Job[line]) {
-	// docs:begin fanout
 	priceLine := gendurable.Job[line]{
 		Name:        "price_line",
 		Queue:       lineQueue,
@@ -73,7 +72,6 @@ func fanoutMachines(lineQueue string) (gendurable.FSM[basket], gendurable.Job[li
 			},
 		},
 	}
-	// docs:end
 	return order, priceLine
 }
 

@@ -137,7 +137,6 @@ func TestSwitchingToAColdGateAdmitsInTheSamePick(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	type s struct{ N int }
-	// docs:begin keys
 	m := gendurable.FSM[s]{Name: "switcher", Start: "free", Steps: map[string]gendurable.StepFunc[s]{
 		"free": func(ctx *gendurable.Ctx, v s) (gendurable.Outcome, error) {
 			return gendurable.Next("gated", s{N: 1}, gendurable.ConcurrencyKey("pool:new")), nil
@@ -152,7 +151,6 @@ func TestSwitchingToAColdGateAdmitsInTheSamePick(t *testing.T) {
 	}}
 	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{m},
 		ConcurrencyLimits: map[string]gendurable.ConcurrencyLimit{"pool": {Limit: 2, Shards: 2}}})
-	// docs:end
 	kit := durabletest.New(t, cl, nil)
 	ctx := context.Background()
 	var ids []int64

@@ -295,7 +295,6 @@ func TestSmokeSuiteThroughPgBouncer(t *testing.T) {
 
 // poolerPool opens a pool through a transaction pooler, as the operations guide shows.
 func poolerPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
-	// docs:begin pgbouncer
 	cfg, err := pgxpool.ParseConfig(url) // the pooler's address
 	if err != nil {
 		return nil, err
@@ -303,7 +302,6 @@ func poolerPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	// No named prepared statements: PgBouncer before 1.21 cannot route them.
 	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	// docs:end
 	return pool, err
 }
 

@@ -107,7 +107,6 @@ func TestWeightedHeadOfLineIsNotStarved(t *testing.T) {
 	e := newEnv(t)
 	createStarts(t, e)
 	job := rateJob(e, "weighted", "w")
-	// docs:begin rates
 	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{job},
 		RateLimits: map[string]gendurable.Rate{"api": {Allowed: 10, Period: time.Second}},
 		Queues:     map[string]gendurable.QueueConfig{"w": {Concurrency: 30}}, PollInterval: 20 * time.Millisecond})
@@ -117,7 +116,6 @@ func TestWeightedHeadOfLineIsNotStarved(t *testing.T) {
 		_, err := cl.Insert(ctx, job.With(tag), &gendurable.InsertOpts{RateLimit: "api", Weight: weight, Priority: prio})
 		require.NoError(t, err)
 	}
-	// docs:end
 	ins("first", 1, 5)
 	ins("heavy", 2, 8)
 	for range 20 {

@@ -37,7 +37,6 @@ func names(sigs []gendurable.Signal) []string {
 }
 
 func approvalFSM(timeout time.Duration) gendurable.FSM[approval] {
-	// docs:begin approval
 	return gendurable.FSM[approval]{
 		Name: "approval", Start: "ask", Queue: "sig",
 		Steps: map[string]gendurable.StepFunc[approval]{
@@ -62,7 +61,6 @@ func approvalFSM(timeout time.Duration) gendurable.FSM[approval] {
 			},
 		},
 	}
-	// docs:end
 }
 
 func TestAwaitAndSignalThroughDrain(t *testing.T) {
@@ -88,9 +86,7 @@ func TestAwaitAndSignalThroughDrain(t *testing.T) {
 	kit.RequireAwaiting(ctx, a.ID)
 
 	// By key: wakes it.
-	// docs:begin send
 	r, err = cl.Signal(ctx, gendurable.ByKey("approval", "req-1"), "approved", map[string]string{"By": "ada"})
-	// docs:end
 	require.NoError(t, err)
 	require.True(t, r.Woke)
 	kit.Drain(ctx)
@@ -358,7 +354,6 @@ func TestAccumulatePatternNeverSpins(t *testing.T) {
 }
 
 func runAccumulate(t *testing.T, e *env) {
-	// docs:begin pack
 	m := gendurable.FSM[pack]{
 		Name: "pack", Start: "collect", Queue: "pack",
 		Steps: map[string]gendurable.StepFunc[pack]{
@@ -382,7 +377,6 @@ func runAccumulate(t *testing.T, e *env) {
 			},
 		},
 	}
-	// docs:end
 	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{m}, PollInterval: time.Hour,
 		Queues: map[string]gendurable.QueueConfig{"pack": {Concurrency: 8}}})
 	start(t, cl)

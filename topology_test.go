@@ -123,7 +123,6 @@ func TestTopologyWorkerOnlyNode(t *testing.T) {
 	e := newEnv(t)
 	work := seedMaintenanceWork(t, e)
 	rec := newRecorder()
-	// docs:begin topology-worker
 	worker := &gendurable.Config{
 		Machines:          []gendurable.Machine{topoJob},
 		Queues:            map[string]gendurable.QueueConfig{"default": {Concurrency: 20}},
@@ -132,7 +131,6 @@ func TestTopologyWorkerOnlyNode(t *testing.T) {
 		Reaper:            &gendurable.ReaperConfig{Disabled: true},
 		GC:                &gendurable.GCConfig{Disabled: true},
 	}
-	// docs:end
 	worker.Reaper.Interval, worker.GC.Interval = 10*time.Millisecond, 10*time.Millisecond
 	worker.Logger, worker.Hooks = rec.logger(), []func(gendurable.Event){rec.hook}
 	cl := e.client(t, worker)
@@ -177,7 +175,6 @@ func TestTopologyMaintenanceOnlyNode(t *testing.T) {
 	waiting, err := inserter.Insert(ctx, topoJob.With(counter{}), nil)
 	require.NoError(t, err)
 	rec := newRecorder()
-	// docs:begin topology-maintenance
 	maintenance := &gendurable.Config{
 		Name:              "maintenance",
 		ConcurrencyLimits: limits, // the same gates and rate limits as the workers
@@ -185,7 +182,6 @@ func TestTopologyMaintenanceOnlyNode(t *testing.T) {
 		Reaper:            &gendurable.ReaperConfig{Interval: 5 * time.Second},
 		GC:                &gendurable.GCConfig{Interval: time.Minute, Retention: 7 * 24 * time.Hour},
 	}
-	// docs:end
 	maintenance.Reaper.Interval, maintenance.GC.Interval = 10*time.Millisecond, 10*time.Millisecond
 	maintenance.GC.Retention = time.Hour
 	maintenance.Logger, maintenance.Hooks = rec.logger(), []func(gendurable.Event){rec.hook}
@@ -216,14 +212,12 @@ func TestTopologyWebOnlyNode(t *testing.T) {
 	e := newEnv(t)
 	work := seedMaintenanceWork(t, e)
 	rec := newRecorder()
-	// docs:begin topology-web
 	web := &gendurable.Config{
 		Name:     "web",
 		Machines: []gendurable.Machine{topoJob}, // optional: With carries what an insert needs
 		Reaper:   &gendurable.ReaperConfig{Disabled: true},
 		GC:       &gendurable.GCConfig{Disabled: true},
 	}
-	// docs:end
 	web.Reaper.Interval, web.GC.Interval = 10*time.Millisecond, 10*time.Millisecond
 	web.Logger, web.Hooks = rec.logger(), []func(gendurable.Event){rec.hook}
 	cl := e.client(t, web)

@@ -13,7 +13,10 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// docs:begin testmain
 func TestMain(m *testing.M) { durabledbtest.Main(m) }
+
+// docs:end
 
 type Cart struct {
 	Items   int    `json:"items"`
