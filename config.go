@@ -21,7 +21,7 @@ import (
 // before anything runs or touches the database.
 type Config struct {
 	// Name tells clients in one process apart (in worker ids, logs and events). Default
-	// "default". 1 to 64 characters without ':', '@' or '#'.
+	// "default". 1 to 64 bytes of printable UTF-8 without ':', '@' or '#'.
 	Name string
 	// Schema is the Postgres schema holding gendurable's tables. Default "gendurable". A plain
 	// lower-case identifier (a-z, 0-9, _; not starting with pg_).
@@ -157,7 +157,7 @@ func (c *Config) resolve() (engine.Config, string, error) {
 	}
 	ec.Name = orDefault(c.Name, "default")
 	if len(ec.Name) > 64 || strings.ContainsAny(ec.Name, ":@#") || !printable(ec.Name) {
-		return ec, "", cfgErr("Name", "%q: use 1 to 64 printable characters without ':', '@' or '#'", c.Name)
+		return ec, "", cfgErr("Name", "%q: use 1 to 64 bytes of printable characters without ':', '@' or '#'", c.Name)
 	}
 	schema, err := ident.Schema(c.Schema)
 	if err != nil {
@@ -368,7 +368,7 @@ func (c *Config) resolveGC(ec *engine.Config) error {
 // separator of a key's partition).
 func checkLimitName(what, field, name string) error {
 	if err := checkName(what+" name", name); err != nil || strings.Contains(name, ":") {
-		return cfgErr(field, "%q: a %s name is 1 to 128 printable characters without ':'", name, what)
+		return cfgErr(field, "%q: a %s name is 1 to 128 bytes of printable characters without ':'", name, what)
 	}
 	return nil
 }

@@ -44,7 +44,7 @@ type HandleFunc[S any] func(ctx *Ctx, state S, err error) Outcome
 // known at registration: Next targets are checked against Steps.
 type FSM[S any] struct {
 	// Name is the durable name stored in every instance row. Renaming it orphans running
-	// instances, so choose it once. 1 to 128 characters.
+	// instances, so choose it once. 1 to 128 bytes.
 	Name string
 	// Start is the first step of a new instance.
 	Start string
@@ -334,7 +334,7 @@ func typeName(v any) string {
 // error finishes it, an error retries it with backoff until MaxAttempts, then fails it. Wrap an
 // error with Unrecoverable to fail at once.
 type Job[A any] struct {
-	// Name is the durable name stored in every row (1 to 128 characters).
+	// Name is the durable name stored in every row (1 to 128 bytes).
 	Name string
 	// Perform does the work.
 	Perform func(ctx *Ctx, args A) error

@@ -71,7 +71,8 @@ type DrainOpts struct {
 type DrainResult struct {
 	// Steps is how many steps ran.
 	Steps int
-	// Outcomes counts committed outcomes by kind: "next", "retry", "done", "failed".
+	// Outcomes counts committed outcomes by kind: "next", "retry", "done", "failed", "await",
+	// "spawn".
 	Outcomes map[string]int
 }
 
