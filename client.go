@@ -382,16 +382,24 @@ func (c *Client) Get(ctx context.Context, id int64) (*Instance, error) {
 
 // MigrateOpts configures Migrate.
 type MigrateOpts struct {
-	// Schema to create; default "gendurable".
+	// Schema to create or migrate; default "gendurable".
 	Schema string
+	// Target is the schema version to migrate to, up or down; 0 means the newest this library
+	// knows (durablemigrate.Version).
+	Target int
 }
 
-// Migrate creates gendurable's schema, or checks that an existing one was built by this
-// version. It is idempotent and safe to run from many processes at once.
+// Migrate creates gendurable's schema, or brings an existing one to the target version, one
+// numbered migration per transaction. It is idempotent and safe to run from many processes at
+// once. A schema already newer than this library knows is left as it is (a fleet migrated ahead
+// of its deploy): Start says whether this library can run against it.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) error {
-	schema := ""
+	var o MigrateOpts
 	if opts != nil {
-		schema = opts.Schema
+		o = *opts
 	}
-	return durablemigrate.Migrate(ctx, pool, schema)
+	if o.Target == 0 {
+		o.Target = durablemigrate.Version
+	}
+	return durablemigrate.MigrateTo(ctx, pool, o.Schema, o.Target)
 }

@@ -1,97 +1,173 @@
-// Package durablemigrate holds gendurable's schema (embedded SQL) and the migrator that applies
-// it. There is one schema version; pre-1.0 it is edited in place, so a schema built from an
-// older text is refused with ErrSchemaMismatch rather than silently used.
+// Package durablemigrate holds gendurable's schema as numbered migrations (embedded SQL, in
+// migrations/) and the migrator that applies them. Version 1 is the schema as it was before
+// numbered migrations; every later change is a migration with an up and, where one can exist, a
+// down. Migrations are written for rolling deploys (migrations/README.md): a schema migrated to
+// version N still runs the library that knows version N−1, so a fleet is migrated first and then
+// redeployed node by node.
 package durablemigrate
 
 import (
 	"context"
-	"crypto/sha256"
-	_ "embed"
-	"encoding/hex"
-	"errors"
+	"embed"
 	"fmt"
+	"io/fs"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/gendurable/gendurable/durabletype"
 	"github.com/gendurable/gendurable/internal/ident"
 	"github.com/jackc/pgx/v5"
 )
 
-//go:embed sql/v1.sql
-var v1 string
+//go:embed migrations/*.sql
+var files embed.FS
 
-// Version is the schema version this package builds.
-const Version = 1
+// baseFingerprint names the text version 1 was built from. It is recorded in every schema, and a
+// schema that records another one was built from a text that predates numbered migrations.
+const baseFingerprint = "948a9c3ec7b4ad46db3d1f6eb48c46ec8f2a5e0c2ef925cfcd2b68862dc6c262"
 
-// DB is what Migrate needs: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
+// Migration is one numbered schema change.
+type Migration struct {
+	// Version is the schema version the migration's up brings a schema to.
+	Version int
+	// Name says what the migration does (its file name without the number and suffix).
+	Name string
+	// Readers is the oldest library that runs against a schema at Version: the newest schema
+	// version such a library knows. By the rolling-deploy rule it is Version−1 (the library
+	// before keeps working), unless the migration's up says "-- readers: N".
+	Readers int
+	up      string
+	down    string
+}
+
+// HasDown reports whether the migration can be undone (version 1 cannot: drop the schema).
+func (m Migration) HasDown() bool { return m.down != "" }
+
+// Up returns the migration's up SQL for schema ("" is the default schema).
+func (m Migration) Up(schema string) (string, error) { return expand(m.up, schema) }
+
+// Down returns the migration's down SQL for schema ("" is the default schema), or an error if it
+// has none.
+func (m Migration) Down(schema string) (string, error) {
+	if m.down == "" {
+		return "", fmt.Errorf("gendurable: schema version %d (%s) has no down migration", m.Version, m.Name)
+	}
+	return expand(m.down, schema)
+}
+
+func expand(text, schema string) (string, error) {
+	s, err := ident.Schema(schema)
+	if err != nil {
+		return "", err
+	}
+	return ident.Expand(text, s), nil
+}
+
+var migrations = mustLoad(files)
+
+// Version is the newest schema version this library knows, and the one Migrate brings a schema
+// to. A client of this library starts against a schema at Version, or at a later version whose
+// Readers allow it (a fleet migrated ahead of its deploy).
+var Version = migrations[len(migrations)-1].Version
+
+// Migrations returns every migration, oldest first.
+func Migrations() []Migration { return slices.Clone(migrations) }
+
+var fileRE = regexp.MustCompile(`^(\d{3})_([a-z0-9_]+)\.(up|down)\.sql$`)
+var readersRE = regexp.MustCompile(`(?m)^-- readers: (\d+)$`)
+
+// mustLoad reads the migrations folder: NNN_name.up.sql and, optionally, NNN_name.down.sql,
+// numbered from 1 without gaps. A malformed folder is a bug in this package: it panics.
+func mustLoad(fsys fs.FS) []Migration {
+	entries, err := fs.ReadDir(fsys, "migrations")
+	if err != nil {
+		panic(err)
+	}
+	byVersion := map[int]*Migration{}
+	for _, e := range entries {
+		m := fileRE.FindStringSubmatch(e.Name())
+		if m == nil {
+			panic("durablemigrate: unexpected file migrations/" + e.Name())
+		}
+		v, _ := strconv.Atoi(m[1])
+		b, err := fs.ReadFile(fsys, "migrations/"+e.Name())
+		if err != nil {
+			panic(err)
+		}
+		mig := byVersion[v]
+		if mig == nil {
+			mig = &Migration{Version: v, Name: m[2], Readers: max(v-1, 1)}
+			byVersion[v] = mig
+		}
+		if mig.Name != m[2] {
+			panic(fmt.Sprintf("durablemigrate: version %d has two names, %s and %s", v, mig.Name, m[2]))
+		}
+		if m[3] == "up" {
+			mig.up = string(b)
+			if r := readersRE.FindStringSubmatch(mig.up); r != nil {
+				mig.Readers, _ = strconv.Atoi(r[1])
+			}
+		} else {
+			mig.down = string(b)
+		}
+	}
+	out := make([]Migration, 0, len(byVersion))
+	for v := 1; v <= len(byVersion); v++ {
+		mig := byVersion[v]
+		if mig == nil || mig.up == "" {
+			panic(fmt.Sprintf("durablemigrate: migration %d is missing (or has no up)", v))
+		}
+		if mig.Readers < 1 || mig.Readers > v {
+			panic(fmt.Sprintf("durablemigrate: migration %d: readers %d is not a version from 1 to %d", v, mig.Readers, v))
+		}
+		out = append(out, *mig)
+	}
+	return out
+}
+
+// DB is what the migrator needs: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
 type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// Fingerprint identifies the exact DDL text this package applies.
-func Fingerprint() string {
-	sum := sha256.Sum256([]byte(v1))
-	return hex.EncodeToString(sum[:])
+// State is a schema's migration state.
+type State struct {
+	// Version is the schema's version; 0 for a schema that does not exist or has no gendurable
+	// tables.
+	Version int
+	// Readers is the oldest library that runs against it (see Migration.Readers).
+	Readers int
 }
 
-// SQL returns the DDL for the given schema ("" means the default), ready to run by hand or by
-// another migration tool. It ends by recording the version and fingerprint, as Migrate does.
-func SQL(schema string) (string, error) {
-	schema, err := ident.Schema(schema)
-	if err != nil {
-		return "", err
-	}
-	return ident.Expand(v1, schema) + "\n" + metaInsert(schema) + ";\n", nil
+// VersionError is a schema at a version this library cannot run against. It matches
+// ErrSchemaMismatch.
+type VersionError struct {
+	Schema string
+	// Have is the schema's version; Readers the oldest library that runs against it.
+	Have, Readers int
+	// Library is the newest schema version this library knows (Version).
+	Library int
 }
 
-func metaInsert(schema string) string {
-	return fmt.Sprintf("INSERT INTO %s.meta (key, value) VALUES ('version', '%d'), ('fingerprint', '%s')",
-		ident.Quote(schema), Version, Fingerprint())
+func (e *VersionError) Error() string {
+	if e.Have < e.Library {
+		return fmt.Sprintf("gendurable: schema %q is at version %d, older than this library's %d: migrate it first "+
+			"(gendurable migrate --schema %s, or gendurable.Migrate)", e.Schema, e.Have, e.Library, e.Schema)
+	}
+	return fmt.Sprintf("gendurable: schema %q is at version %d, which needs a library that knows schema version %d or later; "+
+		"this library knows up to %d: upgrade gendurable (or migrate the schema down: gendurable migrate --schema %s --target %d)",
+		e.Schema, e.Have, e.Readers, e.Library, e.Schema, e.Library)
 }
 
-// Migrate creates the schema if it does not exist and checks it if it does. It is idempotent
-// and safe to call from many processes at once: callers serialize on a transaction-scoped
-// advisory lock keyed by the schema name, and the whole DDL commits or none of it.
-func Migrate(ctx context.Context, db DB, schema string) error {
-	schema, err := ident.Schema(schema)
-	if err != nil {
-		return err
-	}
-	tx, err := db.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("gendurable: migrate %s: begin: %w", schema, err)
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+// Is makes a VersionError match ErrSchemaMismatch.
+func (e *VersionError) Is(target error) bool { return target == durabletype.ErrSchemaMismatch }
 
-	// Serialize concurrent migrators of this schema (a lock on a hash, held until commit).
-	if _, err := tx.Exec(ctx, "SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('gendurable.migrate:' || $1, 0))", schema); err != nil {
-		return fmt.Errorf("gendurable: migrate %s: lock: %w", schema, err)
-	}
-	fp, found, err := readFingerprint(ctx, tx, schema)
-	if err != nil {
-		return err
-	}
-	if found {
-		if fp != Fingerprint() {
-			return fmt.Errorf("%w: schema %q has fingerprint %.12s, this build expects %.12s; "+
-				"pre-1.0 the schema is edited in place: drop it (DROP SCHEMA %s CASCADE) and migrate again",
-				durabletype.ErrSchemaMismatch, schema, fp, Fingerprint(), ident.Quote(schema))
-		}
-		return tx.Commit(ctx)
-	}
-	if _, err := tx.Exec(ctx, ident.Expand(v1, schema)); err != nil {
-		return fmt.Errorf("gendurable: migrate %s: %w", schema, err)
-	}
-	if _, err := tx.Exec(ctx, metaInsert(schema)); err != nil {
-		return fmt.Errorf("gendurable: migrate %s: record version: %w", schema, err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("gendurable: migrate %s: commit: %w", schema, err)
-	}
-	return nil
-}
-
-// Check returns nil if the schema exists and was built by this version, ErrNotMigrated if it
-// does not exist, and ErrSchemaMismatch if it was built from another text.
+// Check returns nil if this library can run against the schema: at Version, or later with
+// Readers at most Version. It returns ErrNotMigrated if the schema does not exist, a
+// *VersionError for a version it cannot run against, and ErrSchemaMismatch for a schema built
+// from a text that predates numbered migrations.
 func Check(ctx context.Context, db DB, schema string) error {
 	schema, err := ident.Schema(schema)
 	if err != nil {
@@ -102,17 +178,173 @@ func Check(ctx context.Context, db DB, schema string) error {
 		return fmt.Errorf("gendurable: check schema %s: %w", schema, err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	fp, found, err := readFingerprint(ctx, tx, schema)
+	st, err := readState(ctx, tx, schema)
 	if err != nil {
 		return err
 	}
-	if !found {
+	if st.Version == 0 {
 		return fmt.Errorf("%w: schema %q (run gendurable.Migrate or `gendurable migrate`)", durabletype.ErrNotMigrated, schema)
 	}
-	if fp != Fingerprint() {
-		return fmt.Errorf("%w: schema %q; drop it and migrate again", durabletype.ErrSchemaMismatch, schema)
+	if st.Version < Version || st.Readers > Version {
+		return &VersionError{Schema: schema, Have: st.Version, Readers: st.Readers, Library: Version}
 	}
 	return nil
+}
+
+// Current returns the schema's migration state.
+func Current(ctx context.Context, db DB, schema string) (State, error) {
+	schema, err := ident.Schema(schema)
+	if err != nil {
+		return State{}, err
+	}
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return State{}, fmt.Errorf("gendurable: read schema %s: %w", schema, err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	return readState(ctx, tx, schema)
+}
+
+// Step is one migration to apply: its up, or (Down) its down.
+type Step struct {
+	Migration
+	Down bool
+}
+
+// SQL returns the step's SQL for schema, followed by the statement that records the schema's
+// new version, as the migrator runs it in one transaction.
+func (s Step) SQL(schema string) (string, error) {
+	sql, err := s.Up(schema)
+	if s.Down {
+		sql, err = s.Migration.Down(schema)
+	}
+	if err != nil {
+		return "", err
+	}
+	to := s.Version
+	if s.Down {
+		to = s.Version - 1
+	}
+	return strings.TrimRight(sql, "\n") + "\n\n" + recordVersion(schema, to) + ";\n", nil
+}
+
+// Plan returns the steps that take a schema at version from to version to, in order.
+func Plan(from, to int) ([]Step, error) {
+	if to < 1 || to > Version {
+		return nil, fmt.Errorf("gendurable: target version %d: this library knows versions 1 to %d", to, Version)
+	}
+	if from > Version {
+		return nil, fmt.Errorf("gendurable: the schema is at version %d, newer than this library knows (%d): "+
+			"migrate it with the library that migrated it", from, Version)
+	}
+	var steps []Step
+	for v := from + 1; v <= to; v++ {
+		steps = append(steps, Step{Migration: migrations[v-1]})
+	}
+	for v := from; v > to; v-- {
+		m := migrations[v-1]
+		if !m.HasDown() {
+			return nil, fmt.Errorf("gendurable: schema version %d (%s) has no down migration", v, m.Name)
+		}
+		steps = append(steps, Step{Migration: m, Down: true})
+	}
+	return steps, nil
+}
+
+// SQL returns the SQL that builds schema ("" is the default) from nothing to Version, ready to run
+// by hand or by another migration tool; it records the version as Migrate does.
+func SQL(schema string) (string, error) {
+	steps, err := Plan(0, Version)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	for _, s := range steps {
+		sql, err := s.SQL(schema)
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(&b, "-- gendurable schema version %d: %s\n%s\n", s.Version, s.Name, sql)
+	}
+	return b.String(), nil
+}
+
+// recordVersion is the statement that records a schema's version (0 removes nothing: the schema
+// is gone with version 1's down, which does not exist).
+func recordVersion(schema string, version int) string {
+	readers := 1
+	if version >= 1 {
+		readers = migrations[version-1].Readers
+	}
+	return fmt.Sprintf("INSERT INTO %s.meta (key, value) VALUES ('version', '%d'), ('readers', '%d'), ('fingerprint', '%s')\n"+
+		"ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+		ident.Quote(schema), version, readers, baseFingerprint)
+}
+
+// Migrate brings the schema to Version, creating it if it does not exist. See MigrateTo.
+func Migrate(ctx context.Context, db DB, schema string) error {
+	return MigrateTo(ctx, db, schema, Version)
+}
+
+// MigrateTo migrates the schema up or down to target, one version per transaction: each step
+// takes a transaction-scoped advisory lock keyed by the schema name, reads the schema's version,
+// applies the next step towards target and records the new version, so that concurrent callers
+// serialize and each sees the others' work. A schema newer than this library knows is left alone
+// when target is Version (a fleet migrated ahead of its deploy) and refused otherwise.
+func MigrateTo(ctx context.Context, db DB, schema string, target int) error {
+	schema, err := ident.Schema(schema)
+	if err != nil {
+		return err
+	}
+	if target < 1 || target > Version {
+		return fmt.Errorf("gendurable: migrate %s: target version %d: this library knows versions 1 to %d", schema, target, Version)
+	}
+	for {
+		done, err := migrateStep(ctx, db, schema, target)
+		if err != nil || done {
+			return err
+		}
+	}
+}
+
+// migrateStep applies the next step towards target in one transaction; done says there was none.
+func migrateStep(ctx context.Context, db DB, schema string, target int) (done bool, err error) {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return false, fmt.Errorf("gendurable: migrate %s: begin: %w", schema, err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	// Serialize concurrent migrators of this schema (a lock on a hash, held until commit).
+	if _, err := tx.Exec(ctx, "SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('gendurable.migrate:' || $1, 0))", schema); err != nil {
+		return false, fmt.Errorf("gendurable: migrate %s: lock: %w", schema, err)
+	}
+	st, err := readState(ctx, tx, schema)
+	if err != nil {
+		return false, err
+	}
+	if st.Version == target || (st.Version > Version && target == Version) {
+		return true, tx.Commit(ctx)
+	}
+	steps, err := Plan(st.Version, target)
+	if err != nil {
+		return false, fmt.Errorf("gendurable: migrate %s: %w", schema, err)
+	}
+	step := steps[0]
+	sql, err := step.SQL(schema)
+	if err != nil {
+		return false, err
+	}
+	if _, err := tx.Exec(ctx, sql); err != nil {
+		dir := "up"
+		if step.Down {
+			dir = "down"
+		}
+		return false, fmt.Errorf("gendurable: migrate %s: version %d (%s) %s: %w", schema, step.Version, step.Name, dir, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return false, fmt.Errorf("gendurable: migrate %s: commit version %d: %w", schema, step.Version, err)
+	}
+	return false, nil
 }
 
 // Drop removes the schema and everything in it. Tests and the demo use it to clean up.
@@ -132,24 +364,41 @@ func Drop(ctx context.Context, db DB, schema string) error {
 	return tx.Commit(ctx)
 }
 
-func readFingerprint(ctx context.Context, tx pgx.Tx, schema string) (string, bool, error) {
+// readState reads the schema's meta rows. A schema whose fingerprint is not version 1's was built
+// from a text that predates numbered migrations: ErrSchemaMismatch, with the way out.
+func readState(ctx context.Context, tx pgx.Tx, schema string) (State, error) {
 	var exists bool
 	err := tx.QueryRow(ctx, `SELECT EXISTS (
 		SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 		WHERE n.nspname = $1 AND c.relname = 'meta')`, schema).Scan(&exists)
 	if err != nil {
-		return "", false, fmt.Errorf("gendurable: read schema %s: %w", schema, err)
+		return State{}, fmt.Errorf("gendurable: read schema %s: %w", schema, err)
 	}
 	if !exists {
-		return "", false, nil
+		return State{}, nil
 	}
-	var fp string
-	err = tx.QueryRow(ctx, "SELECT value FROM "+ident.Quote(schema)+".meta WHERE key = 'fingerprint'").Scan(&fp)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return "", true, nil
-	}
+	rows, err := tx.Query(ctx, "SELECT key, value FROM "+ident.Quote(schema)+".meta")
 	if err != nil {
-		return "", false, fmt.Errorf("gendurable: read schema %s: %w", schema, err)
+		return State{}, fmt.Errorf("gendurable: read schema %s: %w", schema, err)
 	}
-	return fp, true, nil
+	meta := map[string]string{}
+	var k, v string
+	if _, err := pgx.ForEachRow(rows, []any{&k, &v}, func() error { meta[k] = v; return nil }); err != nil {
+		return State{}, fmt.Errorf("gendurable: read schema %s: %w", schema, err)
+	}
+	if meta["fingerprint"] != baseFingerprint {
+		return State{}, fmt.Errorf("%w: schema %q was built from a schema text older than numbered migrations "+
+			"(fingerprint %.12q): drop it (DROP SCHEMA %s CASCADE) and migrate again",
+			durabletype.ErrSchemaMismatch, schema, meta["fingerprint"], ident.Quote(schema))
+	}
+	st := State{Readers: 1}
+	if st.Version, err = strconv.Atoi(meta["version"]); err != nil || st.Version < 1 {
+		return State{}, fmt.Errorf("%w: schema %q records version %q", durabletype.ErrSchemaMismatch, schema, meta["version"])
+	}
+	if r, ok := meta["readers"]; ok {
+		if st.Readers, err = strconv.Atoi(r); err != nil {
+			return State{}, fmt.Errorf("%w: schema %q records readers %q", durabletype.ErrSchemaMismatch, schema, r)
+		}
+	}
+	return st, nil
 }

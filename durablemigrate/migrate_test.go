@@ -2,7 +2,10 @@ package durablemigrate_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -94,4 +97,24 @@ func TestPrintedSQLBuildsTheSameSchema(t *testing.T) {
 	// A schema built by hand from the printed SQL is accepted as this version.
 	require.NoError(t, durablemigrate.Check(ctx, pool, schema))
 	require.NoError(t, durablemigrate.Migrate(ctx, pool, schema))
+}
+
+// Version 1 is frozen: its statements (its comments aside) are the text every schema built before
+// numbered migrations was made from. A change to the schema is a new migration, never an edit.
+func TestVersionOneIsFrozen(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("migrations/001_initial.up.sql")
+	require.NoError(t, err)
+	var stmts []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(strings.TrimSpace(l), "--") {
+			stmts = append(stmts, l)
+		}
+	}
+	sum := sha256.Sum256([]byte(strings.Join(stmts, "\n")))
+	require.Equal(t, "cdfa21d5b90771bf6a6dfa7d406ecd5dcc94e753f8f56c711a6eb264b951f42e", hex.EncodeToString(sum[:]),
+		"001_initial.up.sql's statements changed: add a migration instead")
+	m := durablemigrate.Migrations()
+	require.Equal(t, 1, m[0].Version)
+	require.False(t, m[0].HasDown(), "version 1 has no down: dropping the schema is the way back")
 }

@@ -1,7 +1,7 @@
 // Command gendurable is gendurable's command-line tool: it migrates a schema, runs the demo and
 // the benchmark suite, and operates instances.
 //
-//	gendurable migrate [--print]
+//	gendurable migrate [--target N] [--print [--from N]]
 //	gendurable demo    [--n N] [--keep]
 //	gendurable bench   [--scenario NAME]... [--n N] [--json]
 //	gendurable queues  [--live-only] [--json]
@@ -39,7 +39,7 @@ type command struct {
 
 func commands() []command {
 	return []command{
-		{"migrate", "migrate [--print]", "create gendurable's schema (or print its SQL)", runMigrate},
+		{"migrate", "migrate [--target N] [--print [--from N]]", "show the schema's version and migrate it (or print the SQL)", runMigrate},
 		{"demo", "demo [--n N] [--keep]", "run an order-processing workflow over a few thousand instances", runDemo},
 		{"bench", "bench [--scenario NAME]... [--n N] [--concurrency C] [--clients K] [--preload N] [--json]", "run the benchmark suite", runBench},
 		{"queues", "queues [--live-only] [--json]", "instances by queue and status, and each queue's lag", runQueues},

@@ -6,34 +6,92 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/gendurable/gendurable/durablemigrate"
 )
 
+// runMigrate prints the schema's version and the steps that bring it to the target, and applies
+// them (or, with --print, prints their SQL for another migration tool).
 func runMigrate(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
 	var db dbFlags
 	db.register(fs, "gendurable")
-	print := fs.Bool("print", false, "print the SQL instead of running it (for your own migration tool)")
+	print := fs.Bool("print", false, "print the SQL of each pending step instead of applying it (for your own migration tool)")
+	target := fs.Int("target", durablemigrate.Version, "the version to migrate to, up or down")
+	from := fs.Int("from", -1, "with --print: the schema's version, instead of reading it from the database (0: no schema yet)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *print {
-		sql, err := durablemigrate.SQL(db.schema)
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if *from >= 0 && !*print {
+		return fmt.Errorf("--from only applies to --print")
+	}
+	current := *from
+	if current < 0 {
+		pool, closeDB, err := db.open(ctx, false, os.Stderr)
 		if err != nil {
 			return err
 		}
-		_, err = io.WriteString(out, sql)
-		return err
+		defer closeDB()
+		st, err := durablemigrate.Current(ctx, pool, db.schema)
+		if err != nil {
+			return err
+		}
+		current = st.Version
+		steps, err := durablemigrate.Plan(current, *target)
+		if err != nil {
+			return err
+		}
+		if !*print {
+			describe(out, db.schema, current, *target, steps)
+			if len(steps) == 0 {
+				return nil
+			}
+			if err := durablemigrate.MigrateTo(ctx, pool, db.schema, *target); err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "schema %q is at version %d\n", db.schema, *target)
+			return nil
+		}
 	}
-	pool, closeDB, err := db.open(ctx, false, os.Stderr)
+	steps, err := durablemigrate.Plan(current, *target)
 	if err != nil {
 		return err
 	}
-	defer closeDB()
-	if err := durablemigrate.Migrate(ctx, pool, db.schema); err != nil {
-		return err
+	for _, s := range steps {
+		sql, err := s.SQL(db.schema)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "-- gendurable schema version %d: %s (%s), in one transaction\n%s\n", s.Version, s.Name, direction(s), sql)
 	}
-	fmt.Fprintf(out, "schema %q is at version %d\n", db.schema, durablemigrate.Version)
 	return nil
+}
+
+func direction(s durablemigrate.Step) string {
+	if s.Down {
+		return "down to " + fmt.Sprint(s.Version-1)
+	}
+	return "up"
+}
+
+// describe prints where the schema is and the steps to the target.
+func describe(out io.Writer, schema string, current, target int, steps []durablemigrate.Step) {
+	state := fmt.Sprintf("version %d", current)
+	if current == 0 {
+		state = "not created yet"
+	}
+	fmt.Fprintf(out, "schema %q: %s; this library knows versions 1 to %d\n", schema, state, durablemigrate.Version)
+	if len(steps) == 0 {
+		fmt.Fprintf(out, "nothing to do: the schema is at version %d\n", target)
+		return
+	}
+	var names []string
+	for _, s := range steps {
+		names = append(names, fmt.Sprintf("%d %s (%s)", s.Version, s.Name, direction(s)))
+	}
+	fmt.Fprintf(out, "pending: %s\n", strings.Join(names, ", "))
 }

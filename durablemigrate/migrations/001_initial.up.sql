@@ -1,7 +1,7 @@
--- gendurable schema, version 1.
+-- gendurable schema, version 1: the schema as it was before numbered migrations. Frozen: never
+-- edit a statement here (a test compares this file's statements with their fingerprint); change
+-- the schema with a new numbered migration (README.md in this folder).
 --
--- Pre-1.0 there is exactly one schema version and it is edited in place: when this file changes,
--- drop and re-create the schema (Migrate refuses a schema built from a different text and says so).
 -- Every object lives in the configured schema, written here as {schema}; the migrator substitutes
 -- the quoted identifier. Nothing here depends on search_path.
 
@@ -191,7 +191,7 @@ CREATE TABLE {schema}.buckets (
   updated_at timestamptz      NOT NULL
 );
 
--- What this schema was built from: Migrate compares the fingerprint of this text.
+-- The schema's version, as the migrator keeps it (keys version, readers, fingerprint).
 CREATE TABLE {schema}.meta (
   key   text PRIMARY KEY,
   value text NOT NULL
