@@ -1,11 +1,15 @@
 package durablemigrate_test
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -13,10 +17,43 @@ import (
 	"github.com/gendurable/gendurable/durabledbtest"
 	"github.com/gendurable/gendurable/durablemigrate"
 	"github.com/gendurable/gendurable/durabletype"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
-func TestMain(m *testing.M) { durabledbtest.Main(m) }
+func TestMain(m *testing.M) {
+	// The test binary is also the migrating process of TestTwoProcessesMigrateAtOnce.
+	if schema := os.Getenv("GD_MIGRATE_SCHEMA"); schema != "" {
+		os.Exit(migrateProcess(schema))
+	}
+	durabledbtest.Main(m)
+}
+
+// migrateProcess migrates schema to the newest version from a process of its own, once its
+// parent says go (a line on stdin), so that the test's processes start migrating together.
+func migrateProcess(schema string) int {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	defer pool.Close()
+	if err := pool.Ping(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	fmt.Println("ready")
+	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+		return 2
+	}
+	if err := durablemigrate.Migrate(ctx, pool, schema); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
 
 func TestMigrateIsIdempotentAndSafeConcurrently(t *testing.T) {
 	t.Parallel()
@@ -45,7 +82,7 @@ func TestMigrateIsIdempotentAndSafeConcurrently(t *testing.T) {
 	require.NoError(t, durablemigrate.Migrate(ctx, pool, schema))
 	var tables int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = $1`, schema).Scan(&tables))
-	require.Equal(t, 6, tables) // instances, signals, gates, gate_leases, buckets, meta
+	require.Equal(t, 8, tables) // instances, signals, gates, gate_leases, buckets, meta, nodes, upgrade_requests
 }
 
 func TestMigrateRefusesASchemaBuiltFromOtherDDL(t *testing.T) {
@@ -117,4 +154,164 @@ func TestVersionOneIsFrozen(t *testing.T) {
 	m := durablemigrate.Migrations()
 	require.Equal(t, 1, m[0].Version)
 	require.False(t, m[0].HasDown(), "version 1 has no down: dropping the schema is the way back")
+}
+
+// catalog describes a schema's objects as text, for comparing two schemas: every column with its
+// type, default and nullability, every constraint and index with its definition, every type and
+// its labels, in name order. Names are schema-qualified only through the definitions, which are
+// printed with the schema's name replaced.
+func catalog(t *testing.T, pool *pgxpool.Pool, schema string) string {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `
+		SELECT 'column ' || c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod) ||
+		       CASE WHEN a.attnotnull THEN ' not null' ELSE '' END ||
+		       coalesce(' default ' || pg_get_expr(d.adbin, d.adrelid), '')
+		FROM pg_attribute a
+		JOIN pg_class c ON c.oid = a.attrelid
+		JOIN pg_namespace n ON n.oid = c.relnamespace
+		LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+		WHERE n.nspname = $1 AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped
+		UNION ALL
+		SELECT 'constraint ' || c.relname || '.' || k.conname || ' ' || pg_get_constraintdef(k.oid) ||
+		       CASE WHEN k.convalidated THEN '' ELSE ' (not validated)' END
+		FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1
+		UNION ALL
+		SELECT 'index ' || indexname || ' ' || indexdef FROM pg_indexes WHERE schemaname = $1
+		UNION ALL
+		SELECT 'type ' || t.typname || ' ' || coalesce((SELECT string_agg(e.enumlabel, ',' ORDER BY e.enumsortorder)
+		                                                FROM pg_enum e WHERE e.enumtypid = t.oid), '')
+		FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+		WHERE n.nspname = $1 AND t.typtype = 'e'
+		UNION ALL
+		SELECT 'table ' || c.relname || ' ' || coalesce(array_to_string(c.reloptions, ','), '')
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relkind = 'r'
+		ORDER BY 1`, schema)
+	require.NoError(t, err)
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return strings.ReplaceAll(strings.Join(lines, "\n"), schema+".", "S.")
+}
+
+// Every step has a down back to version 1, and up, down and up again leaves the schema as the
+// first up built it, object for object (a column's position aside: a column dropped and added
+// again goes to the end of its table, which no statement depends on).
+func TestUpDownUpLeavesTheSameSchema(t *testing.T) {
+	t.Parallel()
+	pool := durabledbtest.Pool(t, 2)
+	ctx := context.Background()
+	schema := fmt.Sprintf("t_migrate_updown_%d", os.Getpid())
+	require.NoError(t, durablemigrate.Drop(ctx, pool, schema))
+	t.Cleanup(func() { _ = durablemigrate.Drop(context.Background(), pool, schema) })
+
+	require.NoError(t, durablemigrate.MigrateTo(ctx, pool, schema, 1))
+	one := catalog(t, pool, schema)
+	require.NoError(t, durablemigrate.Migrate(ctx, pool, schema))
+	latest := catalog(t, pool, schema)
+	require.NotEqual(t, one, latest)
+	st, err := durablemigrate.Current(ctx, pool, schema)
+	require.NoError(t, err)
+	require.Equal(t, durablemigrate.State{Version: durablemigrate.Version, Readers: durablemigrate.Version - 1}, st)
+
+	require.NoError(t, durablemigrate.MigrateTo(ctx, pool, schema, 1))
+	require.Equal(t, one, catalog(t, pool, schema), "down to 1 leaves version 1's schema")
+	st, err = durablemigrate.Current(ctx, pool, schema)
+	require.NoError(t, err)
+	require.Equal(t, 1, st.Version)
+
+	require.NoError(t, durablemigrate.Migrate(ctx, pool, schema))
+	require.Equal(t, latest, catalog(t, pool, schema), "up again builds the same schema")
+
+	err = durablemigrate.MigrateTo(ctx, pool, schema, 0)
+	require.ErrorContains(t, err, "target version 0")
+	steps, err := durablemigrate.Plan(1, 0)
+	require.Error(t, err)
+	require.Nil(t, steps)
+}
+
+// Migrating from processes that start together: each applies steps under the advisory lock, so
+// every version is applied once, and all of them end with the newest schema.
+func TestTwoProcessesMigrateAtOnce(t *testing.T) {
+	t.Parallel()
+	pool := durabledbtest.Pool(t, 2)
+	ctx := context.Background()
+	schema := fmt.Sprintf("t_migrate_procs_%d", os.Getpid())
+	require.NoError(t, durablemigrate.Drop(ctx, pool, schema))
+	t.Cleanup(func() { _ = durablemigrate.Drop(context.Background(), pool, schema) })
+
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	type proc struct {
+		cmd   *exec.Cmd
+		stdin io.WriteCloser
+		out   *bytes.Buffer
+	}
+	var procs []proc
+	for range 2 {
+		cmd := exec.Command(exe, "-test.run=^$")
+		cmd.Env = append(os.Environ(), "GD_MIGRATE_SCHEMA="+schema, "DATABASE_URL="+durabledbtest.URL(t))
+		stdin, err := cmd.StdinPipe()
+		require.NoError(t, err)
+		stdout, err := cmd.StdoutPipe()
+		require.NoError(t, err)
+		out := &bytes.Buffer{}
+		cmd.Stderr = out
+		require.NoError(t, cmd.Start())
+		line, err := bufio.NewReader(stdout).ReadString('\n')
+		require.NoError(t, err, out.String())
+		require.Equal(t, "ready\n", line)
+		procs = append(procs, proc{cmd, stdin, out})
+	}
+	for _, p := range procs { // go
+		_, err := io.WriteString(p.stdin, "go\n")
+		require.NoError(t, err)
+	}
+	for _, p := range procs {
+		require.NoError(t, p.cmd.Wait(), p.out.String())
+	}
+	require.NoError(t, durablemigrate.Check(ctx, pool, schema))
+	st, err := durablemigrate.Current(ctx, pool, schema)
+	require.NoError(t, err)
+	require.Equal(t, durablemigrate.Version, st.Version)
+}
+
+// A client checks the schema's version at Start: an older schema is refused with both versions
+// and the command that migrates it; a newer one is accepted while its readers include this
+// library, and refused with both versions once they do not.
+func TestCheckNamesBothVersions(t *testing.T) {
+	t.Parallel()
+	pool := durabledbtest.Pool(t, 2)
+	ctx := context.Background()
+	schema := fmt.Sprintf("t_migrate_check_%d", os.Getpid())
+	require.NoError(t, durablemigrate.Drop(ctx, pool, schema))
+	t.Cleanup(func() { _ = durablemigrate.Drop(context.Background(), pool, schema) })
+	require.NoError(t, durablemigrate.MigrateTo(ctx, pool, schema, durablemigrate.Version-1))
+
+	err := durablemigrate.Check(ctx, pool, schema)
+	var ve *durablemigrate.VersionError
+	require.ErrorAs(t, err, &ve)
+	require.ErrorIs(t, err, durabletype.ErrSchemaMismatch)
+	require.Contains(t, err.Error(), fmt.Sprintf("version %d, older than this library's %d", durablemigrate.Version-1, durablemigrate.Version))
+	require.Contains(t, err.Error(), "gendurable migrate --schema "+schema)
+
+	require.NoError(t, durablemigrate.Migrate(ctx, pool, schema))
+	require.NoError(t, durablemigrate.Check(ctx, pool, schema))
+
+	// A schema one version ahead, readable by this library (a fleet migrated before its deploy).
+	set := func(version, readers int) {
+		_, err := pool.Exec(ctx, fmt.Sprintf(`UPDATE %q.meta SET value = CASE key WHEN 'version' THEN $1 ELSE $2 END
+			WHERE key IN ('version', 'readers')`, schema), fmt.Sprint(version), fmt.Sprint(readers))
+		require.NoError(t, err)
+	}
+	set(durablemigrate.Version+1, durablemigrate.Version)
+	require.NoError(t, durablemigrate.Check(ctx, pool, schema))
+	require.NoError(t, durablemigrate.Migrate(ctx, pool, schema), "Migrate leaves a newer schema alone")
+	// One this library cannot read.
+	set(durablemigrate.Version+2, durablemigrate.Version+1)
+	err = durablemigrate.Check(ctx, pool, schema)
+	require.ErrorAs(t, err, &ve)
+	require.Contains(t, err.Error(), fmt.Sprintf("at version %d, which needs a library that knows schema version %d or later; this library knows up to %d",
+		durablemigrate.Version+2, durablemigrate.Version+1, durablemigrate.Version))
+	require.Error(t, durablemigrate.MigrateTo(ctx, pool, schema, 1), "a schema newer than the library is not migrated down by it")
 }
