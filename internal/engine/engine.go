@@ -26,7 +26,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -115,6 +117,7 @@ type Engine struct {
 	inFlight atomic.Int64
 
 	runners   map[string]*runner // one per configured queue; written only by New
+	versions  *store.Versions    // the machines registered at a version above 1 (the picks claim up to it)
 	poker     atomic.Pointer[PokeConn]
 	awaits    *awaiter
 	committer *committer
@@ -149,6 +152,13 @@ func New(pool Pool, st *store.Store, cfg Config) *Engine {
 		runners: map[string]*runner{},
 	}
 	e.events = newDispatcher(cfg.Name, cfg.Hooks, cfg.Logger)
+	e.versions = &store.Versions{}
+	for _, name := range slices.Sorted(maps.Keys(cfg.Machines)) {
+		if v := cfg.Machines[name].Version; v > 1 {
+			e.versions.Names = append(e.versions.Names, name)
+			e.versions.Versions = append(e.versions.Versions, int32(v))
+		}
+	}
 	e.awaits = newAwaiter(e)
 	// The runners exist from the start (idle until Start), so that the map is never written
 	// while an insert reads it to wake a queue.

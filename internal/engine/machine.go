@@ -20,6 +20,14 @@ type MachineDef struct {
 	// Queue and MaxAttempts are the defaults for inserts of this machine.
 	Queue       string
 	MaxAttempts int
+	// Version is the machine's version (1 unless the machine says otherwise). Rows of a later
+	// version are never claimed; rows of an earlier one are brought forward (Upgrade) before
+	// their step runs.
+	Version int
+	// Upgrade brings a row of an older version forward to Version: the step it continues at and
+	// its state. An error (no way forward from that version or step, or an upgrade function's
+	// error) leaves the row as it is: no node of this version can run it.
+	Upgrade func(from int, step string, state []byte) (newStep string, newState []byte, err error)
 	// Run runs one step of a claimed row and returns its outcome (the executor fences it with
 	// the claim). It recovers the step's panics and routes errors to the machine's handler
 	// itself; the engine only adds a last safety net.

@@ -310,7 +310,8 @@ const pickContentionRetries = 10
 // (concurrency.contended), and reports throttling (concurrency.throttled).
 func (e *Engine) pickOnce(ctx context.Context, db store.DB, queue string, n int, owner string, horizon time.Duration, hint store.Hint, lane store.Lane) ([]store.Claimed, error) {
 	for try := 1; ; try++ {
-		res, err := e.store.Pick(ctx, db, queue, n, owner, e.cfg.Lease, horizon, e.cfg.Gates, e.cfg.Rates, hint, lane)
+		res, err := e.store.Pick(ctx, db, queue, n, owner, store.PickOpts{Lease: e.cfg.Lease, Horizon: horizon,
+			Gates: e.cfg.Gates, Rates: e.cfg.Rates, Versions: e.versions, Hint: hint, Lane: lane})
 		if err != nil {
 			if store.GateContention(err) && try <= pickContentionRetries {
 				e.Emit(durabletype.Event{Name: durabletype.EventConcurrencyContended, Queue: queue, Err: err})

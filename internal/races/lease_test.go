@@ -72,7 +72,7 @@ func TestLeasedPicksRaceTheReconcilerAtExpiry(t *testing.T) {
 				leases.Add(1)
 				l := &store.Lease{Key: "g:a", Shard: shard, Owner: owner}
 				for k := range 3 {
-					res, err := st.Pick(ctx, e.pool, "q", 5, fmt.Sprintf("p%d#%d.%d", p, n, k), time.Hour, 0, gates, nil, store.Hint{}, store.Lane{Gate: l})
+					res, err := st.Pick(ctx, e.pool, "q", 5, fmt.Sprintf("p%d#%d.%d", p, n, k), store.PickOpts{Lease: time.Hour, Gates: gates, Lane: store.Lane{Gate: l}})
 					if err != nil && !store.GateContention(err) {
 						t.Error(err)
 						return
@@ -142,8 +142,7 @@ func TestRateLanesNeverOverdrawABucket(t *testing.T) {
 				lane = store.Lane{}
 			}
 			for n := 0; empty.Load() < 50; n++ {
-				res, err := st.Pick(ctx, e.pool, "q", 1+rand.IntN(6), fmt.Sprintf("p%d#%d", p, n), time.Hour, 0, nil, rates,
-					store.Hint{}, lane)
+				res, err := st.Pick(ctx, e.pool, "q", 1+rand.IntN(6), fmt.Sprintf("p%d#%d", p, n), store.PickOpts{Lease: time.Hour, Rates: rates, Lane: lane})
 				if store.GateContention(err) {
 					continue // a lock wait past the pick's timeout: not a sign the bucket is spent
 				}

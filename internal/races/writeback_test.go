@@ -95,8 +95,7 @@ func TestBucketWritebackRaceNeverOverdraws(t *testing.T) {
 					// full bucket.
 					// One picker is hinted at the bucket (it reads it once, at its start), the other
 					// tests it row by row: the two ways must meet at the writeback the same.
-					res, err := st.Pick(ctx, tx, "r", burst, fmt.Sprintf("picker%d#%d", i, rep), time.Minute, 0, nil, rates,
-						store.Hint{RateKeys: []string{"api"}[:1-i]}, store.Lane{})
+					res, err := st.Pick(ctx, tx, "r", burst, fmt.Sprintf("picker%d#%d", i, rep), store.PickOpts{Lease: time.Minute, Rates: rates, Hint: store.Hint{RateKeys: []string{"api"}[:1-i]}})
 					if err == nil {
 						err = tx.Commit(ctx)
 					}
@@ -163,8 +162,7 @@ func TestGateDebitRaceNeverOverAdmits(t *testing.T) {
 					defer func() { _ = tx.Rollback(ctx) }()
 					// Each takes 2 candidates (SKIP LOCKED keeps them apart) and sees 2 free slots.
 					// One picker is hinted at the key, the other tests its gate row by row.
-					res, err := st.Pick(ctx, tx, "g", 2, fmt.Sprintf("picker%d#%d", i, rep), time.Minute, 0, gates, nil,
-						store.Hint{GateKeys: []string{"g:1"}[:1-i]}, store.Lane{})
+					res, err := st.Pick(ctx, tx, "g", 2, fmt.Sprintf("picker%d#%d", i, rep), store.PickOpts{Lease: time.Minute, Gates: gates, Hint: store.Hint{GateKeys: []string{"g:1"}[:1-i]}})
 					if err == nil {
 						err = tx.Commit(ctx)
 					}

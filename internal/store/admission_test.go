@@ -84,7 +84,7 @@ func (f *admissionFixture) pick(t *testing.T, gates *Gates, rates *Rates, hint H
 	tx, err := f.db.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	res, err := f.s.Pick(ctx, tx, "q", 100, "o#1", time.Minute, 0, gates, rates, hint, Lane{})
+	res, err := f.s.Pick(ctx, tx, "q", 100, "o#1", PickOpts{Lease: time.Minute, Gates: gates, Rates: rates, Hint: hint})
 	require.NoError(t, err)
 	var got []string
 	for _, c := range res.Rows {

@@ -25,7 +25,11 @@ type InsertRow struct {
 	ConcurrencyKey string // "" for none
 	RateLimit      string // "" for none
 	Weight         int
+	// MachineVersion is the version of the machine the row starts at (0 is 1).
+	MachineVersion int
 }
+
+func (r *InsertRow) version() int { return max(r.MachineVersion, 1) }
 
 // Inserted is the result of one input row.
 type Inserted struct {
@@ -49,14 +53,14 @@ func (s *Store) InsertClaim(ctx context.Context, db DB, r *InsertRow, owner stri
 	var state []byte
 	var at time.Time
 	if err := db.QueryRow(ctx, s.sql("insert_claim"), r.Machine, r.Step, r.State, r.Queue, int16(r.Priority),
-		int32(r.MaxAttempts), owner, lease.Milliseconds()).Scan(&id, &claimed, &state, &at); err != nil {
+		int32(r.MaxAttempts), owner, lease.Milliseconds(), int32(r.version())).Scan(&id, &claimed, &state, &at); err != nil {
 		return 0, nil, err
 	}
 	if !claimed {
 		return id, nil, nil
 	}
 	return id, &Claimed{ID: id, Machine: r.Machine, Step: r.Step, State: state, Attempt: 1, MaxAttempts: r.MaxAttempts,
-		Priority: r.Priority, InsertedAt: at, Owner: owner}, nil
+		Priority: r.Priority, InsertedAt: at, Owner: owner, MachineVersion: r.version()}, nil
 }
 
 // InsertMany inserts rows in one statement and returns, per input row, the id of the new
@@ -99,6 +103,7 @@ func (s *Store) insertRound(ctx context.Context, db DB, in []InsertRow, idx []in
 	ckeys := make([]*string, n)
 	rates := make([]*string, n)
 	weights := make([]int32, n)
+	versions := make([]int32, n)
 	for j, i := range idx {
 		r := &in[i]
 		machines[j], steps[j], states[j], queues[j] = r.Machine, r.Step, r.State, r.Queue
@@ -114,15 +119,16 @@ func (s *Store) insertRound(ctx context.Context, db DB, in []InsertRow, idx []in
 			rates[j] = &in[i].RateLimit
 		}
 		weights[j] = int32(max(r.Weight, 1))
+		versions[j] = int32(r.version())
 	}
 	var rows pgx.Rows
 	var err error
 	if n == 1 {
 		rows, err = db.Query(ctx, s.sql("insert_one"), machines[0], steps[0], states[0], queues[0], prios[0], sched[0],
-			delays[0], maxAtt[0], keys[0], masks[0], ords[0], ckeys[0], rates[0], weights[0])
+			delays[0], maxAtt[0], keys[0], masks[0], ords[0], ckeys[0], rates[0], weights[0], versions[0])
 	} else {
 		rows, err = db.Query(ctx, s.sql("insert_many"), machines, steps, states, queues, prios, sched, delays, maxAtt,
-			keys, masks, ords, ckeys, rates, weights)
+			keys, masks, ords, ckeys, rates, weights, versions)
 	}
 	if err != nil {
 		return nil, err

@@ -98,7 +98,7 @@ func TestPickUnderALeaseClaimsIntoItAndLeavesOtherKeys(t *testing.T) {
 	require.Equal(t, []string{"g:a/1/r1=10"}, leases)
 
 	l := &Lease{Key: "g:a", Shard: 1, Owner: "r1"}
-	res, err := f.s.Pick(ctx, f.db, "q", 7, "o#1", time.Minute, 0, f.gates, nil, Hint{}, Lane{Gate: l})
+	res, err := f.s.Pick(ctx, f.db, "q", 7, "o#1", PickOpts{Lease: time.Minute, Gates: f.gates, Lane: Lane{Gate: l}})
 	require.NoError(t, err)
 	require.Equal(t, []string{"-/-", "-/-", "g:a/1", "g:a/1", "g:a/1"}, claimedKeys(res.Rows))
 	require.Equal(t, 7, res.Considered, "the K = 1 and other gated rows were admissible: in the window, left")
@@ -106,7 +106,7 @@ func TestPickUnderALeaseClaimsIntoItAndLeavesOtherKeys(t *testing.T) {
 	require.Equal(t, []string{"g:a/0=100", "g:a/1=10"}, gates, "no counter written by the pick under the lease")
 
 	// The rows left are an admission pick's.
-	res, err = f.s.Pick(ctx, f.db, "q", 7, "o#2", time.Minute, 0, f.gates, nil, Hint{}, Lane{})
+	res, err = f.s.Pick(ctx, f.db, "q", 7, "o#2", PickOpts{Lease: time.Minute, Gates: f.gates})
 	require.NoError(t, err)
 	require.Equal(t, []string{"g:b/0", "solo/-"}, claimedKeys(res.Rows))
 }
@@ -125,7 +125,7 @@ func TestPickUnderALostLeaseClaimsNothingOfItsKey(t *testing.T) {
 			require.NoError(t, err)
 			require.True(t, ok)
 			f.exec(t, damage)
-			res, err := f.s.Pick(ctx, f.db, "q", 7, "o#1", time.Minute, 0, f.gates, nil, Hint{}, Lane{Gate: &Lease{Key: "g:a", Shard: shard, Owner: "r1"}})
+			res, err := f.s.Pick(ctx, f.db, "q", 7, "o#1", PickOpts{Lease: time.Minute, Gates: f.gates, Lane: Lane{Gate: &Lease{Key: "g:a", Shard: shard, Owner: "r1"}}})
 			require.NoError(t, err)
 			require.Equal(t, []string{"-/-", "-/-"}, claimedKeys(res.Rows))
 		})
@@ -187,7 +187,7 @@ func TestReconcilerCountsLiveLeasesAndRemovesExpiredOnes(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	l := &Lease{Key: "g:a", Shard: shard, Owner: "r1"}
-	res, err := f.s.Pick(ctx, f.db, "q", 7, "o#1", time.Minute, 0, f.gates, nil, Hint{}, Lane{Gate: l})
+	res, err := f.s.Pick(ctx, f.db, "q", 7, "o#1", PickOpts{Lease: time.Minute, Gates: f.gates, Lane: Lane{Gate: l}})
 	require.NoError(t, err)
 	require.Len(t, res.Rows, 5) // three of g:a, executing in the lease's shard
 	held := func() string {
@@ -221,7 +221,7 @@ func TestReconcilerCountsLiveLeasesAndRemovesExpiredOnes(t *testing.T) {
 	tx, err := f.db.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	res, err = f.s.Pick(ctx, tx, "q", 7, "o#2", time.Minute, 0, f.gates, nil, Hint{}, Lane{Gate: l})
+	res, err = f.s.Pick(ctx, tx, "q", 7, "o#2", PickOpts{Lease: time.Minute, Gates: f.gates, Lane: Lane{Gate: l}})
 	require.NoError(t, err)
 	require.Equal(t, []string{fmt.Sprintf("g:a/%d", shard)}, claimedKeys(res.Rows))
 	time.Sleep(2100 * time.Millisecond)

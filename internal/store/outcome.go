@@ -34,6 +34,10 @@ const (
 	// KindSpawn starts Children and parks the instance until they have all finished; Step (the
 	// join) runs then, at once if there are none.
 	KindSpawn OutcomeKind = "spawn"
+	// KindUpgrade brings the row forward to Version of its machine, at Step with State, before
+	// any step of it runs: the claim is handed back like released, due at once, and the upgrade
+	// recorded on the row.
+	KindUpgrade OutcomeKind = "upgrade"
 )
 
 // String names the kind as events report it.
@@ -86,6 +90,8 @@ type Outcome struct {
 	// RateLimit ("" for none) and Weight are the rate limit the next step runs under (next).
 	RateLimit string
 	Weight    int
+	// Version is the machine version an upgrade brings the row to (upgrade).
+	Version int
 	// ErrKind and ErrMsg, when ErrKind is not empty, are recorded in the row's error history.
 	ErrKind string
 	ErrMsg  string
@@ -177,6 +183,7 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []Outcome) (map[C
 	weights := make([]int32, n)
 	crKeys := make([]*string, n)
 	crShards := make([]*int16, n)
+	versions := make([]int32, n)
 	credits := false
 	var seenInst, seenSig, purge, parked, spawners []int64
 	var children childArrays
@@ -186,9 +193,10 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []Outcome) (map[C
 		o := &outs[i]
 		id := o.Claim.ID
 		ids[i], owners[i], kinds[i] = id, o.Claim.Owner, string(o.Kind)
-		if o.Kind.Progress() {
+		if o.Kind.Progress() || o.Kind == KindUpgrade {
 			steps[i] = &o.Step
 		}
+		versions[i] = int32(o.Version)
 		states[i], delays[i] = jsonText(o.State), o.Delay.Milliseconds()
 		if o.Kind == KindDone {
 			results[i] = jsonText(o.Result)
@@ -240,6 +248,7 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []Outcome) (map[C
 		"results": results, "err_kinds": errKinds, "err_msgs": errMsgs, "await_names": awaitNames,
 		"await_ms": awaitMs, "spawned": spawned, "key_changes": keyChanges, "ckeys": keys,
 		"rate_limits": rateLimits, "weights": weights, "cr_keys": crKeys, "cr_shards": crShards,
+		"versions": versions,
 	}
 	var stmt string
 	plain := len(seenSig) == 0 && len(spawners) == 0 && !settles && !credits
@@ -462,6 +471,7 @@ type childArrays struct {
 	ckey        []*string
 	rate        []*string
 	weight      []int32
+	version     []int32
 }
 
 func (c *childArrays) add(parent int64, rows []InsertRow) {
@@ -493,6 +503,7 @@ func (c *childArrays) add(parent int64, rows []InsertRow) {
 		}
 		c.rate = append(c.rate, rate)
 		c.weight = append(c.weight, int32(max(r.Weight, 1)))
+		c.version = append(c.version, int32(r.version()))
 	}
 }
 
@@ -500,7 +511,7 @@ func (c *childArrays) into(args pgx.NamedArgs) {
 	args["c_parent"], args["c_machine"], args["c_step"], args["c_state"] = c.parent, c.machine, c.step, c.state
 	args["c_queue"], args["c_priority"], args["c_scheduled_at"], args["c_delay"] = c.queue, c.priority, c.scheduledAt, c.delay
 	args["c_max_attempts"], args["c_key"], args["c_ord"], args["c_ckey"] = c.maxAttempts, c.key, c.ord, c.ckey
-	args["c_rate"], args["c_weight"] = c.rate, c.weight
+	args["c_rate"], args["c_weight"], args["c_version"] = c.rate, c.weight, c.version
 }
 
 // maxErrorText caps the error text recorded in an instance's history.

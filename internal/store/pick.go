@@ -42,6 +42,8 @@ type Claimed struct {
 	RateLimit *string
 	// Owner is the claim token the pick set (filled in by the caller).
 	Owner string
+	// MachineVersion is the version of its machine the row was last brought to.
+	MachineVersion int
 }
 
 // Slot returns the gate slot the claim took (nil: none).
@@ -116,27 +118,27 @@ type pickVariant struct {
 var pickVariants = map[string]pickVariant{
 	// No gates or rate limits configured: every key is K = 1.
 	"pick": {
-		filters: []string{"key_runnable", "no_rate_limit"},
+		filters: []string{"version_known", "key_runnable", "no_rate_limit"},
 		chosen:  "chosen_first_of_key(candidates)", refused: "refused_none",
 	},
 	// Gates, no rate limits.
 	"pick_gated": {
 		config:  []string{"gate_config"},
-		filters: []string{"gate_has_room", "no_rate_limit"},
+		filters: []string{"version_known", "gate_has_room", "no_rate_limit"},
 		admit:   []string{"admit_all"},
 		chosen:  "chosen_gate_debit", refused: "refused_none",
 	},
 	// Rate limits, no gates.
 	"pick_rated": {
 		config:  []string{"rate_config"},
-		filters: []string{"key_runnable", "rate_has_token"},
+		filters: []string{"version_known", "key_runnable", "rate_has_token"},
 		admit:   []string{"eligible_ungated", "rate_grants", "bucket_debit", "rate_admitted"},
 		chosen:  "chosen_first_of_key(admitted)", refused: "refused_count",
 	},
 	// Gates and rate limits.
 	"pick_admitted": {
 		config:  []string{"gate_config", "rate_config"},
-		filters: []string{"gate_has_room", "rate_has_token"},
+		filters: []string{"version_known", "gate_has_room", "rate_has_token"},
 		admit:   []string{"eligible_gated", "rate_grants", "bucket_debit", "rate_admitted"},
 		chosen:  "chosen_gate_debit", refused: "refused_count",
 	},
@@ -144,13 +146,13 @@ var pickVariants = map[string]pickVariant{
 	// slots; no counter is read or written for them.
 	"pick_leased": {
 		config:  []string{"gate_config", "lease_held"},
-		filters: []string{"lease_key OR gate_has_room", "no_rate_limit"},
+		filters: []string{"version_known", "lease_key OR gate_has_room", "no_rate_limit"},
 		chosen:  "chosen_lease", refused: "refused_none",
 	},
 	// On a rate lane (Lane.Rate): the lane's rows pass untested and are granted in one debit.
 	"pick_rate_lane": {
 		config:  []string{"rate_config"},
-		filters: []string{"key_runnable", "lane_limit OR rate_has_token"},
+		filters: []string{"version_known", "key_runnable", "lane_limit OR rate_has_token"},
 		admit:   []string{"lane_grant", "bucket_debit"},
 		chosen:  "chosen_lane", refused: "refused_none",
 	},
@@ -248,12 +250,41 @@ type Lane struct {
 	Rate string
 }
 
-// Pick claims up to limit due rows of queue for the claim token owner. hint only makes an
-// admission pick cheaper (see Hint); lane makes it leaner still for a batch like the last one
-// (see Lane).
-func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner string, lease, horizon time.Duration, gates *Gates, rates *Rates, hint Hint, lane Lane) (PickResult, error) {
-	args := pgx.NamedArgs{"queue": queue, "limit": limit, "owner": owner, "lease": lease.Milliseconds(), "horizon": horizon.Milliseconds()}
+// Versions names the machines a client registers at a version above 1, with their versions
+// (parallel slices): its picks claim rows of those machines up to those versions, and rows of any
+// other machine at version 1 only.
+type Versions struct {
+	Names    []string
+	Versions []int32
+}
+
+// PickOpts is how a pick claims: for how long, how far ahead, what it admits against, and which
+// way (Hint, Lane).
+type PickOpts struct {
+	// Lease is how long the claims last without a heartbeat.
+	Lease time.Duration
+	// Horizon makes rows scheduled up to now + Horizon due (0 in production).
+	Horizon time.Duration
+	// Gates and Rates are the client's admission configuration (nil: none).
+	Gates *Gates
+	Rates *Rates
+	// Versions are the client's machine versions (nil: every machine at version 1).
+	Versions *Versions
+	// Hint only makes an admission pick cheaper (see Hint); Lane makes it leaner still for a
+	// batch like the last one (see Lane).
+	Hint Hint
+	Lane Lane
+}
+
+// Pick claims up to limit due rows of queue for the claim token owner.
+func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner string, o PickOpts) (PickResult, error) {
+	args := pgx.NamedArgs{"queue": queue, "limit": limit, "owner": owner, "lease": o.Lease.Milliseconds(),
+		"horizon": o.Horizon.Milliseconds(), "mv_names": []string{}, "mv_versions": []int32{}}
+	if o.Versions != nil {
+		args["mv_names"], args["mv_versions"] = o.Versions.Names, o.Versions.Versions
+	}
 	// The statement carries only the admission machinery the configuration can use.
+	gates, rates, hint, lane := o.Gates, o.Rates, o.Hint, o.Lane
 	hasGates, hasRates := gates.configured(), rates.configured()
 	stmt := "pick"
 	switch {
@@ -325,9 +356,10 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 		var priority int16
 		var inbox, children []byte
 		var considered, refused, denied int64
+		var version int32
 		if err := rows.Scan(&c.ID, &c.Machine, &c.Step, &c.State, &attempt, &maxAttempts, &priority,
 			&c.CorrelationKey, &c.InsertedAt, &c.AwaitNames, &c.Signalled, &inbox, &c.Child, &children,
-			&c.ConcurrencyKey, &c.ConcurrencyShard, &c.RateLimit, &considered, &refused, &denied); err != nil {
+			&c.ConcurrencyKey, &c.ConcurrencyShard, &c.RateLimit, &version, &considered, &refused, &denied); err != nil {
 			return PickResult{}, err
 		}
 		res.Considered, res.Refused, res.RateDenied = int(considered), int(refused), int(denied)
@@ -336,7 +368,7 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 				return PickResult{}, fmt.Errorf("decode children of %d: %w", c.ID, err)
 			}
 		}
-		c.Attempt, c.MaxAttempts, c.Priority = int(attempt), int(maxAttempts), int(priority)
+		c.Attempt, c.MaxAttempts, c.Priority, c.MachineVersion = int(attempt), int(maxAttempts), int(priority), int(version)
 		if len(inbox) > 0 {
 			if err := json.Unmarshal(inbox, &c.Inbox); err != nil {
 				return PickResult{}, fmt.Errorf("decode inbox of %d: %w", c.ID, err)

@@ -45,7 +45,7 @@ func TestPickOnARateLaneGrantsAllOrNone(t *testing.T) {
 	}
 	pick := func(queue, lane string) PickResult {
 		t.Helper()
-		res, err := s.Pick(ctx, pool, queue, 10, "o#"+queue+lane, time.Minute, 0, nil, rates, Hint{}, Lane{Rate: lane})
+		res, err := s.Pick(ctx, pool, queue, 10, "o#"+queue+lane, PickOpts{Lease: time.Minute, Rates: rates, Lane: Lane{Rate: lane}})
 		require.NoError(t, err)
 		return res
 	}
@@ -96,7 +96,7 @@ func TestPickOnARateLaneGrantsAllOrNone(t *testing.T) {
 		big = append(big, [2]string{"", "r:d"})
 	}
 	insert("q4", big...)
-	res, err = s.Pick(ctx, pool, "q4", 101, "o#q4", time.Minute, 0, nil, rates, Hint{}, Lane{Rate: "r:d"})
+	res, err = s.Pick(ctx, pool, "q4", 101, "o#q4", PickOpts{Lease: time.Minute, Rates: rates, Lane: Lane{Rate: "r:d"}})
 	require.NoError(t, err)
 	require.Empty(t, res.Rows, "101 tokens' worth is more than a bucket of 100 holds")
 	require.Equal(t, float64(-1), tokens("r:d"), "no bucket minted")
@@ -124,7 +124,7 @@ func TestRatedPickChargesOnlyTheRowsItCanClaim(t *testing.T) {
 			}
 			_, err = s.InsertMany(ctx, pool, in)
 			require.NoError(t, err)
-			res, err := s.Pick(ctx, pool, "q", 10, "o#1", time.Minute, 0, gates, rates, Hint{}, Lane{})
+			res, err := s.Pick(ctx, pool, "q", 10, "o#1", PickOpts{Lease: time.Minute, Gates: gates, Rates: rates})
 			require.NoError(t, err)
 			var tokens float64
 			require.NoError(t, pool.QueryRow(ctx, fmt.Sprintf(`SELECT tokens FROM %q.buckets WHERE key = 'r:a'`, schema)).Scan(&tokens))

@@ -44,7 +44,8 @@ func TestRateLimitCostsNothingWhenUnused(t *testing.T) {
 	}
 	_, err = s.InsertMany(ctx, pool, rows)
 	require.NoError(t, err)
-	base := pgx.NamedArgs{"queue": "q", "limit": 50, "owner": "o#1", "lease": time.Minute.Milliseconds(), "horizon": int64(0)}
+	base := pgx.NamedArgs{"queue": "q", "limit": 50, "owner": "o#1", "lease": time.Minute.Milliseconds(), "horizon": int64(0),
+		"mv_names": []string{}, "mv_versions": []int32{}}
 
 	plain := explainPick(t, s, pool, "pick", base)
 	require.NotContains(t, plain, "buckets", "the plain pick reads no bucket")
@@ -101,10 +102,12 @@ func everyPickClaimsByPrimaryKey(t *testing.T, size int) {
 	args := pgx.NamedArgs{"queue": "q", "limit": 100, "owner": "o#1", "lease": time.Minute.Milliseconds(), "horizon": int64(0),
 		"g_names": []string{"g"}, "g_limits": []int32{100000}, "g_shards": []int32{8},
 		"r_names": []string{"r"}, "r_rates": []float64{1e7}, "r_bursts": []float64{1e7},
-		"g_hint": []string{"g:x"}, "r_hint": []string{"r"}, "l_key": "g:x", "l_shard": int16(0), "l_owner": "o", "lr_key": "r"}
+		"g_hint": []string{"g:x"}, "r_hint": []string{"r"}, "l_key": "g:x", "l_shard": int16(0), "l_owner": "o", "lr_key": "r",
+		"mv_names": []string{"m"}, "mv_versions": []int32{2}}
 	literal := map[string]string{"queue": "'q'", "limit": "100", "owner": "'o#1'", "lease": "60000", "horizon": "0",
 		"g_names": "'{g}'", "g_limits": "'{100000}'", "g_shards": "'{8}'", "r_names": "'{r}'", "r_rates": "'{1e7}'",
-		"r_bursts": "'{1e7}'", "g_hint": "'{g:x}'", "r_hint": "'{r}'", "l_key": "'g:x'", "l_shard": "0", "l_owner": "'o'", "lr_key": "'r'"}
+		"r_bursts": "'{1e7}'", "g_hint": "'{g:x}'", "r_hint": "'{r}'", "l_key": "'g:x'", "l_shard": "0", "l_owner": "'o'", "lr_key": "'r'",
+		"mv_names": "'{m}'", "mv_versions": "'{2}'"}
 	explain := func(settings, query string, args ...any) string {
 		t.Helper()
 		tx, err := pool.Begin(ctx)
@@ -199,7 +202,7 @@ func TestHotStatementsKeepTheirCachedPlan(t *testing.T) {
 			_, err := s.InsertMany(ctx, db, []InsertRow{{Machine: "m", Step: "s", State: "{}", Queue: queue, Priority: 5,
 				MaxAttempts: 1, Weight: 1, ConcurrencyKey: p.ckey, RateLimit: p.rlimit}})
 			require.NoError(t, err, "insert %d", i)
-			res, err := s.Pick(ctx, db, queue, 10, fmt.Sprintf("o#%d", i), time.Minute, 0, p.gates, p.rates, Hint{}, p.lane)
+			res, err := s.Pick(ctx, db, queue, 10, fmt.Sprintf("o#%d", i), PickOpts{Lease: time.Minute, Gates: p.gates, Rates: p.rates, Lane: p.lane})
 			require.NoError(t, err, "%s %d", p.stmt, i)
 			require.Len(t, res.Rows, 1, p.stmt)
 		}

@@ -17,16 +17,17 @@
 --
 -- $1 machine, $2 step, $3 state JSON text, $4 queue, $5 priority, $6 scheduled_at (NULL: now
 -- plus $7), $7 delay ms, $8 max attempts, $9 correlation key (NULL: none), $10 scope mask,
--- $11 input position, $12 concurrency key (NULL: none), $13 rate limit (NULL: none), $14 weight.
+-- $11 input position, $12 concurrency key (NULL: none), $13 rate limit (NULL: none), $14 weight,
+-- $15 the version of the machine (the inserting client's).
 
 -- name: insert_many
 WITH input AS (
   SELECT *
   FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::smallint[],
               $6::timestamptz[], $7::bigint[], $8::integer[], $9::text[], $10::smallint[], $11::integer[],
-              $12::text[], $13::text[], $14::integer[])
+              $12::text[], $13::text[], $14::integer[], $15::integer[])
        AS u(machine, step, state, queue, priority, scheduled_at, delay_ms, max_attempts,
-            correlation_key, scope_mask, ord, concurrency_key, rate_limit, weight)
+            correlation_key, scope_mask, ord, concurrency_key, rate_limit, weight, machine_version)
 )
 {{insert_rows}};
 
@@ -40,7 +41,8 @@ WITH input AS (
   SELECT $1::text AS machine, $2::text AS step, $3::text AS state, $4::text AS queue,
          $5::smallint AS priority, $6::timestamptz AS scheduled_at, $7::bigint AS delay_ms,
          $8::integer AS max_attempts, $9::text AS correlation_key, $10::smallint AS scope_mask,
-         $11::integer AS ord, $12::text AS concurrency_key, $13::text AS rate_limit, $14::integer AS weight
+         $11::integer AS ord, $12::text AS concurrency_key, $13::text AS rate_limit, $14::integer AS weight,
+         $15::integer AS machine_version
 )
 {{insert_rows}};
 
@@ -58,15 +60,16 @@ WITH input AS (
 -- locking: an insert racing with it can at worst start before an older row of its priority.)
 --
 -- $1 machine, $2 step, $3 state JSON text, $4 queue, $5 priority, $6 max attempts, $7 the claim
--- token, $8 the lease in ms.
+-- token, $8 the lease in ms, $9 the machine's version.
 -- name: insert_claim
 INSERT INTO {schema}.instances (machine, step, state, queue, priority, max_attempts,
-                                status, attempt, locked_by, locked_until)
+                                status, attempt, locked_by, locked_until, machine_version)
 SELECT $1::text, $2::text, $3::text::jsonb, $4::text, $5::smallint, $6::integer,
        (CASE WHEN a.clear THEN 'executing' ELSE 'available' END)::{schema}.status,
        CASE WHEN a.clear THEN 1 ELSE 0 END,
        CASE WHEN a.clear THEN $7::text END,
-       CASE WHEN a.clear THEN now() + $8::bigint * interval '1 millisecond' END
+       CASE WHEN a.clear THEN now() + $8::bigint * interval '1 millisecond' END,
+       $9::integer
 FROM (SELECT NOT EXISTS (SELECT 1 FROM {schema}.instances AS x
                          WHERE x.status = 'available' AND x.queue = $4::text AND x.priority <= $5::smallint
                            AND x.scheduled_at <= now())) AS a(clear)
@@ -74,10 +77,10 @@ RETURNING id, status = 'executing', state, inserted_at;
 
 -- fragment: insert_rows
 INSERT INTO {schema}.instances (machine, step, state, queue, priority, scheduled_at, max_attempts, correlation_key,
-                                concurrency_key, rate_limit, weight)
+                                concurrency_key, rate_limit, weight, machine_version)
 SELECT u.machine, u.step, u.state::jsonb, u.queue, u.priority,
        coalesce(u.scheduled_at, now() + u.delay_ms * interval '1 millisecond'),
-       u.max_attempts, u.correlation_key, u.concurrency_key, u.rate_limit, u.weight
+       u.max_attempts, u.correlation_key, u.concurrency_key, u.rate_limit, u.weight, u.machine_version
 FROM input AS u
 WHERE u.correlation_key IS NULL
    OR NOT EXISTS (

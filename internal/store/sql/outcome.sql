@@ -32,7 +32,9 @@
 -- Kinds (store.OutcomeKind): next, retry, done, failed, released (claim handed back untouched:
 -- attempt restored, no error recorded, due after the delay), await (park on signal names, step =
 -- the step to run on wake), spawn (park on children, step = the join step; with no children it
--- is runnable at once).
+-- is runnable at once), upgrade (the row brought forward to a newer version of its machine by
+-- the node that claimed it, before its step ran: step and state as the upgrade made them, the
+-- claim handed back like released, due at once, the upgrade recorded in upgrades).
 --
 -- @ids, @owners claim; @kinds; @steps (NULL keeps); @states JSON text (NULL keeps); @delays ms
 -- (next, retry, released); @results JSON text (done); @err_kinds (NULL: none), @err_msgs;
@@ -40,7 +42,7 @@
 -- (NULL: none); @spawned children count (spawn); @key_changes ('set' to @ckeys, 'release', or ''
 -- to keep the concurrency key);
 -- @rate_limits, @weights the next step's rate limit (next); @cr_keys, @cr_shards the gate slot the
--- execution held (see outcome_credit).
+-- execution held (see outcome_credit); @versions the machine version an upgrade brings the row to.
 
 -- fragment: outcome_update
 UPDATE {schema}.instances AS i
@@ -50,9 +52,9 @@ SET status           = (CASE u.kind WHEN 'done' THEN 'done' WHEN 'failed' THEN '
     step             = coalesce(u.step, i.step),
     state            = coalesce(u.state::jsonb, i.state),
     attempt          = CASE WHEN u.kind IN ('next', 'await', 'spawn') THEN 0
-                            WHEN u.kind = 'released' THEN greatest(i.attempt - 1, 0)
+                            WHEN u.kind IN ('released', 'upgrade') THEN greatest(i.attempt - 1, 0)
                             ELSE i.attempt END,
-    scheduled_at     = CASE WHEN u.kind IN ('next', 'retry', 'released') THEN now() + u.delay_ms * interval '1 millisecond'
+    scheduled_at     = CASE WHEN u.kind IN ('next', 'retry', 'released', 'upgrade') THEN now() + u.delay_ms * interval '1 millisecond'
                             WHEN u.kind = 'spawn' THEN now()
                             ELSE i.scheduled_at END,
     locked_by        = NULL,
@@ -68,22 +70,28 @@ SET status           = (CASE u.kind WHEN 'done' THEN 'done' WHEN 'failed' THEN '
                        END,
     -- Await names live until the woken step's outcome: a retry of that step still needs them.
     await_names      = CASE WHEN u.kind = 'await' THEN string_to_array(u.await_names, E'\x1f')
-                            WHEN u.kind IN ('retry', 'released') THEN i.await_names
+                            WHEN u.kind IN ('retry', 'released', 'upgrade') THEN i.await_names
                             ELSE NULL END,
     await_deadline   = CASE WHEN u.kind = 'await' AND u.await_ms IS NOT NULL
                             THEN now() + u.await_ms * interval '1 millisecond' END,
     -- A spawn opens a new wave of children; the join step (and its retries) sees that wave.
     pending_children = CASE WHEN u.kind = 'spawn' THEN u.spawned ELSE i.pending_children END,
     spawn_wave       = CASE WHEN u.kind = 'spawn' THEN coalesce(i.spawn_wave, 0) + 1 ELSE i.spawn_wave END,
-    join_due         = CASE WHEN u.kind = 'spawn' THEN true WHEN u.kind IN ('retry', 'released') THEN i.join_due END,
+    join_due         = CASE WHEN u.kind = 'spawn' THEN true WHEN u.kind IN ('retry', 'released', 'upgrade') THEN i.join_due END,
     -- Next may set or release the concurrency key ('' keeps it). Every outcome ends the
     -- execution, so the gate shard it held is no longer the row's.
     concurrency_key  = CASE u.key_change WHEN 'set' THEN u.ckey WHEN 'release' THEN NULL ELSE i.concurrency_key END,
     concurrency_shard = NULL,
     -- A rate limit is per transition: the step a Next leads to runs under the limit that Next
     -- names (or none); a retried or released step keeps its own.
-    rate_limit       = CASE WHEN u.kind IN ('retry', 'released') THEN i.rate_limit ELSE u.rate_limit END,
-    weight           = CASE WHEN u.kind IN ('retry', 'released') THEN i.weight ELSE coalesce(u.weight, 1) END,
+    rate_limit       = CASE WHEN u.kind IN ('retry', 'released', 'upgrade') THEN i.rate_limit ELSE u.rate_limit END,
+    weight           = CASE WHEN u.kind IN ('retry', 'released', 'upgrade') THEN i.weight ELSE coalesce(u.weight, 1) END,
+    machine_version  = CASE WHEN u.kind = 'upgrade' THEN u.version ELSE i.machine_version END,
+    upgrades         = CASE WHEN u.kind = 'upgrade'
+                            THEN coalesce(i.upgrades, '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
+                                   'from', i.machine_version, 'to', u.version, 'at', now(),
+                                   'step_from', i.step, 'step_to', u.step, 'by', u.owner))
+                            ELSE i.upgrades END,
     finalized_at     = CASE WHEN u.kind IN ('done', 'failed') THEN now() END,
     -- The step that just ran joins the path when it moved the instance on or finished it.
     path             = CASE WHEN u.kind IN ('next', 'done', 'failed', 'await', 'spawn')
@@ -93,9 +101,10 @@ SET status           = (CASE u.kind WHEN 'done' THEN 'done' WHEN 'failed' THEN '
 FROM unnest(@ids::bigint[], @owners::text[], @kinds::text[], @steps::text[], @states::text[],
             @delays::bigint[], @results::text[], @err_kinds::text[], @err_msgs::text[],
             @await_names::text[], @await_ms::bigint[], @spawned::integer[], @key_changes::text[],
-            @ckeys::text[], @rate_limits::text[], @weights::integer[], @cr_keys::text[], @cr_shards::smallint[])
+            @ckeys::text[], @rate_limits::text[], @weights::integer[], @cr_keys::text[], @cr_shards::smallint[],
+            @versions::integer[])
      AS u(id, owner, kind, step, state, delay_ms, result, err_kind, err_msg, await_names, await_ms, spawned,
-          key_change, ckey, rate_limit, weight, cr_key, cr_shard)
+          key_change, ckey, rate_limit, weight, cr_key, cr_shard, version)
 WHERE i.id = u.id
   -- The token alone is the fence (no "status = 'executing'" here): that predicate would let the
   -- planner read the whole instances_executing index, dead entries and all, instead of looking
@@ -128,20 +137,22 @@ WHERE s.id = c.signal_id
 -- (ApplyOutcomes makes the main query read this CTE between the two; PostgreSQL runs a
 -- data-modifying CTE no one reads only after the whole query).
 -- @c_parent, @c_machine, @c_step, @c_state, @c_queue, @c_priority, @c_scheduled_at, @c_delay,
--- @c_max_attempts, @c_key, @c_ord, @c_ckey, @c_rate, @c_weight: one element per child.
+-- @c_max_attempts, @c_key, @c_ord, @c_ckey, @c_rate, @c_weight, @c_version: one element per child.
 
 -- fragment: outcome_spawn
 INSERT INTO {schema}.instances (machine, step, state, queue, priority, scheduled_at, max_attempts,
-                                correlation_key, concurrency_key, rate_limit, weight, parent_id, parent_wave)
+                                correlation_key, concurrency_key, rate_limit, weight, parent_id, parent_wave,
+                                machine_version)
 SELECT c.machine, c.step, c.state::jsonb, c.queue, c.priority,
        coalesce(c.scheduled_at, now() + c.delay_ms * interval '1 millisecond'),
-       c.max_attempts, c.correlation_key, c.concurrency_key, c.rate_limit, c.weight, upd.id, upd.spawn_wave
+       c.max_attempts, c.correlation_key, c.concurrency_key, c.rate_limit, c.weight, upd.id, upd.spawn_wave,
+       c.machine_version
 FROM unnest(@c_parent::bigint[], @c_machine::text[], @c_step::text[], @c_state::text[], @c_queue::text[],
             @c_priority::smallint[], @c_scheduled_at::timestamptz[], @c_delay::bigint[],
             @c_max_attempts::integer[], @c_key::text[], @c_ord::integer[], @c_ckey::text[], @c_rate::text[],
-            @c_weight::integer[])
+            @c_weight::integer[], @c_version::integer[])
      AS c(parent, machine, step, state, queue, priority, scheduled_at, delay_ms, max_attempts, correlation_key,
-          ord, concurrency_key, rate_limit, weight)
+          ord, concurrency_key, rate_limit, weight, machine_version)
 JOIN upd ON upd.id = c.parent
 ORDER BY c.machine, c.correlation_key NULLS LAST, c.ord
 ON CONFLICT (machine, correlation_key)

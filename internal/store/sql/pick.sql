@@ -114,7 +114,7 @@ RETURNING i.id, i.machine, i.step, i.state, i.attempt, i.max_attempts, i.priorit
                               ORDER BY c.id)
              FROM {schema}.instances AS c WHERE c.parent_id = i.id AND c.parent_wave = i.spawn_wave)
           END,
-          i.concurrency_key, i.concurrency_shard, i.rate_limit,
+          i.concurrency_key, i.concurrency_shard, i.rate_limit, i.machine_version,
           (SELECT count(*) FROM candidates), (SELECT n FROM refused), (SELECT denied FROM refused)
 
 -- The candidate scan. No join here: the scan must stay in the pick index's order so that LIMIT
@@ -134,6 +134,16 @@ candidates AS MATERIALIZED (
   LIMIT @limit
   FOR NO KEY UPDATE OF i SKIP LOCKED
 )
+
+-- Filter: the row's machine version is one this node knows: version 1 (every machine's first),
+-- or at most the version of its machine this node registers (@mv_names, @mv_versions: the
+-- machines registered at a version above 1). A row a newer deploy brought forward is never
+-- claimed by a node of an older one.
+
+-- fragment: version_known
+(i.machine_version = 1
+ OR i.machine_version <= (SELECT m.version FROM unnest(@mv_names::text[], @mv_versions::integer[]) AS m(name, version)
+                          WHERE m.name = i.machine))
 
 -- The K = 1 rule, between transactions: no execution of row i's key runs (an execution that
 -- holds a gate slot is not one of a K = 1 key).
