@@ -281,7 +281,7 @@ func TestModelOneInstance(t *testing.T) {
 				// A worker claims the row with the production pick and dies; its lease is
 				// forced to expire; the reaper's sweep releases the claim.
 				token := fmt.Sprintf("dead-%d#%d", checks, len(me.tokens))
-				res, err := me.st.Pick(ctx, pool, gendurable.DefaultQueue, 1, token, store.PickOpts{Lease: time.Minute, Horizon: 100*365*24*time.Hour})
+				res, err := me.st.Pick(ctx, pool, gendurable.DefaultQueue, 1, token, store.PickOpts{Lease: time.Minute, Horizon: 100 * 365 * 24 * time.Hour})
 				if err != nil {
 					rt.Fatalf("pick: %v", err)
 				}
