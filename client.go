@@ -350,7 +350,7 @@ func buildRow(input Input, opts *InsertOpts, index, maxPayload int, machine func
 	*r = store.InsertRow{
 		Machine: in.machine, Step: in.step, State: string(state), Queue: queue, Priority: prio,
 		Delay: opts.In, MaxAttempts: maxAtt, CorrelationKey: key, ScopeMask: mask, ConcurrencyKey: opts.ConcurrencyKey,
-		RateLimit: opts.RateLimit, Weight: max(opts.Weight, 1),
+		RateLimit: opts.RateLimit, Weight: max(opts.Weight, 1), MachineVersion: in.version,
 	}
 	if !opts.ScheduledAt.IsZero() {
 		t := opts.ScheduledAt

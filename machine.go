@@ -60,11 +60,19 @@ type FSM[S any] struct {
 	// Backoff is the delay before try attempt+1 after try attempt failed, for DefaultHandle.
 	// Nil means DefaultBackoff.
 	Backoff func(attempt int) time.Duration
+	// Version is the machine's version (0 means 1). Raise it by one when a deploy changes what
+	// an instance in flight depends on (a step renamed or removed, the state's shape), and say
+	// in Upgrades how to bring instances of the older versions forward. New instances are
+	// stored at Version; a node never claims an instance of a version newer than its own.
+	Version int
+	// Upgrades bring instances of older versions forward, one version each (docs/upgrading.md).
+	Upgrades []Upgrade
 }
 
 // With returns an Input that starts a new instance of m with the given state.
 func (m FSM[S]) With(state S) Input {
-	in := Input{machine: m.Name, step: m.Start, state: state, queue: m.Queue, maxAttempts: m.MaxAttempts}
+	in := Input{machine: m.Name, step: m.Start, state: state, queue: m.Queue, maxAttempts: m.MaxAttempts,
+		version: m.Version}
 	if m.Steps[m.Start] == nil {
 		in.err = fmt.Errorf("%w: machine %q has no start step %q", ErrUnknownStep, m.Name, m.Start)
 	}
@@ -94,9 +102,14 @@ func (m FSM[S]) def() (*engine.MachineDef, error) {
 	if err := checkMachineOpts("machine", m.Name, m.Queue, m.MaxAttempts); err != nil {
 		return nil, err
 	}
+	if err := checkUpgrades(m.Name, m.Version, m.Upgrades, steps); err != nil {
+		return nil, err
+	}
+	version := max(m.Version, 1)
 	return &engine.MachineDef{
 		Name: m.Name, Start: m.Start, Steps: steps,
 		Queue: orDefault(m.Queue, DefaultQueue), MaxAttempts: orDefaultInt(m.MaxAttempts, DefaultMaxAttempts),
+		Version: version, Upgrade: upgradeChain(m.Name, version, m.Upgrades),
 		Run: m.run,
 	}, nil
 }
@@ -412,7 +425,9 @@ type Input struct {
 	state       any
 	queue       string
 	maxAttempts int
-	err         error
+	// version is the machine version the instance starts at (0 is 1).
+	version int
+	err     error
 }
 
 // Ctx is what a step gets: a context.Context (cancelled when the client stops past its drain

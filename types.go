@@ -48,6 +48,7 @@ const (
 	EventAwaitTimeout         = durabletype.EventAwaitTimeout
 	EventInstanceCancelled    = durabletype.EventInstanceCancelled
 	EventInstanceRetried      = durabletype.EventInstanceRetried
+	EventInstanceUpgraded     = durabletype.EventInstanceUpgraded
 	EventConcurrencyThrottled = durabletype.EventConcurrencyThrottled
 	EventConcurrencyContended = durabletype.EventConcurrencyContended
 	EventGCSwept              = durabletype.EventGCSwept
@@ -64,6 +65,8 @@ var (
 	ErrInvalidPayload    = durabletype.ErrInvalidPayload
 	ErrUnknownMachine    = durabletype.ErrUnknownMachine
 	ErrUnknownStep       = durabletype.ErrUnknownStep
+	ErrUnknownVersion    = durabletype.ErrUnknownVersion
+	ErrUpgrade           = durabletype.ErrUpgrade
 	ErrInvalidIdentifier = durabletype.ErrInvalidIdentifier
 	ErrInvalidInput      = durabletype.ErrInvalidInput
 	ErrInvalidConfig     = durabletype.ErrInvalidConfig

@@ -72,7 +72,8 @@ type DrainResult struct {
 	// Steps is how many steps ran.
 	Steps int
 	// Outcomes counts committed outcomes by kind: "next", "retry", "done", "failed", "await",
-	// "spawn".
+	// "spawn", and "upgrade" (an instance of an older machine version brought forward; not a
+	// step).
 	Outcomes map[string]int
 }
 

@@ -93,6 +93,24 @@ type Instance struct {
 	InsertedAt  time.Time
 	UpdatedAt   time.Time
 	FinalizedAt *time.Time
+	// MachineVersion is the version of its machine the instance was last brought to (1 for a
+	// machine that declares none); Upgrades are the upgrades applied to it, oldest first.
+	MachineVersion int
+	Upgrades       []UpgradeEntry
+}
+
+// UpgradeEntry is one upgrade of an instance to a newer version of its machine.
+type UpgradeEntry struct {
+	// From and To are the machine versions before and after.
+	From int `json:"from"`
+	To   int `json:"to"`
+	// At is when it was applied (database clock).
+	At time.Time `json:"at"`
+	// StepFrom and StepTo are the instance's step before and after.
+	StepFrom string `json:"step_from"`
+	StepTo   string `json:"step_to"`
+	// By is the claim (on a worker) or the bulk upgrade that applied it.
+	By string `json:"by"`
 }
 
 // Signal is a message in an instance's inbox.

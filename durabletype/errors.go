@@ -21,6 +21,12 @@ var (
 	ErrUnknownMachine = errors.New("gendurable: unknown machine")
 	// ErrUnknownStep: the machine has no step of that name.
 	ErrUnknownStep = errors.New("gendurable: unknown step")
+	// ErrUnknownVersion: a row is at a version of its machine newer than the one registered on
+	// this client (a rolling deploy that is not done yet).
+	ErrUnknownVersion = errors.New("gendurable: unknown machine version")
+	// ErrUpgrade: a row of an older version of its machine cannot be brought forward: the machine
+	// declares no upgrade from that version, maps its step nowhere, or its upgrade function failed.
+	ErrUpgrade = errors.New("gendurable: cannot upgrade the instance")
 	// ErrInvalidIdentifier: a schema name is not a plain lower-case SQL identifier.
 	ErrInvalidIdentifier = errors.New("gendurable: invalid identifier")
 	// ErrInvalidInput: an argument of an API call is out of its documented range.

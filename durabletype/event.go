@@ -72,6 +72,10 @@ const (
 	// EventInstanceRetried: an operator made a failed or cancelled instance runnable again
 	// (Client.Retry). InstanceID, Queue, Machine, Step (where it resumes).
 	EventInstanceRetried EventName = "instance.retried"
+	// EventInstanceUpgraded: an instance was brought forward to a newer version of its machine
+	// (on its claim, or by Client.Upgrade). InstanceID, Queue, Machine, Step (where it goes on),
+	// Version (the version it is at now).
+	EventInstanceUpgraded EventName = "instance.upgraded"
 )
 
 // Event is what hooks receive. Fields that do not apply to an event are zero.
@@ -85,7 +89,7 @@ type Event struct {
 	InstanceID int64
 	Attempt    int
 	// Outcome is the kind of a committed outcome: "next", "retry", "await", "spawn", "done",
-	// "failed", "released".
+	// "failed", "released", "upgrade".
 	Outcome string
 	Count   int
 	Failed  int
@@ -94,7 +98,9 @@ type Event struct {
 	Gates   int
 	Buckets int
 	// Key is the rate limit an event is about.
-	Key      string
+	Key string
+	// Version is the machine version an instance was brought to (instance.upgraded).
+	Version  int
 	Duration time.Duration
 	Err      error
 	Panic    bool

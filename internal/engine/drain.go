@@ -81,13 +81,22 @@ func (e *Engine) Drain(ctx context.Context, db store.DB, opts DrainOpts) (DrainR
 }
 
 func (e *Engine) drainOne(ctx context.Context, db store.DB, queue string, c *store.Claimed, res *DrainResult) error {
-	def := e.cfg.Machines[c.Machine]
-	if def == nil || !def.Steps[c.Step] {
-		e.handBack(ctx, db, c)
-		if def == nil {
-			return fmt.Errorf("gendurable: drain: instance %d: %w %q (register it in Config.Machines)", c.ID, durabletype.ErrUnknownMachine, c.Machine)
+	if out, blocked, ok := e.admit(c); !ok {
+		if blocked != nil {
+			e.handBack(ctx, db, c)
+			return fmt.Errorf("gendurable: drain: instance %d: %w", c.ID, blocked)
 		}
-		return fmt.Errorf("gendurable: drain: instance %d: %w %q in machine %q", c.ID, durabletype.ErrUnknownStep, c.Step, c.Machine)
+		// The row brought forward to this client's version of its machine: not a step.
+		applied, _, err := e.store.ApplyOutcomes(ctx, db, []store.Outcome{out})
+		if err != nil {
+			return fmt.Errorf("gendurable: drain: upgrade instance %d: %w", c.ID, err)
+		}
+		if _, ok := applied[out.Claim]; ok {
+			res.Outcomes[out.Kind.String()]++
+			e.Emit(durabletype.Event{Name: durabletype.EventInstanceUpgraded, Queue: queue, Machine: c.Machine,
+				Step: out.Step, InstanceID: c.ID, Attempt: c.Attempt, Version: out.Version})
+		}
+		return nil
 	}
 	res.Steps++
 	started := time.Now()

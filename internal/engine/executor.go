@@ -58,21 +58,21 @@ func (e *Engine) runStep(queue string, c *store.Claimed, gl *gateLease, release 
 }
 
 // execute runs one claimed step and returns its outcome, fenced by the claim, and the Call (whose
-// transaction, if the step began one, the outcome must commit in). A row whose machine or step
-// this node does not know is handed back untouched (KindReleased) with an fsm.unknown event.
+// transaction, if the step began one, the outcome must commit in). A row of an older version of
+// its machine is brought forward instead (KindUpgrade); one whose machine, version or step this
+// node cannot run is handed back untouched (KindReleased) with an fsm.unknown event.
 func (e *Engine) execute(ctx context.Context, db store.DB, queue string, c *store.Claimed) (store.Outcome, *Call) {
-	def := e.cfg.Machines[c.Machine]
-	if def == nil || !def.Steps[c.Step] {
-		reason := fmt.Sprintf("machine %q is not registered on this client", c.Machine)
-		if def != nil {
-			reason = fmt.Sprintf("machine %q has no step %q on this client", c.Machine, c.Step)
+	if out, blocked, ok := e.admit(c); !ok {
+		if blocked != nil {
+			e.log.Warn("gendurable: claimed a row this node cannot run; handed it back for a node that can",
+				"client", e.cfg.Name, "queue", queue, "id", c.ID, "machine", c.Machine, "step", c.Step,
+				"version", c.MachineVersion, "reason", blocked)
+			e.Emit(durabletype.Event{Name: durabletype.EventFSMUnknown, Queue: queue, Machine: c.Machine, Step: c.Step,
+				InstanceID: c.ID, Attempt: c.Attempt, Err: blocked})
 		}
-		e.log.Warn("gendurable: claimed a row this node cannot run; handed it back for a node that can",
-			"client", e.cfg.Name, "queue", queue, "id", c.ID, "machine", c.Machine, "step", c.Step, "reason", reason)
-		e.Emit(durabletype.Event{Name: durabletype.EventFSMUnknown, Queue: queue, Machine: c.Machine, Step: c.Step,
-			InstanceID: c.ID, Attempt: c.Attempt, Err: fmt.Errorf("%s", reason)})
-		return store.HandBack(store.Claim{ID: c.ID, Owner: c.Owner}, c.Slot(), unknownDelay), nil
+		return out, nil
 	}
+	def := e.cfg.Machines[c.Machine]
 	call := &Call{
 		Ctx: ctx, Row: c, Queue: queue, MaxPayload: e.cfg.MaxPayload, MaxChildren: e.cfg.MaxChildren, Machine: e.Machine,
 		client: e.cfg.Name, log: e.log, begin: beginner(db),
@@ -144,7 +144,12 @@ func (e *Engine) finish(f *flight, out *store.Outcome, applied bool, err error) 
 	default:
 		e.Emit(durabletype.Event{Name: durabletype.EventStepFinished, Queue: f.queue, Machine: f.machine, Step: f.step,
 			InstanceID: f.id, Attempt: f.attempt, Outcome: out.Kind.String(), Duration: time.Since(f.started)})
-		if (out.Kind == store.KindNext || out.Kind == store.KindRetry || out.Kind == store.KindReleased) && out.Delay <= 0 {
+		if out.Kind == store.KindUpgrade {
+			e.Emit(durabletype.Event{Name: durabletype.EventInstanceUpgraded, Queue: f.queue, Machine: f.machine,
+				Step: out.Step, InstanceID: f.id, Attempt: f.attempt, Version: out.Version})
+		}
+		if (out.Kind == store.KindNext || out.Kind == store.KindRetry || out.Kind == store.KindReleased ||
+			out.Kind == store.KindUpgrade) && out.Delay <= 0 {
 			e.Wake(f.queue)
 		}
 		if f.keyed {

@@ -51,11 +51,12 @@ func scanInstance(row pgx.Row, lead []any, trail ...any) (*durabletype.Instance,
 	var machine, step, queue, status, lockedBy, key *string
 	var priority *int16
 	var attempt, maxAttempts *int32
-	var errs []byte
+	var errs, upgrades []byte
+	var version *int32
 	var scheduled, inserted, updated *time.Time
 	dest := append(lead, &id, &machine, &step, &queue, &status, &priority, &attempt, &maxAttempts, &scheduled,
 		&lockedBy, &in.LockedUntil, &in.State, &in.Result, &errs, &key, &in.AwaitNames, &in.AwaitDeadline,
-		&in.ParentID, &inserted, &updated, &in.FinalizedAt, &in.Path)
+		&in.ParentID, &inserted, &updated, &in.FinalizedAt, &in.Path, &version, &upgrades)
 	dest = append(dest, trail...)
 	if err := row.Scan(dest...); err != nil {
 		return nil, err
@@ -68,9 +69,15 @@ func scanInstance(row pgx.Row, lead []any, trail ...any) (*durabletype.Instance,
 	in.Attempt, in.MaxAttempts = int(*attempt), int(*maxAttempts)
 	in.LockedBy, in.CorrelationKey = *lockedBy, *key
 	in.ScheduledAt, in.InsertedAt, in.UpdatedAt = *scheduled, *inserted, *updated
+	in.MachineVersion = int(*version)
 	if len(errs) > 0 {
 		if err := json.Unmarshal(errs, &in.Errors); err != nil {
 			return nil, fmt.Errorf("decode error history of %d: %w", in.ID, err)
+		}
+	}
+	if len(upgrades) > 0 {
+		if err := json.Unmarshal(upgrades, &in.Upgrades); err != nil {
+			return nil, fmt.Errorf("decode upgrade history of %d: %w", in.ID, err)
 		}
 	}
 	return &in, nil

@@ -9,7 +9,7 @@
 SELECT w.id, i.id, i.machine, i.step, i.queue, i.status::text, i.priority, i.attempt, i.max_attempts,
        i.scheduled_at, coalesce(i.locked_by, ''), i.locked_until, i.state, i.result, i.errors,
        coalesce(i.correlation_key, ''), i.await_names, i.await_deadline, i.parent_id, i.inserted_at,
-       i.updated_at, i.finalized_at, i.path
+       i.updated_at, i.finalized_at, i.path, i.machine_version, i.upgrades
 FROM unnest($1::bigint[], $2::bool[], $3::bool[]) AS w(id, parked, whole)
 LEFT JOIN {schema}.instances i ON i.id = w.id
 WHERE i.id IS NULL

@@ -4,7 +4,7 @@
 -- name: get_instance
 SELECT id, machine, step, queue, status::text, priority, attempt, max_attempts, scheduled_at,
        coalesce(locked_by, ''), locked_until, state, result, errors, coalesce(correlation_key, ''),
-       await_names, await_deadline, parent_id, inserted_at, updated_at, finalized_at, path
+       await_names, await_deadline, parent_id, inserted_at, updated_at, finalized_at, path, machine_version, upgrades
 FROM {schema}.instances
 WHERE id = $1;
 
@@ -113,7 +113,7 @@ GROUP BY 1, 2;
 SELECT i.id, i.machine, i.step, i.queue, i.status::text, i.priority, i.attempt, i.max_attempts,
        i.scheduled_at, coalesce(i.locked_by, ''), i.locked_until, i.state, i.result, i.errors,
        coalesce(i.correlation_key, ''), i.await_names, i.await_deadline, i.parent_id,
-       i.inserted_at, i.updated_at, i.finalized_at, i.path,
+       i.inserted_at, i.updated_at, i.finalized_at, i.path, i.machine_version, i.upgrades,
        (SELECT count(*) FROM {schema}.signals AS s WHERE s.instance_id = i.id),
        (SELECT coalesce(jsonb_agg(jsonb_build_object('id', p.id, 'name', p.name, 'payload', p.payload,
                                                      'at', p.inserted_at) ORDER BY p.id), '[]')

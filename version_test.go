@@ -1,0 +1,232 @@
+package gendurable_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/durabletest"
+	"github.com/stretchr/testify/require"
+)
+
+// ticket is the state of the versioned test machine; Priority is the field version 2 adds.
+type ticket struct {
+	Title    string   `json:"title"`
+	Priority string   `json:"priority,omitempty"`
+	Path     []string `json:"path"`
+}
+
+func (t ticket) at(step string) ticket {
+	t.Path = append(append([]string(nil), t.Path...), step)
+	return t
+}
+
+// ticketV1: open, then parked on "go" until review, then close.
+var ticketV1 = gendurable.FSM[ticket]{
+	Name: "ticket", Start: "open", Queue: "tickets",
+	Steps: map[string]gendurable.StepFunc[ticket]{
+		"open": func(ctx *gendurable.Ctx, t ticket) (gendurable.Outcome, error) {
+			return gendurable.Await([]string{"go"}, "review", t.at("open")), nil
+		},
+		"review": func(ctx *gendurable.Ctx, t ticket) (gendurable.Outcome, error) {
+			return gendurable.Next("close", t.at("review")), nil
+		},
+		"close": func(ctx *gendurable.Ctx, t ticket) (gendurable.Outcome, error) {
+			return gendurable.Done(t.at("close")), nil
+		},
+	},
+}
+
+// ticketV2 renames review to approve (which needs the new Priority field), removes close in
+// favour of finish, and adds triage after open.
+func ticketV2(ups ...gendurable.Upgrade) gendurable.FSM[ticket] {
+	return gendurable.FSM[ticket]{
+		Name: "ticket", Start: "open", Queue: "tickets", Version: 2, Upgrades: ups,
+		Steps: map[string]gendurable.StepFunc[ticket]{
+			"open": func(ctx *gendurable.Ctx, t ticket) (gendurable.Outcome, error) {
+				return gendurable.Next("triage", t.at("open")), nil
+			},
+			"triage": func(ctx *gendurable.Ctx, t ticket) (gendurable.Outcome, error) {
+				t.Priority = "normal"
+				return gendurable.Await([]string{"go"}, "approve", t.at("triage")), nil
+			},
+			"approve": func(ctx *gendurable.Ctx, t ticket) (gendurable.Outcome, error) {
+				if t.Priority == "" {
+					return gendurable.Outcome{}, errors.New("approve needs a priority")
+				}
+				return gendurable.Next("finish", t.at("approve")), nil
+			},
+			"finish": func(ctx *gendurable.Ctx, t ticket) (gendurable.Outcome, error) {
+				return gendurable.Done(t.at("finish")), nil
+			},
+		},
+	}
+}
+
+// ticketUpgrade brings version 1 forward: review is approve now, close is finish, and the state
+// gains a priority.
+var ticketUpgrade = gendurable.Upgrade{
+	From:  1,
+	Steps: map[string]string{"review": "approve", "close": "finish"},
+	State: func(step string, state json.RawMessage) (json.RawMessage, error) {
+		var m map[string]any
+		if err := json.Unmarshal(state, &m); err != nil {
+			return nil, err
+		}
+		if m["priority"] == nil {
+			m["priority"] = "normal"
+		}
+		return json.Marshal(m)
+	},
+}
+
+func TestAnOlderVersionIsBroughtForwardWhenClaimed(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	v1 := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{ticketV1}})
+	kit1 := durabletest.New(t, v1, nil)
+	parked := make([]int64, 2)
+	for i := range parked {
+		res, err := v1.Insert(ctx, ticketV1.With(ticket{Title: "parked"}), nil)
+		require.NoError(t, err)
+		parked[i] = res.ID
+	}
+	require.Equal(t, 2, kit1.Drain(ctx).Steps)
+	for _, id := range parked {
+		kit1.RequireAwaiting(ctx, id, "go")
+	}
+	later, err := v1.Insert(ctx, ticketV1.With(ticket{Title: "later"}), &gendurable.InsertOpts{In: time.Hour})
+	require.NoError(t, err)
+
+	v2 := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{ticketV2(ticketUpgrade)}})
+	kit2 := durabletest.New(t, v2, nil)
+	for _, id := range parked {
+		_, err := v2.Signal(ctx, gendurable.ByID(id), "go", nil)
+		require.NoError(t, err)
+	}
+	res := kit2.Drain(ctx)
+	// Each of the three is brought forward once, then runs on version 2's steps: the parked two
+	// from review (now approve), the scheduled one from open.
+	require.Equal(t, 3, res.Outcomes["upgrade"])
+	for _, id := range parked {
+		var got ticket
+		in := kit2.RequireDone(ctx, id, &got)
+		require.Equal(t, []string{"open", "approve", "finish"}, got.Path)
+		require.Equal(t, "normal", got.Priority)
+		require.Equal(t, 2, in.MachineVersion)
+		require.Len(t, in.Upgrades, 1)
+		u := in.Upgrades[0]
+		require.Equal(t, [4]any{1, 2, "review", "approve"}, [4]any{u.From, u.To, u.StepFrom, u.StepTo})
+		require.NotEmpty(t, u.By)
+		require.Equal(t, []string{"open", "approve", "finish"}, in.Path)
+	}
+	// The scheduled one went on at version 2's open, then triage, and parks as version 2 does.
+	in := kit2.RequireAwaiting(ctx, later.ID, "go")
+	require.Equal(t, 2, in.MachineVersion)
+	require.Equal(t, []string{"open", "triage"}, in.Path)
+	require.Len(t, in.Upgrades, 1)
+	require.Equal(t, [2]string{"open", "open"}, [2]string{in.Upgrades[0].StepFrom, in.Upgrades[0].StepTo})
+	// A new instance starts at version 2 and is never upgraded.
+	fresh, err := v2.Insert(ctx, ticketV2(ticketUpgrade).With(ticket{Title: "new"}), nil)
+	require.NoError(t, err)
+	kit2.Drain(ctx)
+	in = kit2.RequireAwaiting(ctx, fresh.ID, "go")
+	require.Equal(t, 2, in.MachineVersion)
+	require.Empty(t, in.Upgrades)
+}
+
+func TestANodeNeverClaimsANewerVersion(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	v2 := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{ticketV2(ticketUpgrade)}})
+	res, err := v2.Insert(ctx, ticketV2(ticketUpgrade).With(ticket{Title: "v2"}), nil)
+	require.NoError(t, err)
+
+	v1 := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{ticketV1}})
+	kit1 := durabletest.New(t, v1, nil)
+	dr, err := kit1.TryDrain(ctx, nil)
+	require.NoError(t, err)
+	require.Zero(t, dr.Steps)
+	in := kit1.Get(ctx, res.ID)
+	require.Equal(t, gendurable.StatusAvailable, in.Status)
+	require.Equal(t, [3]any{2, "open", 0}, [3]any{in.MachineVersion, in.Step, in.Attempt})
+
+	kit2 := durabletest.New(t, v2, nil)
+	kit2.Drain(ctx)
+	kit2.RequireAwaiting(ctx, res.ID, "go")
+}
+
+func TestARowThatCannotBeBroughtForwardIsHandedBackWithItsReason(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name string
+		ups  []gendurable.Upgrade
+		want string
+	}{
+		{"no upgrade declared", nil, "declares no Upgrade from version 1"},
+		{"a removed step with no mapping", []gendurable.Upgrade{{From: 1, Steps: map[string]string{"close": "finish"}}},
+			`step "review" became "review", which version 2 lacks`},
+		{"the state function fails", []gendurable.Upgrade{{From: 1, Steps: ticketUpgrade.Steps,
+			State: func(string, json.RawMessage) (json.RawMessage, error) { return nil, errors.New("no priority known") }}},
+			"no priority known"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			ctx := context.Background()
+			v1 := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{ticketV1}})
+			res, err := v1.Insert(ctx, ticketV1.With(ticket{Title: "stuck"}), nil)
+			require.NoError(t, err)
+			durabletest.New(t, v1, nil).Drain(ctx)
+			_, err = v1.Signal(ctx, gendurable.ByID(res.ID), "go", nil)
+			require.NoError(t, err)
+
+			v2 := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{ticketV2(tc.ups...)}})
+			kit2 := durabletest.New(t, v2, nil)
+			_, err = kit2.TryDrain(ctx, nil)
+			require.ErrorIs(t, err, gendurable.ErrUpgrade)
+			require.ErrorContains(t, err, tc.want)
+			// Handed back untouched: still version 1 at review, its attempt restored, nothing
+			// recorded; a node of version 1 still runs it to the end.
+			in := kit2.Get(ctx, res.ID)
+			require.Equal(t, [4]any{1, "review", 0, gendurable.StatusAvailable},
+				[4]any{in.MachineVersion, in.Step, in.Attempt, in.Status})
+			require.Empty(t, in.Upgrades)
+			require.Empty(t, in.Errors)
+			var got ticket
+			kit1 := durabletest.New(t, v1, nil)
+			kit1.Drain(ctx)
+			kit1.RequireDone(ctx, res.ID, &got)
+			require.Equal(t, []string{"open", "review", "close"}, got.Path)
+		})
+	}
+}
+
+func TestMachineVersionsAreValidated(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cases := []struct {
+		name string
+		m    gendurable.FSM[ticket]
+		want string
+	}{
+		{"negative version", func() gendurable.FSM[ticket] { m := ticketV2(); m.Version = -1; return m }(), "Version -1"},
+		{"upgrade from version 0", ticketV2(gendurable.Upgrade{From: 0}), "an Upgrade from version 0"},
+		{"upgrade from the current version", ticketV2(gendurable.Upgrade{From: 2}), "an Upgrade from version 2"},
+		{"two upgrades from one version", ticketV2(ticketUpgrade, ticketUpgrade), "two Upgrades from version 1"},
+		{"a mapping to a step the machine lacks", ticketV2(gendurable.Upgrade{From: 1, Steps: map[string]string{"review": "nowhere"}}),
+			`maps step "review" to "nowhere", which is not in Steps`},
+		{"upgrades on a machine of version 1", func() gendurable.FSM[ticket] { m := ticketV1; m.Upgrades = []gendurable.Upgrade{ticketUpgrade}; return m }(),
+			"an Upgrade from version 1"},
+	}
+	for _, tc := range cases {
+		_, err := gendurable.NewClient(e.pool, &gendurable.Config{Schema: e.schema, Machines: []gendurable.Machine{tc.m}})
+		require.ErrorContains(t, err, tc.want, tc.name)
+	}
+}
