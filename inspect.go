@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable/durabletype"
+	"github.com/gendurable/gendurable/internal/engine"
 	"github.com/gendurable/gendurable/internal/store"
 )
 
@@ -27,6 +28,7 @@ const (
 	StuckUnknownMachine   = durabletype.StuckUnknownMachine
 	StuckUnknownStep      = durabletype.StuckUnknownStep
 	StuckAwaitOverdue     = durabletype.StuckAwaitOverdue
+	StuckBlocked          = durabletype.StuckBlocked
 )
 
 // StuckGroup is a group of stuck instances of one kind, queue and machine (or step, or limit).
@@ -91,6 +93,12 @@ func (c *Client) QueueStats(ctx context.Context, opts *QueueStatsOpts) ([]QueueS
 //   - StuckAwaitOverdue: parked instances past their await deadline. The reaper wakes these
 //     within its interval; a group whose Oldest is further back than that means no node runs
 //     the reaper. Cost: the overdue rows, through the await-deadline index.
+//   - StuckBlocked: live rows (available, awaiting, joining) that no running node can run,
+//     whatever this client registers: the node registry (every started client's queues,
+//     machines, versions, steps and upgrades, refreshed every few seconds) is compared with the
+//     live rows grouped by queue, machine, version and step. With no node running at all nothing
+//     is reported (there is no fleet to compare with). Cost: every live row, through the pick's
+//     and the parked rows' indexes, with a heap visit each.
 //
 // Ask a client configured like the workers in question: what is unknown to one node may be
 // known to another.
@@ -109,6 +117,30 @@ func (c *Client) Stuck(ctx context.Context) ([]StuckGroup, error) {
 	out, err := c.store.Stuck(ctx, c.pool, known)
 	if err != nil {
 		return nil, fmt.Errorf("gendurable: stuck instances: %w", err)
+	}
+	blocked, err := c.blocked(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("gendurable: stuck instances: %w", err)
+	}
+	return append(out, blocked...), nil
+}
+
+// blocked compares the node registry with the live rows (StuckBlocked).
+func (c *Client) blocked(ctx context.Context) ([]StuckGroup, error) {
+	nodes, err := c.store.LiveNodes(ctx, c.pool, engine.NodeLive)
+	if err != nil {
+		return nil, fmt.Errorf("read the node registry: %w", err)
+	}
+	groups, err := c.store.LiveGroups(ctx, c.pool)
+	if err != nil {
+		return nil, fmt.Errorf("group the live rows: %w", err)
+	}
+	var out []StuckGroup
+	for _, g := range groups {
+		if reason := engine.Blocked(nodes, g); reason != "" {
+			out = append(out, StuckGroup{Kind: StuckBlocked, Queue: g.Queue, Machine: g.Machine, Step: g.Step,
+				Version: max(g.Version, 1), Reason: reason, Count: g.Count, Oldest: g.Oldest, FirstID: g.FirstID})
+		}
 	}
 	return out, nil
 }
@@ -136,7 +168,8 @@ const (
 // children (of every wave) and their counts by status, in one statement (one snapshot);
 // ErrNotFound if there is no such instance. Cost: the row by primary key, the inbox through its
 // index (its size in time proportional to the inbox), and every child of the instance through
-// the parent index (at most Config.MaxChildren per wave).
+// the parent index (at most Config.MaxChildren per wave); for a live instance, the node registry
+// too (Blocked).
 func (c *Client) Inspect(ctx context.Context, id int64, opts *InspectOpts) (*InstanceDetail, error) {
 	if opts == nil {
 		opts = &InspectOpts{}
@@ -158,6 +191,13 @@ func (c *Client) Inspect(ctx context.Context, id int64, opts *InspectOpts) (*Ins
 	d, err := c.store.Inspect(ctx, c.pool, id, inbox, children)
 	if err != nil {
 		return nil, fmt.Errorf("gendurable: inspect %d: %w", id, err)
+	}
+	if in := &d.Instance; !in.Status.Terminal() {
+		nodes, err := c.store.LiveNodes(ctx, c.pool, engine.NodeLive)
+		if err != nil {
+			return nil, fmt.Errorf("gendurable: inspect %d: read the node registry: %w", id, err)
+		}
+		d.Blocked = engine.Blocked(nodes, store.LiveGroup{Queue: in.Queue, Machine: in.Machine, Version: in.MachineVersion, Step: in.Step})
 	}
 	return d, nil
 }

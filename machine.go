@@ -109,7 +109,7 @@ func (m FSM[S]) def() (*engine.MachineDef, error) {
 	return &engine.MachineDef{
 		Name: m.Name, Start: m.Start, Steps: steps,
 		Queue: orDefault(m.Queue, DefaultQueue), MaxAttempts: orDefaultInt(m.MaxAttempts, DefaultMaxAttempts),
-		Version: version, Upgrade: upgradeChain(m.Name, version, m.Upgrades),
+		Version: version, Upgrade: upgradeChain(m.Name, version, m.Upgrades), Upgrades: upgradeSteps(m.Upgrades),
 		Run: m.run,
 	}, nil
 }

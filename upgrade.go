@@ -3,6 +3,7 @@ package gendurable
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 )
 
@@ -60,6 +61,18 @@ func checkUpgrades(name string, version int, ups []Upgrade, steps map[string]boo
 		}
 	}
 	return nil
+}
+
+// upgradeSteps returns, for each upgrade, the steps it renames (the node registry's manifest).
+func upgradeSteps(ups []Upgrade) map[int]map[string]string {
+	if len(ups) == 0 {
+		return nil
+	}
+	out := make(map[int]map[string]string, len(ups))
+	for _, u := range ups {
+		out[u.From] = maps.Clone(u.Steps)
+	}
+	return out
 }
 
 // upgradeChain returns the function that brings a row of an older version forward to version

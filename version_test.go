@@ -230,3 +230,61 @@ func TestMachineVersionsAreValidated(t *testing.T) {
 		require.ErrorContains(t, err, tc.want, tc.name)
 	}
 }
+
+func TestRowsNoRunningNodeCanRunAreShownAsBlocked(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	v1 := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{ticketV1}})
+	res, err := v1.Insert(ctx, ticketV1.With(ticket{Title: "parked"}), nil)
+	require.NoError(t, err)
+	durabletest.New(t, v1, nil).Drain(ctx)
+	_, err = v1.Insert(ctx, ticketV1.With(ticket{Title: "other queue"}), &gendurable.InsertOpts{Queue: "nobody"})
+	require.NoError(t, err)
+
+	// A running node of version 2 whose upgrade forgets review: the parked row, and the row in a
+	// queue no node works, are blocked; the node's own rows are not.
+	v2 := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{ticketV2(gendurable.Upgrade{From: 1,
+		Steps: map[string]string{"close": "finish"}})}, Queues: map[string]gendurable.QueueConfig{"tickets": {}}})
+	start(t, v2)
+	fine, err := v2.Insert(ctx, ticketV2().With(ticket{Title: "new"}), &gendurable.InsertOpts{In: time.Hour})
+	require.NoError(t, err)
+
+	web := e.client(t, nil) // an operator's client: registers nothing, runs nothing
+	groups, err := web.Stuck(ctx)
+	require.NoError(t, err)
+	var blocked []gendurable.StuckGroup
+	for _, g := range groups {
+		if g.Kind == gendurable.StuckBlocked {
+			require.NotEqual(t, fine.ID, g.FirstID)
+			g.Oldest = time.Time{}
+			blocked = append(blocked, g)
+		}
+	}
+	require.Equal(t, []gendurable.StuckGroup{
+		{Kind: gendurable.StuckBlocked, Queue: "nobody", Machine: "ticket", Step: "open", Version: 1, Count: 1, FirstID: res.ID + 1,
+			Reason: `no running node works queue "nobody"`},
+		{Kind: gendurable.StuckBlocked, Queue: "tickets", Machine: "ticket", Step: "review", Version: 1, Count: 1, FirstID: res.ID,
+			Reason: `the Upgrades of machine "ticket" take step "review" of version 1 to "review", which version 2 lacks`},
+	}, blocked)
+
+	d, err := web.Inspect(ctx, res.ID, nil)
+	require.NoError(t, err)
+	require.Equal(t, blocked[1].Reason, d.Blocked)
+	d, err = web.Inspect(ctx, fine.ID, nil)
+	require.NoError(t, err)
+	require.Empty(t, d.Blocked)
+	// The registry holds the running node with what it runs.
+	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM {schema}.nodes WHERE queues = '{tickets}'
+		AND machines -> 'ticket' ->> 'version' = '2' AND machines -> 'ticket' -> 'upgrades' -> '1' -> 'steps' ->> 'close' = 'finish'`))
+
+	// Once the node stops, it leaves the registry; nothing runs at all: nothing to compare with,
+	// nothing reported.
+	require.NoError(t, v2.Stop(ctx))
+	require.Zero(t, e.count(t, `SELECT count(*) FROM {schema}.nodes`))
+	groups, err = web.Stuck(ctx)
+	require.NoError(t, err)
+	for _, g := range groups {
+		require.NotEqual(t, gendurable.StuckBlocked, g.Kind, "%+v", g)
+	}
+}

@@ -35,6 +35,12 @@ const (
 	// StuckAwaitOverdue: parked instances whose await deadline has passed. The reaper wakes them
 	// within its interval; rows overdue for longer mean no node runs the reaper.
 	StuckAwaitOverdue StuckKind = "await_overdue"
+	// StuckBlocked: live rows (available, awaiting or joining) that no running node can run, as
+	// the node registry says: none works their queue, registers their machine, knows their
+	// version of it, can bring that version forward from their step, or has their step. Reason
+	// says which. They wait, untouched, for a node that can (docs/upgrading.md). Reported only
+	// while at least one node runs.
+	StuckBlocked StuckKind = "blocked"
 )
 
 // StuckGroup is a group of stuck instances: one kind, one queue, one machine (or step, or rate
@@ -44,15 +50,21 @@ type StuckGroup struct {
 	Queue string
 	// Machine is the instances' machine (every kind but StuckUnknownRateLimit).
 	Machine string
-	// Step is the step the client does not know (StuckUnknownStep only).
+	// Step is the step the client does not know (StuckUnknownStep), or the rows' step
+	// (StuckBlocked).
 	Step string
+	// Version is the rows' machine version (StuckBlocked only).
+	Version int
+	// Reason says why no running node can run the rows (StuckBlocked only).
+	Reason string
 	// RateLimit is the unknown limit's name, the part of the rows' keys before the first ':'
 	// (StuckUnknownRateLimit only).
 	RateLimit string
 	// Count is how many instances are in the group.
 	Count int64
-	// Oldest is the earliest scheduled time among the rows (StuckUnknown…: it may lie in the
-	// future for rows not yet due), or the earliest await deadline (StuckAwaitOverdue).
+	// Oldest is the earliest scheduled time among the rows (StuckUnknown…, StuckBlocked: it may
+	// lie in the future for rows not yet due), or the earliest await deadline
+	// (StuckAwaitOverdue).
 	Oldest time.Time
 	// FirstID is the lowest id in the group: an example to look at.
 	FirstID int64
@@ -85,6 +97,9 @@ type InstanceDetail struct {
 	Children []ChildSummary
 	// ChildCounts counts all of its children by status (only the statuses that occur).
 	ChildCounts map[Status]int64
+	// Blocked says why no running node can run the instance, as the node registry says (see
+	// StuckBlocked); empty if one can, if it is finished, or if no node runs at all.
+	Blocked string
 }
 
 // QueueThroughput is how many instances of one queue finished within a recent window, by how

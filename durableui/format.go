@@ -149,6 +149,8 @@ func kindText(k gendurable.StuckKind) string {
 		return "Runnable, but their machine is not registered on the client serving this dashboard: its workers hand them back for a node that knows the machine."
 	case gendurable.StuckUnknownStep:
 		return "Runnable, at a step this client's version of the machine does not have (a deploy that removed or renamed it?)."
+	case gendurable.StuckBlocked:
+		return "No running node can run them (the node registry of every started client says what each runs): they wait, untouched, for a deploy that can. The reason column says why."
 	case gendurable.StuckAwaitOverdue:
 		return "Parked past their await deadline: the reaper wakes these within its interval; if they stay, no node runs the reaper."
 	}

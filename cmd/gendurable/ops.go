@@ -279,14 +279,18 @@ func runShow(ctx context.Context, args []string, out io.Writer) error {
 			"correlation_key": in.CorrelationKey, "await_names": in.AwaitNames, "await_deadline": in.AwaitDeadline,
 			"parent_id": in.ParentID, "path": in.Path, "inserted_at": in.InsertedAt, "updated_at": in.UpdatedAt,
 			"finalized_at": in.FinalizedAt, "inbox": inbox, "inbox_size": d.InboxSize, "children": d.Children,
-			"child_counts": d.ChildCounts,
+			"child_counts": d.ChildCounts, "machine_version": in.MachineVersion, "upgrades": in.Upgrades,
+			"blocked": d.Blocked,
 		})
 	}
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	kv := func(k string, v any) { fmt.Fprintf(tw, "%s\t%v\n", k, v) }
 	kv("id", in.ID)
-	kv("machine", in.Machine)
+	kv("machine", fmt.Sprintf("%s (version %d)", in.Machine, in.MachineVersion))
 	kv("status", in.Status)
+	if d.Blocked != "" {
+		kv("blocked", d.Blocked)
+	}
 	kv("step", fmt.Sprintf("%s (attempt %d of %d)", in.Step, in.Attempt, in.MaxAttempts))
 	path := slices.Clone(in.Path)
 	if !in.Status.Terminal() {
@@ -309,6 +313,10 @@ func runShow(ctx context.Context, args []string, out io.Writer) error {
 			dl = "deadline " + in.AwaitDeadline.Format(time.RFC3339)
 		}
 		kv("awaits", strings.Join(in.AwaitNames, ", ")+" ("+dl+")")
+	}
+	for _, u := range in.Upgrades {
+		kv("upgraded", fmt.Sprintf("version %d → %d, step %s → %s, %s by %s", u.From, u.To, u.StepFrom, u.StepTo,
+			u.At.Format(time.RFC3339), u.By))
 	}
 	kv("scheduled", in.ScheduledAt.Format(time.RFC3339Nano))
 	kv("inserted", in.InsertedAt.Format(time.RFC3339Nano))

@@ -215,6 +215,10 @@ func (e *Engine) Start(ctx context.Context) error {
 			return err
 		}
 	}
+	if err := e.register(ctx); err != nil {
+		e.abortStart()
+		return err
+	}
 	if e.cfg.OpenPoke != nil {
 		pc, err := e.cfg.OpenPoke(ctx, e.Origin(), e.queueNames(), e.Wake)
 		if err != nil {
@@ -237,6 +241,8 @@ func (e *Engine) Start(ctx context.Context) error {
 	}
 	e.bg.Add(1)
 	go e.heartbeatLoop()
+	e.bg.Add(1)
+	go e.registryLoop()
 	if e.cfg.ReaperInterval > 0 {
 		reaper := &maintenance.Reaper{
 			Store: e.store, DB: e.pool, Interval: e.cfg.ReaperInterval, Timeout: StatementTimeout(e.cfg.Lease), Logger: e.log,
@@ -261,6 +267,10 @@ func (e *Engine) Start(ctx context.Context) error {
 }
 
 func (e *Engine) abortStart() {
+	// A start that failed after registering leaves no row saying this node runs.
+	ctx, cancel := context.WithTimeout(context.Background(), StatementTimeout(e.cfg.Lease))
+	_ = e.store.DeleteNode(ctx, e.pool, e.Origin())
+	cancel()
 	e.committer.stop()
 	e.baseCancel(durabletype.ErrClientStopped)
 	e.events.stop()

@@ -28,6 +28,9 @@ type MachineDef struct {
 	// its state. An error (no way forward from that version or step, or an upgrade function's
 	// error) leaves the row as it is: no node of this version can run it.
 	Upgrade func(from int, step string, state []byte) (newStep string, newState []byte, err error)
+	// Upgrades are, for each older version Upgrade can start from, the steps it renames: what the
+	// node registry publishes, so that operators' tools can tell what no running node can run.
+	Upgrades map[int]map[string]string
 	// Run runs one step of a claimed row and returns its outcome (the executor fences it with
 	// the claim). It recovers the step's panics and routes errors to the machine's handler
 	// itself; the engine only adds a last safety net.

@@ -1,0 +1,37 @@
+-- Statement family: the node registry (migration 2's nodes table): the running clients and what
+-- each can run, for the operators' tools to tell which rows no running node can run (blocked).
+-- Every statement touches the nodes table only (a row lock on the client's own row, or none).
+
+-- A client's row at Start, or its refresh (seen_at) while it runs; the manifest is rewritten
+-- too, so that a row deleted by mistake comes back whole. Locks the client's own row.
+-- name: node_upsert
+INSERT INTO {schema}.nodes (id, client, host, queues, machines)
+VALUES (@id, @client, @host, @queues, @machines)
+ON CONFLICT (id) DO UPDATE
+SET client = excluded.client, host = excluded.host, queues = excluded.queues,
+    machines = excluded.machines, seen_at = now();
+
+-- A client's row at Stop. Locks that row.
+-- name: node_delete
+DELETE FROM {schema}.nodes WHERE id = @id;
+
+-- Rows of nodes not seen for @gone_ms (killed processes never delete theirs). Locks those rows.
+-- name: node_forget
+DELETE FROM {schema}.nodes WHERE seen_at < now() - @gone_ms * interval '1 millisecond';
+
+-- The nodes seen within @live_ms: the running ones. No locks.
+-- name: nodes_live
+SELECT id, client, host, queues, machines, started_at, seen_at
+FROM {schema}.nodes
+WHERE seen_at >= now() - @live_ms * interval '1 millisecond'
+ORDER BY id;
+
+-- The live rows grouped by what a node needs to run them: queue, machine, machine version and
+-- step, for the blocked check. Reads every available, awaiting and joining row, through
+-- instances_pick and instances_parked with a heap visit each: O(live rows). No locks.
+-- name: live_groups
+SELECT queue, machine, machine_version, step, count(*), min(scheduled_at), min(id)
+FROM {schema}.instances
+WHERE status IN ('available', 'awaiting', 'joining')
+GROUP BY 1, 2, 3, 4
+ORDER BY 1, 2, 3, 4;
