@@ -288,3 +288,103 @@ func TestRowsNoRunningNodeCanRunAreShownAsBlocked(t *testing.T) {
 		require.NotEqual(t, gendurable.StuckBlocked, g.Kind, "%+v", g)
 	}
 }
+
+// parkTickets inserts n version-1 tickets and parks them on "go" at review (the step version 2
+// renames), through a version-1 client.
+func parkTickets(t *testing.T, e *env, n int) []int64 {
+	t.Helper()
+	ctx := context.Background()
+	v1 := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{ticketV1}})
+	params := make([]gendurable.InsertManyParams, n)
+	for i := range params {
+		params[i] = gendurable.InsertManyParams{Input: ticketV1.With(ticket{Title: "parked"})}
+	}
+	res, err := v1.InsertMany(ctx, params)
+	require.NoError(t, err)
+	durabletest.New(t, v1, &durabletest.Opts{MaxSteps: 10 * n}).Drain(ctx)
+	ids := make([]int64, n)
+	for i, r := range res {
+		ids[i] = r.ID
+	}
+	require.Equal(t, n, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'awaiting' AND step = 'review'`))
+	return ids
+}
+
+func TestBulkUpgradeBringsParkedInstancesForwardOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	const n = 1200
+	parkTickets(t, e, n)
+	// One ticket's state the upgrade refuses: it stays at version 1, counted as blocked.
+	e.exec(t, `UPDATE {schema}.instances SET state = state || '{"title": "refuse"}' WHERE id = (SELECT min(id) FROM {schema}.instances)`)
+	up := ticketUpgrade
+	up.State = func(step string, state json.RawMessage) (json.RawMessage, error) {
+		var tk ticket
+		if err := json.Unmarshal(state, &tk); err != nil || tk.Title == "refuse" {
+			return nil, errors.New("refused")
+		}
+		return ticketUpgrade.State(step, state)
+	}
+	v2 := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{ticketV2(up)}})
+
+	// Four callers at once: every row is brought forward exactly once, whoever does it.
+	results := make(chan gendurable.UpgradeResult, 4)
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() {
+			r, err := v2.Upgrade(ctx, "ticket")
+			results <- r
+			errs <- err
+		}()
+	}
+	var upgraded, blocked int64
+	for range 4 {
+		require.NoError(t, <-errs)
+		r := <-results
+		upgraded += r.Upgraded
+		blocked += r.Blocked
+	}
+	require.Equal(t, int64(n-1), upgraded)
+	require.GreaterOrEqual(t, blocked, int64(1))
+	require.Equal(t, n-1, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE machine_version = 2 AND step = 'approve'
+		AND status = 'awaiting' AND state ->> 'priority' = 'normal' AND jsonb_array_length(upgrades) = 1
+		AND upgrades -> 0 ->> 'step_from' = 'review' AND upgrades -> 0 ->> 'by' LIKE 'Client.Upgrade on %'`))
+	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE machine_version = 1 AND upgrades IS NULL`))
+
+	// Again: nothing left but the blocked one.
+	r, err := v2.Upgrade(ctx, "ticket")
+	require.NoError(t, err)
+	require.Equal(t, gendurable.UpgradeResult{Upgraded: 0, Blocked: 1}, r)
+	_, err = v2.Upgrade(ctx, "nope")
+	require.ErrorIs(t, err, gendurable.ErrUnknownMachine)
+}
+
+func TestAnOperatorsUpgradeRequestIsWorkedByARunningNode(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	parkTickets(t, e, 50)
+	op := e.client(t, nil)
+	// No running node can take it: refused, nothing recorded.
+	_, err := op.RequestUpgrade(ctx, "ticket")
+	require.ErrorIs(t, err, gendurable.ErrUnknownMachine)
+	require.Zero(t, e.count(t, `SELECT count(*) FROM {schema}.upgrade_requests`))
+	v2 := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{ticketV2(ticketUpgrade)},
+		Queues: map[string]gendurable.QueueConfig{"tickets": {}}})
+	start(t, v2)
+	id, err := op.RequestUpgrade(ctx, "ticket")
+	require.NoError(t, err)
+	var r *gendurable.UpgradeRequest
+	eventually(t, 30*time.Second, "the request finished", func() bool {
+		r, err = op.UpgradeRequestStatus(ctx, id)
+		require.NoError(t, err)
+		return r.FinishedAt != nil
+	})
+	require.Equal(t, [4]any{int64(50), int64(0), 2, ""}, [4]any{r.Upgraded, r.Blocked, r.Version, r.Error})
+	require.Equal(t, v2.Schema(), e.schema)
+	require.NotEmpty(t, r.TakenBy)
+	require.Equal(t, 50, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE machine_version = 2 AND step = 'approve'`))
+	_, err = op.UpgradeRequestStatus(ctx, id+100)
+	require.ErrorIs(t, err, gendurable.ErrNotFound)
+}

@@ -111,3 +111,22 @@ type QueueThroughput struct {
 	// the window (by finalized_at, database clock).
 	Done, Failed, Cancelled int64
 }
+
+// UpgradeRequest is an operator's request for a bulk upgrade of a machine's instances, as
+// recorded.
+type UpgradeRequest struct {
+	ID          int64
+	Machine     string
+	RequestedAt time.Time
+	// TakenBy is the node working (or that worked) the request; empty until one takes it.
+	TakenBy string
+	// FinishedAt is when it ended (nil: not yet).
+	FinishedAt *time.Time
+	// Version is the machine version the instances were brought to.
+	Version int
+	// Upgraded and Blocked count the instances brought forward and those that could not be.
+	Upgraded int64
+	Blocked  int64
+	// Error is why the work stopped early ("" for none).
+	Error string
+}

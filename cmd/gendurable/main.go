@@ -48,6 +48,7 @@ func commands() []command {
 		{"signal", "signal ID|--machine M KEY NAME [JSON]", "send a signal", runSignal},
 		{"retry", "retry ID|--machine M KEY [--step S]", "make a failed or cancelled instance runnable again", runRetry},
 		{"cancel", "cancel ID|--machine M KEY [--reason R]", "cancel a live instance", runCancel},
+		{"upgrade", "upgrade --machine M [--no-wait] [--timeout 10m]", "bring a machine's parked instances forward to its newest version, in bulk", runUpgrade},
 		{"ui", "ui [--addr 127.0.0.1:8080] [--read-only] [--token T]", "serve the web dashboard of a schema", runUI},
 	}
 }

@@ -118,6 +118,7 @@ type Engine struct {
 
 	runners   map[string]*runner // one per configured queue; written only by New
 	versions  *store.Versions    // the machines registered at a version above 1 (the picks claim up to it)
+	upgrading atomic.Bool        // a bulk-upgrade request is being worked (serveUpgrades)
 	poker     atomic.Pointer[PokeConn]
 	awaits    *awaiter
 	committer *committer

@@ -53,7 +53,8 @@ func (e *Engine) register(ctx context.Context) error {
 	return nil
 }
 
-// registryLoop refreshes this client's registry row until Stop, then deletes it.
+// registryLoop refreshes this client's registry row until Stop, then deletes it; on each refresh
+// it also looks for an operator's bulk-upgrade request this node should work.
 func (e *Engine) registryLoop() {
 	defer e.bg.Done()
 	node := e.manifest()
@@ -74,6 +75,9 @@ func (e *Engine) registryLoop() {
 				e.log.Warn("gendurable: node registry refresh failed", "client", e.cfg.Name, "error", err)
 			}
 			cancel()
+			// An operator's bulk upgrade runs beside the refreshes, which must go on.
+			e.bg.Add(1)
+			go func() { defer e.bg.Done(); e.serveUpgrades() }()
 		}
 	}
 }
