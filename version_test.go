@@ -222,7 +222,11 @@ func TestMachineVersionsAreValidated(t *testing.T) {
 		{"two upgrades from one version", ticketV2(ticketUpgrade, ticketUpgrade), "two Upgrades from version 1"},
 		{"a mapping to a step the machine lacks", ticketV2(gendurable.Upgrade{From: 1, Steps: map[string]string{"review": "nowhere"}}),
 			`maps step "review" to "nowhere", which is not in Steps`},
-		{"upgrades on a machine of version 1", func() gendurable.FSM[ticket] { m := ticketV1; m.Upgrades = []gendurable.Upgrade{ticketUpgrade}; return m }(),
+		{"upgrades on a machine of version 1", func() gendurable.FSM[ticket] {
+			m := ticketV1
+			m.Upgrades = []gendurable.Upgrade{ticketUpgrade}
+			return m
+		}(),
 			"an Upgrade from version 1"},
 	}
 	for _, tc := range cases {
