@@ -7,6 +7,9 @@
 //     executor goroutines it feeds; an Insert that claims its own row joins here too.
 //   - executor.go: one claimed step: run it, turn what it returns into one store.Outcome fenced
 //     by the claim, hand it to the committer, and report what follows its commit.
+//   - upgrade.go: machine versions: whether a claimed row runs as it stands, is brought forward
+//     to this client's version of its machine, or is handed back; bulk upgrades.
+//   - nodes.go: the node registry: this client's row saying what it runs, and who runs what.
 //   - committer.go: group commit: the outcomes that finish close together, in one statement.
 //   - flight.go: the claims this client holds, from the pick until their outcome is settled.
 //   - heartbeat.go: the leases' upkeep: every claim's lease and every gate lease, one statement
