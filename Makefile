@@ -28,11 +28,11 @@ test: ## vet and run every test (contrib modules included) against a real Postgr
 	$(GO) vet -tags chaos ./...
 	# One package at a time (-p 1): the root package's latency-bound fault tests (T16's same-node
 	# p95 under 10 ms) must not share the two cores with another package's tests.
-	$(GO) test -p 1 -count=1 -timeout 15m $(TESTFLAGS) $$($(GO) list ./... | grep -v /internal/races)
+	$(GO) test -p 1 -count=1 -timeout 15m $(TESTFLAGS) $$($(GO) list ./... | grep -v /internal/chaos$$)
 	# The race tests load the machine on purpose: they run on their own, after the latency-bound
 	# tests, and then the deterministic ones that drive the fault points (-tags chaos).
-	$(GO) test -count=1 -timeout 10m $(TESTFLAGS) ./internal/races
-	$(GO) test -count=1 -tags chaos -run '^TestChaos' -timeout 10m $(TESTFLAGS) ./internal/fault/ ./internal/races/
+	$(GO) test -count=1 -timeout 10m $(TESTFLAGS) ./internal/chaos/
+	$(GO) test -count=1 -tags chaos -run '^TestChaos' -timeout 10m $(TESTFLAGS) ./internal/fault/ ./internal/chaos/
 	@set -e; for dir in $(CONTRIB); do \
 		echo "cd $$dir && $(GO) vet ./... && $(GO) test -count=1 ./..."; \
 		(cd $$dir && $(GO) vet ./... && $(GO) test -count=1 -timeout 10m $(TESTFLAGS) ./...); \
@@ -59,7 +59,7 @@ chaos: ## the reliability suite at full size (GD_CHAOS=full), then its summary t
 	   echo $$? > $(CHAOSLOG).status; } 2>&1 | tee $(CHAOSLOG)
 	@echo; echo "== chaos summary ($(CHAOSLOG))"
 	@status=$$(cat $(CHAOSLOG).status); rm -f $(CHAOSLOG).status; \
-	$(GO) run ./internal/chaosreport $(CHAOSLOG) && exit $$status
+	$(GO) run ./internal/chaos/chaosreport $(CHAOSLOG) && exit $$status
 
 # make fuzz: every fuzz target for FUZZTIME each, one after the other (go test takes one -fuzz
 # target per package and run); scripts/fuzz says why a bare deadline error is not a failure.
