@@ -135,9 +135,8 @@ type workerReport struct {
 	Ticks map[string][]int64 `json:"ticks,omitempty"`
 }
 
-func (r workerReport) stale() int         { return r.Events[string(gendurable.EventOutcomeStale)] }
-func (r workerReport) steps() int         { return r.Events[string(gendurable.EventStepFinished)] }
-func (r workerReport) heartbeatLost() int { return r.Events[string(gendurable.EventHeartbeatLost)] }
+func (r workerReport) stale() int { return r.Events[string(gendurable.EventOutcomeStale)] }
+func (r workerReport) steps() int { return r.Events[string(gendurable.EventStepFinished)] }
 
 // firstTickAfter returns, for each loop, how long after t its first tick came (absent: none).
 func (r workerReport) firstTickAfter(t time.Time) map[string]time.Duration {
