@@ -1,5 +1,9 @@
 package chaos
 
+// Crash recovery across worker processes (docs/reliability.md, "Other process and fault tests"):
+// a worker SIGKILLed while it holds claims, a restart under the same name, two processes sharing
+// concurrency keys and gates.
+
 import (
 	"context"
 	"fmt"
@@ -51,14 +55,18 @@ func TestKilledWorkerIsRecoveredByAnother(t *testing.T) {
 	const n = 40
 	insertLinear(t, e, n)
 	// The victim takes long steps and holds claims when it dies.
-	victim := startWorker(t, e.crashCfg("victim", leaseMS(1500), func(c *workerCfg) { c.StepMS, c.ReaperMS = 60000, 0 }))
+	victim := startWorker(t, e.crashCfg("victim", leaseMS(1500), func(c *workerCfg) {
+		c.StepMS, c.ReaperMS = 60000, 0
+	}))
 	eventually(t, 20*time.Second, "victim runs eight steps", func() bool {
 		return e.count(t, `SELECT count(*) FROM {schema}.t_effects WHERE pid = $1`, victim.pid()) == 8
 	})
 	victim.kill()
 	killedAt := time.Now()
 
-	rescuer := startWorker(t, e.crashCfg("rescuer", leaseMS(1500), func(c *workerCfg) { c.StepMS = 1 }))
+	rescuer := startWorker(t, e.crashCfg("rescuer", leaseMS(1500), func(c *workerCfg) {
+		c.StepMS = 1
+	}))
 	eventually(t, 60*time.Second, "all done", func() bool {
 		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'done'`) == n
 	})
@@ -145,12 +153,16 @@ func TestKilledChildIsRecoveredAndTheParentStillJoins(t *testing.T) {
 		in, _ := p.Get(ctx, r.ID)
 		return in.Status == gendurable.StatusJoining
 	})
-	victim := startWorker(t, e.crashCfg("victim", leaseMS(1500), func(c *workerCfg) { c.StepMS, c.ReaperMS = 60000, 0 }))
+	victim := startWorker(t, e.crashCfg("victim", leaseMS(1500), func(c *workerCfg) {
+		c.StepMS, c.ReaperMS = 60000, 0
+	}))
 	eventually(t, 20*time.Second, "the victim runs children", func() bool {
 		return e.count(t, `SELECT count(*) FROM {schema}.t_effects WHERE pid = $1`, victim.pid()) == 8
 	})
 	victim.kill()
-	rescuer := startWorker(t, e.crashCfg("rescuer", leaseMS(1500), func(c *workerCfg) { c.StepMS, c.ReaperMS = 1, 0 }))
+	rescuer := startWorker(t, e.crashCfg("rescuer", leaseMS(1500), func(c *workerCfg) {
+		c.StepMS, c.ReaperMS = 1, 0
+	}))
 	eventually(t, 60*time.Second, "the parent done", func() bool {
 		in, _ := p.Get(ctx, r.ID)
 		return in.Status == gendurable.StatusDone
@@ -226,13 +238,17 @@ func TestKilledWorkerGivesBackItsGateSlots(t *testing.T) {
 	const n = 12
 	insertLinearKeyed(t, e, n, func(i int) string { return "gate:one" })
 	gates := map[string][2]int{"gate": {4, 2}}
-	victim := startWorker(t, e.crashCfg("victim", leaseMS(1500), func(c *workerCfg) { c.StepMS, c.ReaperMS, c.Gates = 60000, 0, gates }))
+	victim := startWorker(t, e.crashCfg("victim", leaseMS(1500), func(c *workerCfg) {
+		c.StepMS, c.ReaperMS, c.Gates = 60000, 0, gates
+	}))
 	eventually(t, 20*time.Second, "the victim holds the gate's 4 slots", func() bool {
 		return e.count(t, `SELECT count(*) FROM {schema}.t_effects WHERE pid = $1`, victim.pid()) == 4
 	})
 	require.Equal(t, 4, e.count(t, `SELECT sum(held) FROM {schema}.gates WHERE key = 'gate:one'`))
 	victim.kill()
-	rescuer := startWorker(t, e.crashCfg("rescuer", leaseMS(1500), func(c *workerCfg) { c.StepMS, c.Gates = 1, gates }))
+	rescuer := startWorker(t, e.crashCfg("rescuer", leaseMS(1500), func(c *workerCfg) {
+		c.StepMS, c.Gates = 1, gates
+	}))
 	eventually(t, 60*time.Second, "all done", func() bool {
 		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'done'`) == n
 	})
@@ -254,14 +270,18 @@ func TestKilledWorkerGivesBackItsLeasedGateSlots(t *testing.T) {
 	insertLinearKeyed(t, e, n, func(i int) string { return "gate:one" })
 	// A gate far from its limit: a runner of 8 leases 8 slots after a full batch of its key.
 	gates := map[string][2]int{"gate": {1000, 1}}
-	victim := startWorker(t, e.crashCfg("victim", leaseMS(1500), func(c *workerCfg) { c.StepMS, c.ReaperMS, c.Gates = 60000, 0, gates }))
+	victim := startWorker(t, e.crashCfg("victim", leaseMS(1500), func(c *workerCfg) {
+		c.StepMS, c.ReaperMS, c.Gates = 60000, 0, gates
+	}))
 	eventually(t, 20*time.Second, "the victim runs 8 steps and holds a lease of 8 more slots", func() bool {
 		return e.count(t, `SELECT count(*) FROM {schema}.t_effects WHERE pid = $1`, victim.pid()) == 8 &&
 			e.count(t, `SELECT coalesce(sum(slots), 0) FROM {schema}.gate_leases WHERE owner LIKE 'victim%'`) == 8
 	})
 	require.Equal(t, 16, e.count(t, `SELECT sum(held) FROM {schema}.gates WHERE key = 'gate:one'`))
 	victim.kill()
-	rescuer := startWorker(t, e.crashCfg("rescuer", leaseMS(1500), func(c *workerCfg) { c.StepMS, c.GCMS, c.Gates = 1, 50, gates }))
+	rescuer := startWorker(t, e.crashCfg("rescuer", leaseMS(1500), func(c *workerCfg) {
+		c.StepMS, c.GCMS, c.Gates = 1, 50, gates
+	}))
 	eventually(t, 60*time.Second, "all done", func() bool {
 		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'done'`) == n
 	})

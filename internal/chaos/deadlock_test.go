@@ -88,7 +88,8 @@ func TestDeadlockHunt(t *testing.T) {
 	gates := map[string][2]int{"g": {3, 2}}
 	ins := e.client(t, &gendurable.Config{Name: "ins", Machines: machines})
 	cfg := func(i int) workerCfg {
-		return workerCfg{Machines: machinesRaces, Conns: 5, FxConns: 3, URL: dsn, Schema: e.schema, Name: fmt.Sprint("w", i), Queues: []string{"t6"}, Conc: 8, PollMS: 20,
+		return workerCfg{Machines: machinesRaces, Conns: 5, FxConns: 3, URL: dsn, Schema: e.schema,
+			Name: fmt.Sprint("w", i), Queues: []string{"t6"}, Conc: 8, PollMS: 20,
 			LeaseMS: 1000, ReaperMS: 100, GCMS: 100, RetentionMS: 1000, Rates: rates, Gates: gates,
 			StepMinMS: 0, StepMaxMS: 5, Seed: seed + uint64(i)}
 	}

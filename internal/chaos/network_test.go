@@ -144,7 +144,9 @@ func TestPartitionedWorkerIsFencedOut(t *testing.T) {
 		c.ReaperMS, c.StepMS, c.Conc, c.Seed, c.Quiet = int(reaper.Milliseconds()), 10, 8, seed, true
 	}
 	a := startWorker(t, chaosCfg(via, cluster.URL, db.schema, "A", set, func(c *workerCfg) { c.App = "gd-t9b-a" }))
-	b := startWorker(t, chaosCfg(cluster.URL, cluster.URL, db.schema, "B", set, func(c *workerCfg) { c.App, c.Conc = "gd-t9b-b", 16 }))
+	b := startWorker(t, chaosCfg(cluster.URL, cluster.URL, db.schema, "B", set, func(c *workerCfg) {
+		c.App, c.Conc = "gd-t9b-b", 16
+	}))
 	db.waitProgress(t, n, 0.5, 2*time.Minute)
 
 	var dbT0 time.Time
