@@ -10,14 +10,15 @@ CONTRIB  := $(patsubst %/go.mod,%,$(wildcard contrib/*/go.mod)) e2e
 TESTFLAGS ?=
 # make test runs the tests in two steps. First the latency-bound tests, alone (one package at a
 # time, nothing else on the cores): they measure milliseconds or seconds (the await bridge's p95,
-# poke and poll-floor latencies, a partitioned worker's takeover, the bad-input canary). Then three
-# jobs at once: the packages' tests one package at a time (each test in a schema of its own), then
-# the deterministic race tests (-tags chaos) and the contrib modules; internal/chaos's fault tests
-# at their CI size; and its tests that run a Postgres cluster of their own (the soaks, session
-# kills, connection resets). LATENCY and CLUSTER are go test -run regexps over the root package's
-# and internal/chaos's tests; every other run skips them.
-LATENCY := ^(TestAwait.*|TestPoke.*|TestLostPokesCostAtMostAPoll|TestSignalPokesTheParkedInstancesNode|TestFanOutRoundTripWithoutPolling|TestBadInput|TestPostgresRestartMidRun|TestSmokeSuite.*|TestPartitionedWorkerIsFencedOut)$$
-CLUSTER := ^(TestBloatSoak|TestLongSnapshotDuringSoak|TestSessionKills|TestConnectionResetsLoseCommitAcks)$$
+# poke and poll-floor latencies, a partitioned worker's takeover, the bad-input canary), or need
+# the machine's full throughput for their fault to land (connection resets during commits). Then
+# three jobs at once: the packages' tests one package at a time (each test in a schema of its
+# own); internal/chaos's fault tests at their CI size; and its tests that run a Postgres cluster
+# of their own (the soaks, session kills), then the deterministic race tests (-tags chaos) and the
+# contrib modules. LATENCY and CLUSTER are go test -run regexps over the root package's and
+# internal/chaos's tests; every other run skips them.
+LATENCY := ^(TestAwait.*|TestPoke.*|TestLostPokesCostAtMostAPoll|TestSignalPokesTheParkedInstancesNode|TestFanOutRoundTripWithoutPolling|TestBadInput|TestPostgresRestartMidRun|TestSmokeSuite.*|TestPartitionedWorkerIsFencedOut|TestConnectionResetsLoseCommitAcks)$$
+CLUSTER := ^(TestBloatSoak|TestLongSnapshotDuringSoak|TestSessionKills)$$
 # make chaos: RUN picks the tests (a go test -run regexp; default all), CHAOSFLAGS how they run
 # (default one package and one test at a time, so that no fault test's figures are another's
 # load), CHAOSLOG where the verbose output goes. See docs/reliability.md.
@@ -43,15 +44,15 @@ test: ## vet, lint and every test (contrib modules included) against a real Post
 test/latency: ## the latency-bound tests, alone
 	$(GO) test -p 1 -count=1 -timeout 5m -run '$(LATENCY)' $(TESTFLAGS) . ./internal/chaos/
 
-test/packages: ## every package's tests but internal/chaos's, then test/tagged and test/contrib
+test/packages: ## every package's tests but internal/chaos's, one package at a time
 	$(GO) test -p 1 -count=1 -timeout 10m -skip '$(LATENCY)' $(TESTFLAGS) $$($(GO) list ./... | grep -v '/internal/chaos$$')
-	@$(MAKE) --no-print-directory test/tagged test/contrib
 
 test/faults: ## internal/chaos's fault tests at their CI size, but the latency-bound and own-cluster ones
 	$(GO) test -count=1 -timeout 10m -skip '$(LATENCY)|$(CLUSTER)' $(TESTFLAGS) ./internal/chaos/
 
-test/cluster: ## the fault tests that run a Postgres cluster of their own (soaks, session kills, resets)
+test/cluster: ## the fault tests that run a Postgres cluster of their own (soaks, session kills), then test/tagged and test/contrib
 	$(GO) test -count=1 -timeout 10m -run '$(CLUSTER)' $(TESTFLAGS) ./internal/chaos/
+	@$(MAKE) --no-print-directory test/tagged test/contrib
 
 test/tagged: ## the deterministic race tests, which drive the engine's fault points (-tags chaos)
 	$(GO) test -count=1 -tags chaos -run '^TestChaos' -timeout 10m $(TESTFLAGS) ./internal/fault/ ./internal/chaos/
