@@ -8,6 +8,17 @@ LINT     := $(GO) tool -modfile=$(ROOT)/tools/go.mod golangci-lint
 CONTRIB  := $(patsubst %/go.mod,%,$(wildcard contrib/*/go.mod)) e2e
 # The tests' Postgres: DATABASE_URL, else 127.0.0.1:5432, else a throwaway cluster (see README).
 TESTFLAGS ?=
+# make test runs the tests in two steps. First the latency-bound tests, alone (one package at a
+# time, nothing else on the cores): they measure milliseconds or seconds (the await bridge's p95,
+# poke and poll-floor latencies, a partitioned worker's takeover, the bad-input canary), or need
+# the machine's full throughput for their fault to land (connection resets during commits). Then
+# three jobs at once: the packages' tests one package at a time (each test in a schema of its
+# own); internal/chaos's fault tests at their CI size; and its tests that run a Postgres cluster
+# of their own (the soaks, session kills), then the deterministic race tests (-tags chaos) and the
+# contrib modules. LATENCY and CLUSTER are go test -run regexps over the root package's and
+# internal/chaos's tests; every other run skips them.
+LATENCY := ^(TestAwait.*|TestPoke.*|TestLostPokesCostAtMostAPoll|TestSignalPokesTheParkedInstancesNode|TestFanOutRoundTripWithoutPolling|TestBadInput|TestPostgresRestartMidRun|TestSmokeSuite.*|TestPartitionedWorkerIsFencedOut|TestConnectionResetsLoseCommitAcks)$$
+CLUSTER := ^(TestBloatSoak|TestLongSnapshotDuringSoak|TestSessionKills)$$
 # make chaos: RUN picks the tests (a go test -run regexp; default all), CHAOSFLAGS how they run
 # (default one package and one test at a time, so that no fault test's figures are another's
 # load), CHAOSLOG where the verbose output goes. See docs/reliability.md.
@@ -15,7 +26,7 @@ RUN        ?= .
 CHAOSFLAGS ?= -p 1 -parallel 1 -timeout 90m
 CHAOSLOG   ?= chaos.log
 
-.PHONY: help demo test test/race lint bench chaos fuzz tidy
+.PHONY: help demo test test/latency test/packages test/faults test/cluster test/tagged test/contrib test/race lint bench chaos fuzz tidy
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -23,16 +34,30 @@ help: ## list the targets
 demo: ## run the demo: an order-processing workflow over a few thousand instances
 	$(GO) run ./cmd/gendurable demo
 
-test: ## vet and run every test (contrib modules included) against a real Postgres
+test: ## vet, lint and every test (contrib modules included) against a real Postgres
 	$(GO) vet ./...
 	$(GO) vet -tags chaos ./...
-	# One package at a time (-p 1): the root package's latency-bound fault tests (T16's same-node
-	# p95 under 10 ms) must not share the two cores with another package's tests.
-	$(GO) test -p 1 -count=1 -timeout 15m $(TESTFLAGS) $$($(GO) list ./... | grep -v /internal/races)
-	# The race tests load the machine on purpose: they run on their own, after the latency-bound
-	# tests, and then the deterministic ones that drive the fault points (-tags chaos).
-	$(GO) test -count=1 -timeout 10m $(TESTFLAGS) ./internal/races
-	$(GO) test -count=1 -tags chaos -run '^TestChaos' -timeout 10m $(TESTFLAGS) ./internal/fault/ ./internal/races/
+	@$(MAKE) --no-print-directory lint
+	@$(MAKE) --no-print-directory test/latency
+	@$(MAKE) --no-print-directory -j3 --output-sync=target test/packages test/faults test/cluster
+
+test/latency: ## the latency-bound tests, alone
+	$(GO) test -p 1 -count=1 -timeout 5m -run '$(LATENCY)' $(TESTFLAGS) . ./internal/chaos/
+
+test/packages: ## every package's tests but internal/chaos's, one package at a time
+	$(GO) test -p 1 -count=1 -timeout 10m -skip '$(LATENCY)' $(TESTFLAGS) $$($(GO) list ./... | grep -v '/internal/chaos$$')
+
+test/faults: ## internal/chaos's fault tests at their CI size, but the latency-bound and own-cluster ones
+	$(GO) test -count=1 -timeout 10m -skip '$(LATENCY)|$(CLUSTER)' $(TESTFLAGS) ./internal/chaos/
+
+test/cluster: ## the fault tests that run a Postgres cluster of their own (soaks, session kills), then test/tagged and test/contrib
+	$(GO) test -count=1 -timeout 10m -run '$(CLUSTER)' $(TESTFLAGS) ./internal/chaos/
+	@$(MAKE) --no-print-directory test/tagged test/contrib
+
+test/tagged: ## the deterministic race tests, which drive the engine's fault points (-tags chaos)
+	$(GO) test -count=1 -tags chaos -run '^TestChaos' -timeout 10m $(TESTFLAGS) ./internal/fault/ ./internal/chaos/
+
+test/contrib: ## vet and test the contrib modules and e2e
 	@set -e; for dir in $(CONTRIB); do \
 		echo "cd $$dir && $(GO) vet ./... && $(GO) test -count=1 ./..."; \
 		(cd $$dir && $(GO) vet ./... && $(GO) test -count=1 -timeout 10m $(TESTFLAGS) ./...); \
@@ -59,7 +84,7 @@ chaos: ## the reliability suite at full size (GD_CHAOS=full), then its summary t
 	   echo $$? > $(CHAOSLOG).status; } 2>&1 | tee $(CHAOSLOG)
 	@echo; echo "== chaos summary ($(CHAOSLOG))"
 	@status=$$(cat $(CHAOSLOG).status); rm -f $(CHAOSLOG).status; \
-	$(GO) run ./internal/chaosreport $(CHAOSLOG) && exit $$status
+	$(GO) run ./internal/chaos/chaosreport $(CHAOSLOG) && exit $$status
 
 # make fuzz: every fuzz target for FUZZTIME each, one after the other (go test takes one -fuzz
 # target per package and run); scripts/fuzz says why a bare deadline error is not a failure.

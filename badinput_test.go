@@ -13,7 +13,7 @@ import (
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/durabletest"
-	"github.com/gendurable/gendurable/internal/oracle"
+	"github.com/gendurable/gendurable/internal/chaos/oracle"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 )
@@ -73,7 +73,7 @@ func engineTableCounts(t *testing.T, e *env) map[string]int {
 	return out
 }
 
-// TestBadInput is RELIABILITY.md T14: every bad input of the plan's table and of the issues, each
+// TestBadInput is docs/reliability.md T14: every bad input of the plan's table and of the issues, each
 // answered with its exact error (errors.Is), no row of any engine table added or removed, and a
 // canary instance done within 2 s after it, so the engine keeps serving. The cases the engine
 // accepts by design (an unknown machine, an unknown rate limit, an outcome that cannot be

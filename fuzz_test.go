@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// The fuzz targets of RELIABILITY.md T13 that need the database. `go test` runs their seed
+// The fuzz targets of docs/reliability.md T13 that need the database. `go test` runs their seed
 // corpora (testdata/fuzz/<Target>); the full size runs each for five minutes:
 //
 //	go test -run '^$' -fuzz '^FuzzInsertValidate$' -fuzztime 5m -parallel 1 .

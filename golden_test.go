@@ -24,7 +24,7 @@ type goldenState struct {
 	Sub  json.RawMessage `json:"sub,omitempty"`
 }
 
-// TestGoldenRows is RELIABILITY.md T19: rows of every outcome kind and state shape, as this
+// TestGoldenRows is docs/reliability.md T19: rows of every outcome kind and state shape, as this
 // version stores them (testdata/golden/*.sql), load, decode, and advance one step to the
 // expected state. A format change that old rows would not survive fails here.
 func TestGoldenRows(t *testing.T) {

@@ -15,8 +15,8 @@ import (
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/durabletest"
 	"github.com/gendurable/gendurable/internal/bridge"
+	"github.com/gendurable/gendurable/internal/chaos/oracle"
 	"github.com/gendurable/gendurable/internal/maintenance"
-	"github.com/gendurable/gendurable/internal/oracle"
 	"github.com/gendurable/gendurable/internal/store"
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
@@ -178,7 +178,7 @@ type modelEnv struct {
 	key    string
 }
 
-// TestModelOneInstance is RELIABILITY.md T18: random action sequences on the instances of one
+// TestModelOneInstance is docs/reliability.md T18: random action sequences on the instances of one
 // machine and one correlation key (Insert, Signal, DrainOne, FireTimeouts, CrashReclaim,
 // StaleCommit, GC, and the operator's Cancel and Retry), run on the real engine in inline Drain
 // mode against Postgres, compared with the pure model after every action. 200 checks by default;

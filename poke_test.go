@@ -59,6 +59,22 @@ func startLatency(t *testing.T, e *env, id int64) time.Duration {
 	return time.Duration(ms * float64(time.Millisecond))
 }
 
+func createEffects(t *testing.T, e *env) {
+	e.exec(t, `CREATE TABLE {schema}.t_effects (id bigint, step text, attempt int, pid int, at timestamptz DEFAULT clock_timestamp())`)
+}
+
+// effectMachine is linear5 whose every step first records an external effect in t_effects
+// (autocommit, on the pool, outside the outcome's transaction) and then sleeps.
+func effectMachine(pool *pgxpool.Pool, schema string, pid int, delay time.Duration) gendurable.FSM[path] {
+	return linear("linear5", delay, func(ctx *gendurable.Ctx) {
+		_, err := pool.Exec(ctx, expand(`INSERT INTO {schema}.t_effects (id, step, attempt, pid) VALUES ($1, $2, $3, $4)`, schema),
+			ctx.ID, ctx.Step, ctx.Attempt, pid)
+		if err != nil && ctx.Err() == nil {
+			panic(err)
+		}
+	})
+}
+
 func insertEffect(t *testing.T, cl *gendurable.Client) int64 {
 	t.Helper()
 	res, err := cl.Insert(context.Background(), linear("linear5", 0, nil).With(path{}), &gendurable.InsertOpts{Queue: "crash"})
@@ -75,44 +91,6 @@ func TestPokeLocalStartsAnInsertAtOnce(t *testing.T) {
 		Queues: map[string]gendurable.QueueConfig{"crash": {Concurrency: 4}}, PollInterval: 10 * time.Second})
 	start(t, cl)
 	poked(t, "Insert", pokeBound, func() time.Duration { return startLatency(t, e, insertEffect(t, cl)) })
-}
-
-// With PokePostgres, an insert on one process (a web node that runs no queue) is started by a
-// worker process at once, though the worker polls only every 10 s; an InsertTx's poke leaves with
-// its commit.
-func TestPokePostgresReachesAnotherProcess(t *testing.T) {
-	e := newEnv(t)
-	createEffects(t, e)
-	startWorker(t, e, "pokeworker", "GD_POKE=postgres", "GD_POLL_MS=10000", "GD_STEP_MS=0")
-	web := e.client(t, &gendurable.Config{Name: "web", Poke: gendurable.PokePostgres(),
-		Machines: []gendurable.Machine{linear("linear5", 0, nil)}})
-	start(t, web)
-
-	poked(t, "Insert", pokeBound, func() time.Duration { return startLatency(t, e, insertEffect(t, web)) })
-	poked(t, "InsertTx", pokeBound, func() time.Duration { return insertTxLatency(t, e, web) })
-}
-
-// insertTxLatency inserts in a transaction, checks that nothing starts before its commit, and
-// returns how long after the commit the instance's first step started.
-func insertTxLatency(t *testing.T, e *env, web *gendurable.Client) time.Duration {
-	t.Helper()
-	ctx := context.Background()
-	tx, err := e.pool.Begin(ctx)
-	require.NoError(t, err)
-	res, err := web.InsertTx(ctx, tx, linear("linear5", 0, nil).With(path{}), &gendurable.InsertOpts{Queue: "crash"})
-	require.NoError(t, err)
-	time.Sleep(200 * time.Millisecond) // nothing may start before the commit
-	require.Zero(t, e.count(t, `SELECT count(*) FROM {schema}.t_effects WHERE id = $1`, res.ID))
-	require.NoError(t, tx.Commit(ctx))
-	var committed time.Time
-	require.NoError(t, e.pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&committed))
-	eventually(t, 5*time.Second, "the first step", func() bool {
-		return e.count(t, `SELECT count(*) FROM {schema}.t_effects WHERE id = $1`, res.ID) > 0
-	})
-	var first time.Time
-	require.NoError(t, e.pool.QueryRow(ctx, expand(`SELECT min(at) FROM {schema}.t_effects WHERE id = $1`, e.schema),
-		res.ID).Scan(&first))
-	return first.Sub(committed)
 }
 
 // hop is a moment of a fan-out round trip, recorded by the steps in t_hops.

@@ -25,7 +25,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// The security suite of RELIABILITY.md T15 (S2, S3, S6, S7).
+// The security suite, T15 of docs/reliability.md: least privilege, the search_path hijack,
+// secrets, tenant scoping.
 
 func randHex(n int) string {
 	b := make([]byte, n)

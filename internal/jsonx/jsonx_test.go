@@ -155,7 +155,7 @@ func nest(n int) any {
 	return v
 }
 
-// The JSON edges of RELIABILITY.md T13, each with its documented result, as Go values and as raw
+// The JSON edges of docs/reliability.md T13, each with its documented result, as Go values and as raw
 // documents (json.RawMessage, json.Number: what reaches Postgres unchanged). "" is accepted;
 // otherwise the sentinel the error matches. stored is what an accepted value is stored as, when
 // that differs from what went in.

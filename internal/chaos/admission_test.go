@@ -1,0 +1,268 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/durabledbtest"
+	"github.com/gendurable/gendurable/internal/chaos/oracle"
+	"github.com/stretchr/testify/require"
+)
+
+// stubMachines are the worker machines, for inserting and for in-process pickers.
+func stubMachines(e *env, queue string, stepMin, stepMax int, seed uint64) []gendurable.Machine {
+	w := &racesWorker{cfg: workerCfg{Schema: e.schema, StepMinMS: stepMin, StepMaxMS: stepMax}, queue: queue,
+		side: e.side, schema: e.q("{schema}"), rng: rand.New(rand.NewPCG(seed, 99))}
+	return w.machines()
+}
+
+// T3: concurrency gates across four worker processes never over-admit, measured two ways: a
+// sampler reads the executing rows per key every 5 ms, and every step records itself in
+// t_inflight for its whole run (the effect level). Keys: eight of gate "stripe" (limit 5, 2
+// shards) and four ungated ones (K = 1); 10 % of transitions switch key, 5 % release it. One
+// worker is SIGKILLed mid-run (its claims leak until the reaper credits them back) and
+// restarted. Pass: at most 5 per gated key and 1 per ungated key in every sample, at both
+// levels; every gated key reaches 5 (the gate is live); counters back to 0; the oracle's
+// invariants.
+func TestGateNeverOverAdmitsAcrossProcesses(t *testing.T) {
+	t.Parallel()
+	heavy.Lock()
+	defer heavy.Unlock()
+	seed, _ := oracle.Seed(t)
+	rng := rand.New(rand.NewPCG(seed, 3))
+	e := newEnv(t, 8)
+	ctx := context.Background()
+	e.exec(t, `CREATE TABLE {schema}.t_inflight (key text, id bigint, pid int)`)
+	var gated, ungated []string
+	for i := range 8 {
+		gated = append(gated, fmt.Sprint("stripe:t", i))
+	}
+	for i := range 4 {
+		ungated = append(ungated, fmt.Sprint("solo", i))
+	}
+	keys := append(slices.Clone(gated), ungated...)
+	n := oracle.Size(800, 4000)
+	ins := e.client(t, &gendurable.Config{Name: "ins", Machines: stubMachines(e, "t3", 0, 0, seed)})
+	walk := stubMachines(e, "t3", 0, 0, seed)[0].(gendurable.FSM[walkState])
+	params := make([]gendurable.InsertManyParams, n)
+	for i := range params {
+		k := keys[rng.IntN(len(keys))]
+		params[i] = gendurable.InsertManyParams{Input: walk.With(walkState{Key: k, Keys: keys}),
+			Opts: &gendurable.InsertOpts{ConcurrencyKey: k}}
+	}
+	_, err := ins.InsertMany(ctx, params)
+	require.NoError(t, err)
+
+	cfg := func(i int) workerCfg {
+		return workerCfg{Machines: machinesRaces, Conns: 5, FxConns: 3, URL: durabledbtest.URL(t), Schema: e.schema,
+			Name: fmt.Sprint("w", i), Queues: []string{"t3"}, Conc: 16,
+			PollMS: 50, LeaseMS: 5000, ReaperMS: 200, GCMS: 200, RetentionMS: 3_600_000,
+			Gates: map[string][2]int{"stripe": {5, 2}}, StepMinMS: 5, StepMaxMS: 30, Seed: seed + uint64(i)}
+	}
+	workers := make([]*worker, 4)
+	for i := range workers {
+		workers[i] = startWorker(t, cfg(i))
+	}
+
+	// The sampler, on a connection of its own.
+	var mu sync.Mutex
+	killed := map[int]bool{}
+	maxExec, maxInflight := map[string]int{}, map[string]int{}
+	samples := 0
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		conn, err := e.side.Acquire(ctx)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer conn.Release()
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			mu.Lock()
+			var dead []int32
+			for p := range killed {
+				dead = append(dead, int32(p))
+			}
+			mu.Unlock()
+			rows, err := conn.Query(ctx, e.q(`SELECT 'x' || concurrency_key, count(*) FROM {schema}.instances
+				WHERE status = 'executing' AND concurrency_key IS NOT NULL GROUP BY 1
+				UNION ALL SELECT 'f' || key, count(*) FROM {schema}.t_inflight WHERE pid <> ALL($1) GROUP BY 1`), dead)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			for rows.Next() {
+				var k string
+				var c int
+				if err := rows.Scan(&k, &c); err != nil {
+					t.Error(err)
+					break
+				}
+				if k[0] == 'x' {
+					maxExec[k[1:]] = max(maxExec[k[1:]], c)
+				} else {
+					maxInflight[k[1:]] = max(maxInflight[k[1:]], c)
+				}
+			}
+			samples++
+			mu.Unlock()
+			rows.Close()
+		}
+	}()
+
+	done := func() int { return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'done'`) }
+	eventually(t, 3*time.Minute, "30 % done", func() bool { return done() >= n*3/10 })
+	victim := rng.IntN(len(workers))
+	workers[victim].kill()
+	mu.Lock()
+	killed[workers[victim].pid()] = true
+	mu.Unlock()
+	workers[victim] = startWorker(t, cfg(victim)) // its startup reclaim takes the stale claims
+	eventually(t, 3*time.Minute, "all done", func() bool { return done() == n })
+	eventually(t, 30*time.Second, "gate counters back to 0", func() bool {
+		return e.count(t, `SELECT coalesce(sum(held), 0) FROM {schema}.gates`) == 0
+	})
+	close(stop)
+	wg.Wait()
+	for _, w := range workers {
+		w.stop(t)
+	}
+
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("%d samples; most executing per key %v; most in flight per key %v", samples, maxExec, maxInflight)
+	for k, m := range maxExec {
+		limit := 1
+		if strings.HasPrefix(k, "stripe:") {
+			limit = 5
+		}
+		require.LessOrEqual(t, m, limit, "key %s: %d executing at once", k, m)
+		require.LessOrEqual(t, maxInflight[k], limit, "key %s: %d steps in flight at once", k, maxInflight[k])
+	}
+	for _, k := range gated {
+		require.Equal(t, 5, maxExec[k], "the gate is live: key %s reached its limit", k)
+	}
+	require.Greater(t, samples, oracle.Size(1000, 10_000)/2)
+	e.check(t, oracle.Opts{N: n, Effects: true, Counter: true, Path: linearPath},
+		oracle.Summary{Seed: seed, Instances: n, Kills: 1})
+}
+
+// T3, rate limits: eight pickers (four worker processes and four clients here) race over one
+// token bucket. From a log of the claims stamped with their pick's transaction time (the clock
+// the bucket counts in; the oracle's log stamps the moment of the row's update, up to a
+// statement's run later): every window W holds at most burst + rate × |W| grants, exactly, and
+// the limit is used (the grants reach 90 % of what it allows). Then a cold key (no bucket) admits
+// at its first pick.
+func TestRateLimitConservationAcrossProcesses(t *testing.T) {
+	t.Parallel()
+	heavy.Lock()
+	defer heavy.Unlock()
+	seed, _ := oracle.Seed(t)
+	e := newEnv(t, 16)
+	ctx := context.Background()
+	allowed, periodMS, burst := 50, 1000, 100 // CI: 50/s
+	run := 6 * time.Second
+	if oracle.Full() {
+		allowed, periodMS, burst, run = 100, 60_000, 100, 2*time.Minute
+	}
+	rate := float64(allowed) / (float64(periodMS) / 1000)
+	backlog := int(float64(burst)+rate*run.Seconds()) * 2
+	rates := map[string]gendurable.Rate{"api": {Allowed: allowed, Period: time.Duration(periodMS) * time.Millisecond, Burst: burst}}
+	machines := stubMachines(e, "rate", 1, 2, seed)
+	job := machines[1].(gendurable.Job[string])
+	ins := e.client(t, &gendurable.Config{Name: "ins", Machines: machines, RateLimits: rates})
+	// Every grant, with its pick's transaction time (now()), logged by a trigger of the test's.
+	e.exec(t, `CREATE TABLE {schema}.t_grants (id bigint, tx_at timestamptz NOT NULL DEFAULT now());
+		CREATE FUNCTION {schema}.t_log_grant() RETURNS trigger LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+		BEGIN INSERT INTO `+e.q("{schema}")+`.t_grants (id) VALUES (NEW.id); RETURN NULL; END $fn$;
+		CREATE TRIGGER t_log_grant AFTER UPDATE ON {schema}.instances FOR EACH ROW
+		WHEN (OLD.status = 'available' AND NEW.status = 'executing' AND NEW.rate_limit IS NOT NULL)
+		EXECUTE FUNCTION {schema}.t_log_grant()`)
+	params := make([]gendurable.InsertManyParams, backlog)
+	for i := range params {
+		params[i] = gendurable.InsertManyParams{Input: job.With("x"), Opts: &gendurable.InsertOpts{RateLimit: "api"}}
+	}
+	_, err := ins.InsertMany(ctx, params)
+	require.NoError(t, err)
+	began := time.Now()
+	var workers []*worker
+	for i := range 4 {
+		workers = append(workers, startWorker(t, workerCfg{Machines: machinesRaces, Conns: 5, FxConns: 3,
+			URL: durabledbtest.URL(t), Schema: e.schema, Name: fmt.Sprint("r", i),
+			Queues: []string{"rate"}, Conc: 8, PollMS: 20, LeaseMS: 10_000, ReaperMS: 500, StepMinMS: 1, StepMaxMS: 2,
+			Rates: map[string][3]int{"api": {allowed, periodMS, burst}}, Seed: seed + uint64(i)}))
+	}
+	var stops []func()
+	for i := range 4 {
+		cl := e.client(t, &gendurable.Config{Name: fmt.Sprint("local", i), Machines: machines, RateLimits: rates,
+			PollInterval: 20 * time.Millisecond, Queues: map[string]gendurable.QueueConfig{"rate": {Concurrency: 8}}})
+		stops = append(stops, start(t, cl))
+	}
+	time.Sleep(run - time.Since(began))
+	for _, w := range workers {
+		w.stop(t)
+	}
+	for _, stop := range stops {
+		stop()
+	}
+	// Grants: claims of rate-limited rows, at the time of their pick's transaction: the clock the
+	// bucket counts in (its refill is rate × (now() - updated_at)).
+	rows, err := e.side.Query(ctx, e.q(`SELECT extract(epoch FROM tx_at)::float8 FROM {schema}.t_grants ORDER BY tx_at`))
+	require.NoError(t, err)
+	var at []float64
+	for rows.Next() {
+		var x float64
+		require.NoError(t, rows.Scan(&x))
+		at = append(at, x)
+	}
+	require.NoError(t, rows.Err())
+	require.NotEmpty(t, at)
+	// For every window [at[i], at[j]]: j - i + 1 ≤ burst + rate × (at[j] - at[i]). The worst
+	// window ending at j starts where rate × at[i] - i is largest: a running maximum. (Grants
+	// of one pick share its time; the window over all of them is the one that counts.)
+	worst, best := -1e18, -1e18
+	for j := range at {
+		best = max(best, rate*at[j]-float64(j))
+		excess := float64(j+1) - rate*at[j] + best - float64(burst)
+		worst = max(worst, excess)
+		require.LessOrEqual(t, excess, 1e-6, "grants up to %d overdraw the bucket by %.4f tokens", j, excess)
+	}
+	span := at[len(at)-1] - at[0]
+	allowedGrants := float64(burst) + rate*span
+	t.Logf("%d grants in %.2fs (allowed %.0f); worst window excess %.2f tokens", len(at), span, allowedGrants, worst)
+	require.GreaterOrEqual(t, float64(len(at)), 0.9*allowedGrants-1, "the limit was not used")
+	require.Less(t, len(at), backlog, "the backlog outlasted the run")
+
+	// A cold key: no bucket exists, so it holds its full burst and admits at once, though the
+	// backlog's bucket is empty.
+	e.exec(t, `UPDATE {schema}.instances SET status = 'available', locked_by = NULL, locked_until = NULL WHERE status = 'executing'`)
+	e.exec(t, `DELETE FROM {schema}.instances WHERE status = 'available'`)
+	cold, err := ins.Insert(ctx, job.With("cold"), &gendurable.InsertOpts{RateLimit: "api:cold"})
+	require.NoError(t, err)
+	kit := e.client(t, &gendurable.Config{Name: "cold", Machines: machines, RateLimits: rates, PollInterval: time.Hour,
+		Queues: map[string]gendurable.QueueConfig{"rate": {Concurrency: 1}}})
+	stopKit := start(t, kit) // its first pick (at start) must take the row
+	eventually(t, 5*time.Second, "the cold key's row done", func() bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE id = $1 AND status = 'done'`, cold.ID) == 1
+	})
+	stopKit()
+	e.check(t, oracle.Opts{}, oracle.Summary{Seed: seed, Instances: len(at)})
+}

@@ -1,0 +1,147 @@
+package chaos
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/durabledbtest"
+	"github.com/gendurable/gendurable/internal/chaos/oracle"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+)
+
+// heavy serializes the tests that start a crowd of worker processes (the races' stress tests):
+// each holds a few dozen connections of the tests' Postgres (max_connections 100 by default).
+var heavy sync.Mutex
+
+// env is one test's database: a pool, a migrated schema of its own with the oracle installed,
+// and a second pool for effects and probes (a step's effect must not wait for an engine
+// connection).
+type env struct {
+	url    string // the database's URL, for worker processes
+	pool   *pgxpool.Pool
+	side   *pgxpool.Pool
+	schema string
+	// deadlocks is the database's deadlock count when the env was made (oracle I8).
+	deadlocks int64
+	started   time.Time
+}
+
+func newEnv(t *testing.T, conns int32) *env {
+	t.Helper()
+	pool := durabledbtest.Pool(t, conns)
+	e := &env{url: durabledbtest.URL(t), pool: pool, side: durabledbtest.Pool(t, 6), schema: durabledbtest.Schema(t, pool),
+		started: time.Now()}
+	ctx := context.Background()
+	require.NoError(t, oracle.Install(ctx, pool, e.schema))
+	var err error
+	e.deadlocks, err = oracle.Deadlocks(ctx, pool)
+	require.NoError(t, err)
+	return e
+}
+
+// q substitutes the quoted schema for {schema}.
+func (e *env) q(query string) string { return expand(query, e.schema) }
+
+// expand substitutes the quoted schema for {schema}.
+func expand(query, schema string) string {
+	return strings.ReplaceAll(query, "{schema}", pgx.Identifier{schema}.Sanitize())
+}
+
+func (e *env) count(t testing.TB, query string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, e.side.QueryRow(context.Background(), e.q(query), args...).Scan(&n))
+	return n
+}
+
+func (e *env) exec(t testing.TB, query string, args ...any) {
+	t.Helper()
+	_, err := e.side.Exec(context.Background(), e.q(query), args...)
+	require.NoError(t, err)
+}
+
+// client builds a client in the env's schema (cfg may be nil).
+func (e *env) client(t testing.TB, cfg *gendurable.Config) *gendurable.Client {
+	t.Helper()
+	c := gendurable.Config{}
+	if cfg != nil {
+		c = *cfg
+	}
+	c.Schema = e.schema
+	cl, err := gendurable.NewClient(e.pool, &c)
+	require.NoError(t, err)
+	return cl
+}
+
+// start starts cl and returns its stop; the test's cleanup stops it too (stopping twice is
+// harmless).
+func start(t testing.TB, cl *gendurable.Client) (stop func()) {
+	t.Helper()
+	require.NoError(t, cl.Start(context.Background()))
+	stop = func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		require.NoError(t, cl.Stop(ctx))
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// eventually polls cond every few milliseconds until it holds or timeout passes.
+func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// check runs the oracle's invariants and reports the test's summary line; any violation fails
+// the test.
+func (e *env) check(t *testing.T, o oracle.Opts, s oracle.Summary) {
+	t.Helper()
+	ctx := context.Background()
+	if o.DeadlocksBefore == 0 {
+		o.DeadlocksBefore = e.deadlocks
+	}
+	v, err := oracle.Check(ctx, e.pool, e.schema, o)
+	require.NoError(t, err)
+	s.Test = t.Name()
+	s.Violations = len(v)
+	s.Seconds = time.Since(e.started).Seconds()
+	for _, x := range v {
+		switch {
+		case strings.HasPrefix(x.Invariant, "I1"):
+			s.Lost++
+		case strings.HasPrefix(x.Invariant, "I2 one"):
+			s.DuplicateTerminal++
+		case strings.HasPrefix(x.Invariant, "I8"):
+			s.Deadlocks++
+		}
+	}
+	oracle.Report(t, s)
+	require.Empty(t, v, "oracle violations")
+}
+
+func (e *env) lockWaits(t testing.TB) int {
+	t.Helper()
+	var n int
+	require.NoError(t, e.side.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+		WHERE wait_event_type = 'Lock' AND position($1 in query) > 0`, e.schema).Scan(&n))
+	return n
+}
+
+// stranded counts parked instances that have an unconsumed signal they await: a lost wakeup.
+func (e *env) stranded(t testing.TB) int {
+	return e.count(t, `SELECT count(*) FROM {schema}.instances i WHERE status = 'awaiting'
+		AND EXISTS (SELECT 1 FROM {schema}.signals s WHERE s.instance_id = i.id AND s.name = ANY(i.await_names))`)
+}

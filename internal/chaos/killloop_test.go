@@ -1,0 +1,253 @@
+package chaos
+
+// The process-fault tests of the reliability suite (docs/reliability.md): T1 (kill -9 loop),
+// T1b (pause past the lease), T1c (SIGTERM drain) and T4 (worker-id collision). Each is seeded
+// (seed=N; replay with GD_SEED=N), ends with the oracle's invariants and reports a chaos-summary
+// line; GD_CHAOS=full runs the full size.
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable/internal/chaos/oracle"
+	"github.com/stretchr/testify/require"
+)
+
+// doneCount counts the instances done.
+func doneCount(t *testing.T, e *env) int {
+	t.Helper()
+	return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'done'`)
+}
+
+// T1: three workers, one SIGKILLed at random every U(200ms, 1s) and restarted at once under the
+// same name (so startup reclaim meets its predecessor's claims), until every instance is done.
+// Nothing is lost or finished twice, every repeated effect comes from a killed process, and the
+// last instance finishes within lease + 2 × reaper + 3s of the last kill. A fault-free run of the
+// same workers first gives the throughput baseline.
+func TestKillLoopLosesNothing(t *testing.T) {
+	t.Parallel()
+	e, ctx, deadlocksBefore := oracleEnv(t)
+	seed, rng := oracle.Seed(t)
+	n, baseN := oracle.Size(1000, 10000), oracle.Size(200, 1000)
+	began := time.Now()
+	c := newCrew(t, e, 3, nil, e.t1Cfg(""))
+
+	baseFrom := time.Now()
+	insertLinear(t, e, baseN)
+	eventually(t, 2*time.Minute, "the baseline done", func() bool { return doneCount(t, e) == baseN })
+	baseline := throughput(t, e, baseFrom, time.Now().Add(time.Second))
+
+	from := time.Now()
+	insertLinear(t, e, n)
+	c.killLoop(rng, oracle.Size(3*time.Minute, 15*time.Minute),
+		func() time.Duration { return time.Duration(200+rng.IntN(800)) * time.Millisecond },
+		func() bool { return doneCount(t, e) == n+baseN })
+	var lastDone time.Time
+	require.NoError(t, e.pool.QueryRow(ctx, expand(`SELECT max(at) FROM {schema}.t_outcome_log WHERE new_status = 'done'`, e.schema)).Scan(&lastDone))
+	tail := lastDone.Sub(c.lastKill)
+	faulted := throughput(t, e, from, lastDone.Add(time.Microsecond))
+	t.Logf("%d kills; %.0f steps/s under kills, %.0f fault-free; the last instance done %v after the last kill",
+		c.kills, faulted, baseline, tail.Round(time.Millisecond))
+
+	require.Zero(t, unexplainedDuplicates(t, e, c.faulted, nil), "unexplained duplicate effects")
+	verdict(t, e, oracle.Opts{N: n + baseN, Effects: true, Counter: true, Path: linearPath, DeadlocksBefore: deadlocksBefore},
+		oracle.Summary{Test: "T1 kill -9 loop", Seed: seed, Instances: n + baseN, Kills: c.kills,
+			Throughput: faulted, Baseline: baseline, Seconds: time.Since(began).Seconds()})
+	require.Positive(t, c.kills)
+	if oracle.Full() {
+		require.GreaterOrEqual(t, c.kills, 50, "the full size kills at least 50 times")
+	}
+	require.LessOrEqual(t, tail, t1Lease+2*t1Reaper+3*time.Second,
+		"the last instance finishes within lease + 2 × reaper + 3s of the last kill")
+}
+
+// executingBy counts the rows executing under claims of the worker named name.
+func executingBy(t *testing.T, e *env, name string) int {
+	t.Helper()
+	return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'executing' AND locked_by LIKE $1`, name+":%")
+}
+
+// T1b: a worker is SIGSTOPped while it holds claims, for at least 3 × lease and until the others
+// have taken every claim it held, then SIGCONTed. The steps it was running finish and their
+// outcomes reach the database late: every one is dropped (outcome.stale), so no instance is
+// rewound, finished twice or given a repeated path step (I2, I3, I5). Each worker's stale
+// outcomes are exactly the claims the database shows it lost, but for one case the committer
+// documents: an outcome statement in flight when the pause landed commits, the worker's wait for
+// it times out meanwhile, and the retry finds its rows gone (its own first try moved them on)
+// and reports them stale. Each such outcome must be one the database shows ended by the claim's
+// own outcome, and the worker must have seen its commit fail.
+func TestPausedWorkersLateCommitsAreDropped(t *testing.T) {
+	t.Parallel()
+	e, _, deadlocksBefore := oracleEnv(t)
+	seed, rng := oracle.Seed(t)
+	rounds, perRound := oracle.Size(1, 5), oracle.Size(300, 1000)
+	began := time.Now()
+	c := newCrew(t, e, 3, nil, e.t1Cfg(""))
+	for round := range rounds {
+		insertLinear(t, e, perRound)
+		i := rng.IntN(len(c.workers))
+		name := c.workers[i].name
+		// Pause it while it holds claims: SIGSTOP lands between steps as often as not, so
+		// look again once it is stopped, and let it run a little more if it held nothing.
+		for {
+			eventually(t, time.Minute, name+" holding claims", func() bool { return executingBy(t, e, name) > 0 })
+			c.pause(i)
+			if executingBy(t, e, name) > 0 {
+				break
+			}
+			c.resume(i)
+		}
+		pausedAt := time.Now()
+		eventually(t, time.Minute, "the others reclaiming "+name+"'s claims", func() bool {
+			return executingBy(t, e, name) == 0 && time.Since(pausedAt) >= 3*t1Lease
+		})
+		c.resume(i)
+		eventually(t, 2*time.Minute, "the round done", func() bool { return doneCount(t, e) == (round+1)*perRound })
+	}
+	// Every worker exits gracefully and reports its events; the database's account of lost
+	// claims must match each one's count of dropped outcomes.
+	stale, pausedStale := 0, 0
+	for _, w := range c.workers {
+		pid := w.pid()
+		rep := w.term(t)
+		ev, dropped := rep.Events, rep.StaleClaims
+		lost, ended := claimEnds(t, e, w.name+":%")
+		require.Len(t, dropped, ev["outcome.stale"], "%s: every outcome.stale listed", w.name)
+		isDropped := map[staleClaim]bool{}
+		unseen := 0 // stale only because the worker never saw its first try commit
+		for _, d := range dropped {
+			isDropped[d] = true
+			if !lost[d] {
+				require.True(t, ended[d], "%s: outcome of %v reported stale, but its claim was neither lost nor ended by it", w.name, d)
+				unseen++
+			}
+		}
+		for l := range lost {
+			require.True(t, isDropped[l], "%s: claim %v lost, its outcome not reported stale", w.name, l)
+		}
+		if unseen > 0 {
+			require.Positive(t, ev["commit.failed"], "%s: %d outcomes applied yet reported stale, with no failed commit", w.name, unseen)
+		}
+		t.Logf("%s (pid %d, paused %v): outcome.stale %d, claims lost %d, applied by a try whose commit went unseen %d",
+			w.name, pid, c.paused[pid], ev["outcome.stale"], len(lost), unseen)
+		stale += ev["outcome.stale"]
+		if c.paused[pid] {
+			pausedStale += ev["outcome.stale"]
+		}
+	}
+	require.Zero(t, unexplainedDuplicates(t, e, c.faulted, nil), "unexplained duplicate effects")
+	verdict(t, e, oracle.Opts{N: rounds * perRound, Effects: true, Counter: true, Path: linearPath, DeadlocksBefore: deadlocksBefore},
+		oracle.Summary{Test: "T1b pause past the lease", Seed: seed, Instances: rounds * perRound, Pauses: c.pauses,
+			Seconds: time.Since(began).Seconds()})
+	t.Logf("%d late outcomes dropped (outcome.stale), %d of them from paused workers", stale, pausedStale)
+	require.GreaterOrEqual(t, pausedStale, rounds, "every pause drops at least one late outcome")
+}
+
+// T1c: a worker is SIGTERMed while it runs steps, several times (restarted under a new name
+// each time). It drains: it leaves no claim behind (nothing executing under its name once it has
+// exited, and no claim of its released by the reaper later), and no step it ran is run again by
+// anyone (no repeated effect of its pid), since nothing else is faulted.
+func TestTerminatedWorkerDrainsCleanly(t *testing.T) {
+	t.Parallel()
+	e, _, deadlocksBefore := oracleEnv(t)
+	seed, rng := oracle.Seed(t)
+	rounds, perRound := oracle.Size(3, 20), oracle.Size(200, 500)
+	began := time.Now()
+	name := func(i, gen int) string { return fmt.Sprintf("w%d-%d", i, gen) }
+	c := newCrew(t, e, 3, name, e.t1Cfg(""))
+	type termed struct {
+		name string
+		pid  int
+	}
+	var terms []termed
+	for round := range rounds {
+		insertLinear(t, e, perRound)
+		i := rng.IntN(len(c.workers))
+		w := c.workers[i]
+		eventually(t, time.Minute, w.name+" holding claims", func() bool { return executingBy(t, e, w.name) > 0 })
+		ev := w.term(t).Events
+		require.Zero(t, executingBy(t, e, w.name), "%s left claims behind", w.name)
+		require.Zero(t, ev["outcome.stale"], "%s dropped outcomes while draining", w.name)
+		terms = append(terms, termed{w.name, w.pid()})
+		c.gens[i]++
+		c.workers[i] = c.spawn(i)
+		eventually(t, 2*time.Minute, "the round done", func() bool { return doneCount(t, e) == (round+1)*perRound })
+	}
+	for _, x := range terms {
+		lost, _ := claimEnds(t, e, x.name+":%")
+		require.Empty(t, lost,
+			"%s: claims whose outcome it did not commit (released by the reaper, or retried after a cancel)", x.name)
+		require.Zero(t, e.count(t, `SELECT count(*) FROM (SELECT id, step FROM {schema}.t_effects GROUP BY 1, 2
+			HAVING count(*) > 1 AND bool_or(pid = $1)) d`, x.pid), "%s: repeated effects", x.name)
+	}
+	require.Zero(t, e.count(t, `SELECT count(*) FROM (SELECT 1 FROM {schema}.t_effects GROUP BY id, step HAVING count(*) > 1) d`),
+		"no effect repeats: nothing was killed or paused")
+	verdict(t, e, oracle.Opts{N: rounds * perRound, Effects: true, Counter: true, Path: linearPath, DeadlocksBefore: deadlocksBefore},
+		oracle.Summary{Test: "T1c SIGTERM drain", Seed: seed, Instances: rounds * perRound, Faults: len(terms),
+			Seconds: time.Since(began).Seconds()})
+}
+
+// T4: P2 starts under the same name as a live P1 (identical host names) while P1 holds 16 claims
+// in long steps. P2's startup reclaim and reaper leave them alone for as long as P1's heartbeat
+// keeps them fresh (over a whole lease); once P1 is SIGKILLed, all 16 are released within
+// lease + reaper + 1s, P2 finishes them, and no step attempt ran in two live processes.
+func TestSameNameWorkerLeavesLiveClaimsAlone(t *testing.T) {
+	t.Parallel()
+	e, ctx, deadlocksBefore := oracleEnv(t)
+	seed, _ := oracle.Seed(t)
+	rounds := oracle.Size(1, 3)
+	const n = 16
+	began := time.Now()
+	kills := 0
+	var worst time.Duration
+	for round := range rounds {
+		p1 := startWorker(t, e.t1Cfg("same", func(c *workerCfg) { c.Conc, c.StepMS = 16, 5000 }))
+		insertLinear(t, e, n)
+		eventually(t, time.Minute, "P1 holding 16 claims", func() bool {
+			return e.count(t, `SELECT count(*) FROM {schema}.t_effects WHERE pid = $1`, p1.pid()) == n
+		})
+		var owners []string
+		var ids []int64
+		require.NoError(t, e.pool.QueryRow(ctx, expand(`SELECT array_agg(locked_by), array_agg(id) FROM {schema}.instances
+			WHERE status = 'executing'`, e.schema)).Scan(&owners, &ids))
+		require.Len(t, owners, n)
+		p2 := startWorker(t, e.t1Cfg("same", func(c *workerCfg) { c.Conc = 16 }))
+		// P2's startup reclaim has run (it is ready). Wait until every lease P1's claims had
+		// then would have run out, and P2's reaper has swept twice since: P1's heartbeat
+		// must have kept all 16 its own.
+		var leases time.Time
+		require.NoError(t, e.pool.QueryRow(ctx, expand(`SELECT max(locked_until) FROM {schema}.instances WHERE id = ANY($1)`,
+			e.schema), ids).Scan(&leases))
+		eventually(t, time.Minute, "P1's leases of P2's start past, and two reaper sweeps", func() bool {
+			return e.count(t, `SELECT count(*) FROM (SELECT) d WHERE now() > $1::timestamptz + $2::bigint * interval '1 millisecond'`,
+				leases, (2*t1Reaper).Milliseconds()) == 1
+		})
+		require.Equal(t, n, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'executing' AND locked_by = ANY($1)`, owners),
+			"P2 released some of live P1's claims")
+
+		p1.kill()
+		kills++
+		killedAt := time.Now()
+		eventually(t, time.Minute, "P1's claims released", func() bool {
+			return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'executing' AND locked_by = ANY($1)`, owners) == 0
+		})
+		var lastRelease time.Time
+		var releases int
+		require.NoError(t, e.pool.QueryRow(ctx, expand(`SELECT max(at), count(*) FROM {schema}.t_outcome_log
+			WHERE id = ANY($1) AND old_status = 'executing' AND new_status = 'available'`, e.schema), ids).Scan(&lastRelease, &releases))
+		require.Equal(t, n, releases, "each of P1's claims released once")
+		took := lastRelease.Sub(killedAt)
+		worst = max(worst, took)
+		t.Logf("round %d: P1's 16 claims released %v after its SIGKILL", round, took.Round(time.Millisecond))
+		require.LessOrEqual(t, took, t1Lease+t1Reaper+time.Second, "released within lease + reaper + 1s")
+		eventually(t, time.Minute, "P2 finishing them", func() bool { return doneCount(t, e) == (round+1)*n })
+		require.Zero(t, p2.term(t).stale())
+	}
+	// No step attempt ran in two processes.
+	require.Zero(t, e.count(t, `SELECT count(*) FROM (SELECT 1 FROM {schema}.t_effects GROUP BY id, step, attempt
+		HAVING count(DISTINCT pid) > 1) d`))
+	verdict(t, e, oracle.Opts{N: rounds * n, Effects: true, Counter: true, Path: linearPath, DeadlocksBefore: deadlocksBefore},
+		oracle.Summary{Test: "T4 worker-id collision", Seed: seed, Instances: rounds * n, Kills: kills,
+			Seconds: time.Since(began).Seconds()})
+}

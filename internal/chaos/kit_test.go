@@ -1,0 +1,261 @@
+package chaos
+
+// The reliability suite's shared parts for the multi-process tests (T1, T1b, T1c, T4, T16, T17):
+// a crew of worker processes to kill, pause and restart, and the checks that read the
+// oracle's logs. Sizes: oracle.Size (GD_CHAOS=full for the full size); seeds: oracle.Seed.
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable/internal/chaos/oracle"
+	"github.com/stretchr/testify/require"
+)
+
+// t1Cfg is the worker configuration of T1 (docs/reliability.md): the crash set, lease 2s,
+// heartbeat 500ms, reaper every 250ms, poll 100ms, 8 steps at once, steps of 5ms; set changes the
+// rest.
+func (e *env) t1Cfg(name string, set ...func(*workerCfg)) workerCfg {
+	t1 := func(c *workerCfg) {
+		c.LeaseMS, c.HeartbeatMS, c.ReaperMS, c.PollMS, c.Conc, c.StepMS = 2000, 500, 250, 100, 8, 5
+	}
+	return e.crashCfg(name, append([]func(*workerCfg){t1}, set...)...)
+}
+
+const (
+	t1Lease  = 2000 * time.Millisecond
+	t1Reaper = 250 * time.Millisecond
+)
+
+// crew is a set of worker processes that a test kills, pauses and restarts.
+type crew struct {
+	t   *testing.T
+	e   *env
+	cfg workerCfg
+	// name gives worker i's name in its gen-th incarnation.
+	name    func(i, gen int) string
+	workers []*worker
+	gens    []int
+	// killed and paused are the pids SIGKILLed and SIGSTOPped: their effects may repeat.
+	killed, paused map[int]bool
+	kills, pauses  int
+	lastKill       time.Time
+}
+
+// newCrew starts n workers configured by cfg; name(i, gen) names them (nil: "w<i>" in every
+// incarnation, so a restart takes over its predecessor's worker-id prefix).
+func newCrew(t *testing.T, e *env, n int, name func(i, gen int) string, cfg workerCfg) *crew {
+	t.Helper()
+	if name == nil {
+		name = func(i, _ int) string { return fmt.Sprint("w", i) }
+	}
+	c := &crew{t: t, e: e, cfg: cfg, name: name, workers: make([]*worker, n), gens: make([]int, n),
+		killed: map[int]bool{}, paused: map[int]bool{}}
+	for i := range c.workers {
+		c.workers[i] = c.spawn(i)
+	}
+	return c
+}
+
+// spawn starts worker i under its name in its current incarnation.
+func (c *crew) spawn(i int) *worker {
+	c.t.Helper()
+	cfg := c.cfg
+	cfg.Name = c.name(i, c.gens[i])
+	return startWorker(c.t, cfg)
+}
+
+// kill SIGKILLs worker i and restarts it at once under its next name.
+func (c *crew) kill(i int) {
+	c.t.Helper()
+	c.killed[c.workers[i].pid()] = true
+	c.workers[i].kill()
+	c.kills++
+	c.lastKill = time.Now()
+	c.gens[i]++
+	c.workers[i] = c.spawn(i)
+}
+
+// pause SIGSTOPs worker i until resume.
+func (c *crew) pause(i int) {
+	c.t.Helper()
+	c.paused[c.workers[i].pid()] = true
+	c.pauses++
+	c.workers[i].pause(c.t)
+}
+
+func (c *crew) resume(i int) {
+	c.t.Helper()
+	c.workers[i].resume(c.t)
+}
+
+// faulted says whether pid was killed or paused.
+func (c *crew) faulted(pid int) bool { return c.killed[pid] || c.paused[pid] }
+
+// killLoop SIGKILLs a random worker (restarting it at once) every interval() until done() holds,
+// and fails the test at the deadline. done is polled in between, so the loop ends within a
+// few milliseconds of it.
+func (c *crew) killLoop(rng *rand.Rand, deadline time.Duration, interval func() time.Duration, done func() bool) {
+	c.t.Helper()
+	end := time.Now().Add(deadline)
+	next := time.Now().Add(interval())
+	for !done() {
+		if time.Now().After(end) {
+			c.t.Fatalf("not done within %v (%d kills)", deadline, c.kills)
+		}
+		if time.Now().After(next) {
+			c.kill(rng.IntN(len(c.workers)))
+			next = time.Now().Add(interval())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// claimEnds sorts the claims taken by owners LIKE ownerLike, each as (instance, attempt), by how
+// the database shows them ended: lost, when the instance's next committed transition was not
+// that claim's outcome (a machine whose every outcome moves the step on or finishes, like linear5
+// and fan) but a release by the reaper or startup reclaim, or there was none; or ended by the
+// claim's own outcome (any other next transition).
+func claimEnds(t *testing.T, e *env, ownerLike string) (lost, ended map[staleClaim]bool) {
+	t.Helper()
+	rows, err := e.pool.Query(context.Background(), expand(`SELECT id, attempt,
+		       next_seq IS NULL OR (next_status = 'available' AND next_step = new_step)
+		FROM (SELECT id, attempt, locked_by, new_status, old_status, new_step,
+		             lead(new_status) OVER w AS next_status, lead(new_step) OVER w AS next_step, lead(seq) OVER w AS next_seq
+		      FROM {schema}.t_outcome_log WINDOW w AS (PARTITION BY id ORDER BY seq)) c
+		WHERE new_status = 'executing' AND old_status IS DISTINCT FROM 'executing' AND locked_by LIKE $1`, e.schema), ownerLike)
+	require.NoError(t, err)
+	defer rows.Close()
+	lost, ended = map[staleClaim]bool{}, map[staleClaim]bool{}
+	for rows.Next() {
+		var id int64
+		var attempt int32
+		var isLost bool
+		require.NoError(t, rows.Scan(&id, &attempt, &isLost))
+		if isLost {
+			lost[staleClaim{id, int64(attempt)}] = true
+		} else {
+			ended[staleClaim{id, int64(attempt)}] = true
+		}
+	}
+	require.NoError(t, rows.Err())
+	return lost, ended
+}
+
+// lostClaimIDs lists the instances that had a claim lost (see claimEnds), by any owner.
+func lostClaimIDs(t *testing.T, e *env) map[int64]bool {
+	t.Helper()
+	lost, _ := claimEnds(t, e, "%")
+	ids := map[int64]bool{}
+	for c := range lost {
+		ids[c[0]] = true
+	}
+	return ids
+}
+
+// unexplainedDuplicates counts the repeated effects no fault explains: for each (id, step)
+// with k effect rows where the step runs x times in a fault-free run (1, or runs[machine] for a
+// machine that runs each step more than once), at least k-x must come from processes that were
+// killed or paused.
+func unexplainedDuplicates(t *testing.T, e *env, faulted func(pid int) bool, runs map[string]int) int {
+	t.Helper()
+	machines, times := []string{}, []int32{}
+	for m, x := range runs {
+		machines, times = append(machines, m), append(times, int32(x))
+	}
+	rows, err := e.pool.Query(context.Background(), expand(`SELECT f.id, f.step, array_agg(f.pid), coalesce(min(r.times), 1)
+		FROM {schema}.t_effects f
+		JOIN {schema}.instances i ON i.id = f.id
+		LEFT JOIN unnest($1::text[], $2::int[]) AS r(machine, times) ON r.machine = i.machine
+		GROUP BY 1, 2 HAVING count(*) > coalesce(min(r.times), 1)`, e.schema), machines, times)
+	require.NoError(t, err)
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		var id int64
+		var step string
+		var pids []int32
+		var expected int
+		require.NoError(t, rows.Scan(&id, &step, &pids, &expected))
+		fromFaulted := 0
+		for _, p := range pids {
+			if faulted(int(p)) {
+				fromFaulted++
+			}
+		}
+		if fromFaulted < len(pids)-expected {
+			n++
+			t.Errorf("unexplained repeat of %d/%s by pids %v", id, step, pids)
+		}
+	}
+	require.NoError(t, rows.Err())
+	return n
+}
+
+// verdict runs the oracle, fills the summary's outcome figures from it, reports the summary
+// (one chaos-summary line for `make chaos`) and fails the test on any violation.
+func verdict(t *testing.T, e *env, o oracle.Opts, s oracle.Summary) {
+	t.Helper()
+	ctx := context.Background()
+	violations, err := oracle.Check(ctx, e.pool, e.schema, o)
+	require.NoError(t, err)
+	tally, err := oracle.Count(ctx, e.pool, e.schema)
+	require.NoError(t, err)
+	if o.DeadlocksBefore >= 0 {
+		now, err := oracle.Deadlocks(ctx, e.pool)
+		require.NoError(t, err)
+		s.Deadlocks = int(now - o.DeadlocksBefore)
+	}
+	s.Violations = len(violations)
+	s.Lost = max(o.N, tally.Instances) - tally.Finished
+	s.DuplicateTerminal = tally.DuplicateTerminal
+	if s.Instances == 0 {
+		s.Instances = tally.Instances
+	}
+	oracle.Report(t, s)
+	for _, v := range violations {
+		t.Errorf("invariant violated: %s", v)
+	}
+	require.Zero(t, s.Lost, "instances lost")
+	require.Zero(t, s.DuplicateTerminal, "duplicate terminal transitions")
+}
+
+// throughput is committed steps per second in [from, to), over the span from the window's first
+// committed step to its last (so that neither the wait for the first pick nor an idle tail
+// counts).
+func throughput(t *testing.T, e *env, from, to time.Time) float64 {
+	t.Helper()
+	var first, last *time.Time
+	require.NoError(t, e.pool.QueryRow(context.Background(), expand(`SELECT min(at), max(at) FROM {schema}.t_outcome_log
+		WHERE old_status = 'executing' AND (new_step <> old_step OR new_status IN ('done', 'failed', 'awaiting', 'joining'))
+		  AND at >= $1 AND at < $2`, e.schema), from, to).Scan(&first, &last))
+	if first == nil || !last.After(*first) {
+		return 0
+	}
+	n, err := oracle.Steps(context.Background(), e.pool, e.schema, *first, last.Add(time.Microsecond))
+	require.NoError(t, err)
+	return float64(n) / last.Sub(*first).Seconds()
+}
+
+// percentile returns the p-th percentile (0 < p ≤ 1) of xs (nearest rank); 0 for none.
+func percentile(xs []time.Duration, p float64) time.Duration {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	i := int(float64(len(s))*p+0.999999) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}
+
+// oracleEnv is a reliability test's start: its own schema with the oracle installed, and the
+// database's deadlock count before the test (invariant I8).
+func oracleEnv(t *testing.T) (*env, context.Context, int64) {
+	t.Helper()
+	e := newEnv(t, 16)
+	return e, context.Background(), e.deadlocks
+}

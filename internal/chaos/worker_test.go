@@ -1,0 +1,519 @@
+package chaos
+
+// The worker-process harness, the one every test here that needs another process uses: the test
+// binary re-executed as a worker (TestMain dispatches on GD_WORKER), configured by one workerCfg
+// (JSON in GD_WORKER), running one set of machines, and reporting one workerReport when it is
+// stopped. The test side starts it and waits for "ready", SIGKILLs, SIGSTOPs and SIGCONTs it, and
+// SIGTERMs it to drain and read its report.
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+)
+
+// workerEnv names the environment variable that makes the test binary a worker: its value is the
+// worker's configuration, a workerCfg in JSON.
+const workerEnv = "GD_WORKER"
+
+// The machine sets a worker can run (workerCfg.Machines).
+const (
+	// machinesCrash: linear5 (queue of the instance's insert, "crash" by default) whose every
+	// step records its effect on the engine's pool and then sleeps StepMS, and the fan-out parent
+	// fan (fanMachine), whose steps record theirs too.
+	machinesCrash = "crash"
+	// machinesChaos: linear5 for infrastructure faults (chaosMachine, queue "chaos"): each step
+	// records its effect on a pool of its own (FxURL), retrying until it lands, and sleeps up to
+	// StepMS, a function of Seed and the step.
+	machinesChaos = "chaos"
+	// machinesRaces: gatewalk (T3), t6job and t6fan (T6), stamp and timed (T12), in the first
+	// queue, each step sleeping U(StepMinMS, StepMaxMS) (racesMachines).
+	machinesRaces = "races"
+)
+
+// workerCfg configures a worker process. Durations are in milliseconds; a zero ReaperMS or GCMS
+// turns the reaper or GC off, a zero HeartbeatMS or Conns takes the library's or pgx's default.
+type workerCfg struct {
+	// URL is the engine's database, FxURL the effects' (default URL), Schema the schema, Name the
+	// client's name; App is the engine pool's application_name (default gd-worker-<name>-<pid>).
+	URL, FxURL, Schema, Name, App string
+	// Conns and FxConns size the engine's and the effects' pools; ExecMode is the engine pool's
+	// pgx exec mode ("", "exec", "simple" or "describe").
+	Conns, FxConns int32
+	ExecMode       string
+	// Machines is the machine set (machinesCrash, machinesChaos or machinesRaces).
+	Machines string
+	// Queues are worked with Conc slots each; Probes adds one-slot queues p0, p1, …
+	Queues []string
+	Conc   int
+	Probes int
+	// The client's timing.
+	LeaseMS, HeartbeatMS, PollMS, ReaperMS, GCMS, RetentionMS int
+	// Gates: name -> {limit, shards}; Rates: name -> {allowed, period ms, burst}.
+	Gates map[string][2]int
+	Rates map[string][3]int
+	// StepMS is each step's sleep in the crash set, its bound in the chaos set; StepMinMS and
+	// StepMaxMS bound it in the races set.
+	StepMS, StepMinMS, StepMaxMS int
+	Seed                         uint64
+	// Poke "postgres" pokes through LISTEN/NOTIFY (default: local).
+	Poke string
+	// Ticks records when each of the client's loops did its work (workerReport.Ticks).
+	Ticks bool
+	// Quiet drops the client's log lines (they are still scanned for the report).
+	Quiet bool
+}
+
+// leaseMS sets a worker's lease and a heartbeat of a fifth of it.
+func leaseMS(ms int) func(*workerCfg) {
+	return func(c *workerCfg) { c.LeaseMS, c.HeartbeatMS = ms, ms/5 }
+}
+
+// crashCfg is the crash set's worker in e's schema: queue "crash", 8 slots, lease 1s, heartbeat
+// 200ms, poll and reaper 100ms, GC at the library's defaults, steps of 5ms; set changes the rest.
+func (e *env) crashCfg(name string, set ...func(*workerCfg)) workerCfg {
+	c := workerCfg{URL: e.url, Schema: e.schema, Name: name, Machines: machinesCrash, Queues: []string{"crash"}, Conc: 8,
+		PollMS: 100, ReaperMS: 100, GCMS: int(gendurable.DefaultGCInterval.Milliseconds()), StepMS: 5}
+	for _, f := range append([]func(*workerCfg){leaseMS(1000)}, set...) {
+		f(&c)
+	}
+	return c
+}
+
+// chaosCfg is the chaos set's worker on the engine URL url (effects on fxURL): queue "chaos",
+// 8 slots, lease 2s, heartbeat 400ms, poll 200ms, reaper 250ms, GC off, steps of up to 10ms, pools
+// of 12 and 4 connections; set changes the rest.
+func chaosCfg(url, fxURL, schema, name string, set ...func(*workerCfg)) workerCfg {
+	c := workerCfg{URL: url, FxURL: fxURL, Schema: schema, Name: name, Machines: machinesChaos, Queues: []string{"chaos"},
+		Conc: 8, Conns: 12, FxConns: 4, PollMS: 200, ReaperMS: 250, RetentionMS: int((24 * time.Hour).Milliseconds()),
+		StepMS: 10}
+	for _, f := range append([]func(*workerCfg){leaseMS(2000)}, set...) {
+		f(&c)
+	}
+	return c
+}
+
+// staleClaim is the claim of an outcome dropped as stale: instance id and attempt.
+type staleClaim [2]int64
+
+// workerReport is what a worker counted, printed as its last line ("report {json}") when it
+// stops gracefully (a SIGKILLed worker prints nothing).
+type workerReport struct {
+	// Events counts every event the client emitted, by name.
+	Events map[string]int `json:"events"`
+	// StaleClaims are the claims of the outcomes it dropped as stale (outcome.stale).
+	StaleClaims []staleClaim `json:"stale_claims"`
+	// CommitFailed counts the committer's failed tries (commit.failed without an instance: not
+	// its final give-up), Unknown those whose outcome is unknown (not pgconn.SafeToRetry).
+	CommitFailed int `json:"commit_failed"`
+	Unknown      int `json:"unknown"`
+	// Errors22P02 and Prepared count invalid_text_representation and "prepared statement" errors
+	// seen in any event or log line.
+	Errors22P02 int `json:"errors_22p02"`
+	Prepared    int `json:"prepared"`
+	// Ticks (workerCfg.Ticks) holds, for each of the client's loops, when it reported doing its
+	// work (unix milliseconds, at most one per 50ms): scheduler.picked, heartbeat.beat,
+	// reaper.swept, gc.swept.
+	Ticks map[string][]int64 `json:"ticks,omitempty"`
+}
+
+func (r workerReport) stale() int { return r.Events[string(gendurable.EventOutcomeStale)] }
+func (r workerReport) steps() int { return r.Events[string(gendurable.EventStepFinished)] }
+
+// firstTickAfter returns, for each loop, how long after t its first tick came (absent: none).
+func (r workerReport) firstTickAfter(t time.Time) map[string]time.Duration {
+	out := map[string]time.Duration{}
+	for name, ts := range r.Ticks {
+		for _, ms := range ts {
+			if at := time.UnixMilli(ms); !at.Before(t) {
+				out[name] = at.Sub(t)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// sum adds up reports' counts.
+func sum(all ...workerReport) workerReport {
+	s := workerReport{Events: map[string]int{}}
+	for _, x := range all {
+		for name, n := range x.Events {
+			s.Events[name] += n
+		}
+		s.StaleClaims = append(s.StaleClaims, x.StaleClaims...)
+		s.CommitFailed += x.CommitFailed
+		s.Unknown += x.Unknown
+		s.Errors22P02 += x.Errors22P02
+		s.Prepared += x.Prepared
+	}
+	return s
+}
+
+// tally builds a worker's report from its client's events and log lines.
+type tally struct {
+	mu    sync.Mutex
+	r     workerReport
+	ticks bool
+}
+
+func (c *tally) scanLog(s string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if strings.Contains(s, "22P02") {
+		c.r.Errors22P02++
+	}
+	if strings.Contains(s, "prepared statement") {
+		c.r.Prepared++
+	}
+}
+
+func (c *tally) hook(ev gendurable.Event) {
+	now := time.Now().UnixMilli()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.r.Events[string(ev.Name)]++
+	if ev.Err != nil {
+		if pgErr := (*pgconn.PgError)(nil); errors.As(ev.Err, &pgErr) && pgErr.Code == "22P02" {
+			c.r.Errors22P02++
+		}
+		if strings.Contains(ev.Err.Error(), "prepared statement") {
+			c.r.Prepared++
+		}
+	}
+	switch ev.Name {
+	case gendurable.EventOutcomeStale:
+		c.r.StaleClaims = append(c.r.StaleClaims, staleClaim{ev.InstanceID, int64(ev.Attempt)})
+	case gendurable.EventCommitFailed:
+		if ev.InstanceID == 0 { // a failed try of the committer (not its final give-up)
+			c.r.CommitFailed++
+			if !pgconn.SafeToRetry(ev.Err) {
+				c.r.Unknown++
+			}
+		}
+	case gendurable.EventSchedulerPicked, gendurable.EventHeartbeatBeat, gendurable.EventReaperSwept, gendurable.EventGCSwept:
+		if c.ticks {
+			if ts := c.r.Ticks[string(ev.Name)]; len(ts) == 0 || now-ts[len(ts)-1] >= 50 {
+				c.r.Ticks[string(ev.Name)] = append(ts, now)
+			}
+		}
+	}
+}
+
+func (c *tally) json() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b, _ := json.Marshal(c.r)
+	return string(b)
+}
+
+// poolConfig parses url into a pool config with an application name (for finding the pool's
+// backends), at most maxConns connections (0: pgx's default) and the exec mode ("" keeps pgx's
+// default).
+func poolConfig(url, app string, maxConns int32, mode string) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	switch mode {
+	case "":
+	case "exec":
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	case "simple":
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	case "describe":
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeDescribeExec
+	default:
+		return nil, fmt.Errorf("unknown exec mode %q", mode)
+	}
+	return cfg, nil
+}
+
+// workerMain runs the test binary as a worker process configured by the JSON in GD_WORKER: a
+// client working cfg.Queues with cfg.Machines. It prints "ready" once started; on SIGTERM it
+// drains, prints "report <json>" (a workerReport) and exits (status 1 if the drain failed).
+func workerMain(cfgJSON string) int {
+	fail := func(err error) int { fmt.Fprintln(os.Stderr, "worker:", err); return 2 }
+	var cfg workerCfg
+	if err := json.Unmarshal([]byte(cfgJSON), &cfg); err != nil {
+		return fail(fmt.Errorf("%s: %w", workerEnv, err))
+	}
+	ctx := context.Background()
+	pid := os.Getpid()
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	app := cfg.App
+	if app == "" {
+		app = fmt.Sprintf("gd-worker-%s-%d", cfg.Name, pid)
+	}
+	pc, err := poolConfig(cfg.URL, app, cfg.Conns, cfg.ExecMode)
+	if err != nil {
+		return fail(err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return fail(err)
+	}
+	defer pool.Close()
+	fxURL := cfg.FxURL
+	if fxURL == "" {
+		fxURL = cfg.URL
+	}
+	fc, err := poolConfig(fxURL, fmt.Sprintf("fx-%d", pid), cfg.FxConns, "")
+	if err != nil {
+		return fail(err)
+	}
+	fx, err := pgxpool.NewWithConfig(ctx, fc)
+	if err != nil {
+		return fail(err)
+	}
+	defer fx.Close()
+
+	var machines []gendurable.Machine
+	switch cfg.Machines {
+	case machinesCrash:
+		rec := effectRecorder(pool, cfg.Schema, pid)
+		machines = []gendurable.Machine{linear("linear5", ms(cfg.StepMS), rec), fanMachine(rec)}
+	case machinesChaos:
+		machines = []gendurable.Machine{chaosMachine(fx, cfg.Schema, pid, cfg.Seed, ms(cfg.StepMS))}
+	case machinesRaces:
+		machines = newRacesWorker(cfg, fx).machines()
+	default:
+		return fail(fmt.Errorf("unknown machine set %q", cfg.Machines))
+	}
+	queues := map[string]gendurable.QueueConfig{}
+	for _, q := range cfg.Queues {
+		queues[q] = gendurable.QueueConfig{Concurrency: cfg.Conc}
+	}
+	// Probe queues of one slot each: a probe insert goes to a queue of its own, so that only a
+	// poke, never a poll of a busy queue, can start it fast.
+	for i := range cfg.Probes {
+		queues[fmt.Sprint("p", i)] = gendurable.QueueConfig{Concurrency: 1}
+	}
+	counts := &tally{r: workerReport{Events: map[string]int{}}, ticks: cfg.Ticks}
+	if cfg.Ticks {
+		counts.r.Ticks = map[string][]int64{}
+	}
+	logs := &scanHandler{scan: counts.scanLog, next: slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})}
+	if cfg.Quiet {
+		logs.next = nil
+	}
+	c := &gendurable.Config{
+		Name: cfg.Name, Schema: cfg.Schema, Machines: machines, Queues: queues,
+		Lease:        ms(cfg.LeaseMS),
+		Heartbeat:    ms(cfg.HeartbeatMS),
+		PollInterval: ms(cfg.PollMS),
+		Reaper:       &gendurable.ReaperConfig{Disabled: cfg.ReaperMS == 0, Interval: ms(cfg.ReaperMS)},
+		GC:           &gendurable.GCConfig{Disabled: cfg.GCMS == 0, Interval: ms(cfg.GCMS), Retention: ms(cfg.RetentionMS)},
+		Hooks:        []func(gendurable.Event){counts.hook},
+		Logger:       slog.New(logs),
+	}
+	if cfg.Poke == "postgres" {
+		c.Poke = gendurable.PokePostgres()
+	}
+	if len(cfg.Gates) > 0 {
+		c.ConcurrencyLimits = map[string]gendurable.ConcurrencyLimit{}
+		for name, g := range cfg.Gates {
+			c.ConcurrencyLimits[name] = gendurable.ConcurrencyLimit{Limit: g[0], Shards: g[1]}
+		}
+	}
+	if len(cfg.Rates) > 0 {
+		c.RateLimits = map[string]gendurable.Rate{}
+		for name, r := range cfg.Rates {
+			c.RateLimits[name] = gendurable.Rate{Allowed: r[0], Period: ms(r[1]), Burst: r[2]}
+		}
+	}
+	cl, err := gendurable.NewClient(pool, c)
+	if err != nil {
+		return fail(err)
+	}
+	if err := cl.Start(ctx); err != nil {
+		return fail(err)
+	}
+	fmt.Println("ready")
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	<-sig
+	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	code := 0
+	if err := cl.Stop(stopCtx); err != nil {
+		fmt.Fprintln(os.Stderr, "worker: stop:", err)
+		code = 1
+	}
+	fmt.Println("report " + counts.json())
+	return code
+}
+
+// scanHandler passes every log line (message and attributes) to scan, then to next (nil: drops
+// it).
+type scanHandler struct {
+	scan  func(string)
+	next  slog.Handler
+	attrs []slog.Attr
+}
+
+func (h *scanHandler) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h *scanHandler) Handle(ctx context.Context, r slog.Record) error {
+	var b strings.Builder
+	b.WriteString(r.Message)
+	r.Attrs(func(a slog.Attr) bool {
+		b.WriteString(" " + a.String())
+		return true
+	})
+	for _, a := range h.attrs {
+		b.WriteString(" " + a.String())
+	}
+	h.scan(b.String())
+	if h.next != nil && h.next.Enabled(ctx, r.Level) {
+		return h.next.Handle(ctx, r)
+	}
+	return nil
+}
+
+func (h *scanHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	c := *h
+	c.attrs = append(append([]slog.Attr{}, h.attrs...), as...)
+	return &c
+}
+
+func (h *scanHandler) WithGroup(string) slog.Handler { return h }
+
+// worker is a worker process.
+type worker struct {
+	cmd  *exec.Cmd
+	cfg  workerCfg
+	name string
+	// report receives the worker's report if it prints one; done is closed once the process
+	// has exited and been reaped (exitErr is then its exit status).
+	report  chan workerReport
+	done    chan struct{}
+	exitErr error
+}
+
+// startWorker starts a worker process with cfg (and extra environment variables) and waits until
+// it is ready. The test's cleanup kills it if it still runs.
+func startWorker(t testing.TB, cfg workerCfg, extraEnv ...string) *worker {
+	t.Helper()
+	b, err := json.Marshal(cfg)
+	require.NoError(t, err)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), workerEnv+"="+string(b))
+	cmd.Env = append(cmd.Env, extraEnv...)
+	cmd.Stderr = &prefixWriter{prefix: "[" + cfg.Name + "] ", w: os.Stderr}
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	w := &worker{cmd: cmd, cfg: cfg, name: cfg.Name, report: make(chan workerReport, 1), done: make(chan struct{})}
+	t.Cleanup(w.kill)
+	r := bufio.NewReader(out)
+	line, err := r.ReadString('\n')
+	go func() { // reads the report and reaps the process however it ends, so that kill never waits forever
+		for {
+			line, err := r.ReadString('\n')
+			if s, ok := strings.CutPrefix(line, "report "); ok {
+				var rep workerReport
+				if json.Unmarshal([]byte(s), &rep) == nil {
+					w.report <- rep
+				}
+			}
+			if err != nil {
+				break
+			}
+		}
+		_, _ = io.Copy(io.Discard, r)
+		w.exitErr = cmd.Wait()
+		close(w.done)
+	}()
+	if err != nil || line != "ready\n" {
+		t.Fatalf("worker %s did not start: %q, %v", cfg.Name, line, err)
+	}
+	return w
+}
+
+func (w *worker) pid() int { return w.cmd.Process.Pid }
+
+// kill SIGKILLs the worker (stopped or not) and waits for it to be gone.
+func (w *worker) kill() {
+	_ = w.cmd.Process.Signal(syscall.SIGKILL)
+	<-w.done
+}
+
+// stop SIGTERMs the worker, waits for its drain and exit, and returns its report; the worker's
+// exit status is then in exitErr.
+func (w *worker) stop(t testing.TB) workerReport {
+	t.Helper()
+	require.NoError(t, w.cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case <-w.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("worker %s did not exit within 30s of SIGTERM", w.name)
+	}
+	select {
+	case rep := <-w.report:
+		return rep
+	default:
+		t.Fatalf("worker %s printed no report", w.name)
+		return workerReport{}
+	}
+}
+
+// term is stop for a worker whose drain must succeed: it also requires a clean exit.
+func (w *worker) term(t testing.TB) workerReport {
+	t.Helper()
+	rep := w.stop(t)
+	require.NoError(t, w.exitErr, "worker %s exit status", w.name)
+	return rep
+}
+
+// pause stops the worker (SIGSTOP); resume continues it (SIGCONT).
+func (w *worker) pause(t testing.TB)  { require.NoError(t, syscall.Kill(w.pid(), syscall.SIGSTOP)) }
+func (w *worker) resume(t testing.TB) { require.NoError(t, syscall.Kill(w.pid(), syscall.SIGCONT)) }
+
+// prefixWriter prefixes each line a worker writes to stderr, filtering the engine's info logs.
+type prefixWriter struct {
+	prefix string
+	w      io.Writer
+	mu     sync.Mutex
+	buf    []byte
+}
+
+func (p *prefixWriter) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.buf = append(p.buf, b...)
+	for {
+		i := strings.IndexByte(string(p.buf), '\n')
+		if i < 0 {
+			break
+		}
+		line := string(p.buf[:i+1])
+		p.buf = p.buf[i+1:]
+		if !strings.Contains(line, " INFO ") {
+			_, _ = io.WriteString(p.w, p.prefix+line)
+		}
+	}
+	return len(b), nil
+}
