@@ -47,6 +47,10 @@ const (
 	// machinesRaces: gatewalk (T3), t6job and t6fan (T6), stamp and timed (T12), in the first
 	// queue, each step sleeping U(StepMinMS, StepMaxMS) (racesMachines).
 	machinesRaces = "races"
+	// machinesDocsV1, machinesDocsV2: version 1 or 2 of the doc machine (docMachine, queue
+	// "docs"), whose steps record which version of the code ran them.
+	machinesDocsV1 = "docs1"
+	machinesDocsV2 = "docs2"
 )
 
 // workerCfg configures a worker process. Durations are in milliseconds; a zero ReaperMS or GCMS
@@ -59,7 +63,8 @@ type workerCfg struct {
 	// pgx exec mode ("", "exec", "simple" or "describe").
 	Conns, FxConns int32
 	ExecMode       string
-	// Machines is the machine set (machinesCrash, machinesChaos or machinesRaces).
+	// Machines is the machine set (machinesCrash, machinesChaos, machinesRaces, machinesDocsV1
+	// or machinesDocsV2).
 	Machines string
 	// Queues are worked with Conc slots each; Probes adds one-slot queues p0, p1, …
 	Queues []string
@@ -299,6 +304,10 @@ func workerMain(cfgJSON string) int {
 		machines = []gendurable.Machine{chaosMachine(fx, cfg.Schema, pid, cfg.Seed, ms(cfg.StepMS))}
 	case machinesRaces:
 		machines = newRacesWorker(cfg, fx).machines()
+	case machinesDocsV1:
+		machines = []gendurable.Machine{docMachine(1, fx, cfg.Schema, pid)}
+	case machinesDocsV2:
+		machines = []gendurable.Machine{docMachine(2, fx, cfg.Schema, pid)}
 	default:
 		return fail(fmt.Errorf("unknown machine set %q", cfg.Machines))
 	}
