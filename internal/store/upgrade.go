@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -77,7 +78,7 @@ func (s *Store) TakeUpgrade(ctx context.Context, db DB, by string, v *Versions, 
 	}
 	err = db.QueryRow(ctx, s.sql("upgrade_take"), pgx.NamedArgs{"by": by, "names": v.Names, "versions": v.Versions,
 		"lease_ms": lease.Milliseconds(), "live_ms": live.Milliseconds()}).Scan(&id, &machine)
-	if err == pgx.ErrNoRows {
+	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, "", false, nil
 	}
 	if err != nil {
