@@ -44,7 +44,7 @@ func (s *Store) UpsertNode(ctx context.Context, db DB, n *Node) error {
 		queues = []string{}
 	}
 	_, err = db.Exec(ctx, s.sql("node_upsert"), pgx.NamedArgs{"id": n.ID, "client": n.Client, "host": n.Host,
-		"queues": queues, "machines": machines})
+		"queues": queues, "machines": string(machines)})
 	return err
 }
 

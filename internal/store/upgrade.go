@@ -48,7 +48,11 @@ type Upgraded struct {
 // UpgradeApply writes the upgrades of rows UpgradeBatch locked in tx (upgrade_apply): each to
 // steps[i] with states[i] at version, recorded as by.
 func (s *Store) UpgradeApply(ctx context.Context, tx pgx.Tx, ids []int64, steps []string, states [][]byte, version int, by string) ([]Upgraded, error) {
-	rows, err := tx.Query(ctx, s.sql("upgrade_apply"), pgx.NamedArgs{"ids": ids, "steps": steps, "states": states,
+	text := make([]string, len(states))
+	for i, st := range states {
+		text[i] = string(st)
+	}
+	rows, err := tx.Query(ctx, s.sql("upgrade_apply"), pgx.NamedArgs{"ids": ids, "steps": steps, "states": text,
 		"version": version, "by": by})
 	if err != nil {
 		return nil, err

@@ -3,10 +3,11 @@
 -- Every statement touches the nodes table only (a row lock on the client's own row, or none).
 
 -- A client's row at Start, or its refresh (seen_at) while it runs; the manifest is rewritten
--- too, so that a row deleted by mistake comes back whole. Locks the client's own row.
+-- too, so that a row deleted by mistake comes back whole. @machines is JSON text (a text
+-- parameter, so that every exec mode sends it as text). Locks the client's own row.
 -- name: node_upsert
 INSERT INTO {schema}.nodes (id, client, host, queues, machines)
-VALUES (@id, @client, @host, @queues, @machines)
+VALUES (@id, @client, @host, @queues::text[], @machines::jsonb)
 ON CONFLICT (id) DO UPDATE
 SET client = excluded.client, host = excluded.host, queues = excluded.queues,
     machines = excluded.machines, seen_at = now();

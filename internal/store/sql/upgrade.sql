@@ -17,19 +17,19 @@ ORDER BY id
 LIMIT @batch
 FOR UPDATE SKIP LOCKED;
 
--- Writes a locked batch's upgrades: step, state and version, and the upgrade recorded on the row
+-- Writes a locked batch's upgrades: step, state (JSON text) and version, and the upgrade recorded on the row
 -- as an upgrade on claim records it, by @by. The rows are locked by upgrade_batch in the same
 -- transaction; the machine_version guard keeps a row from being upgraded twice.
 -- name: upgrade_apply
 UPDATE {schema}.instances AS i
 SET step            = u.step,
-    state           = u.state,
+    state           = u.state::jsonb,
     machine_version = @version,
     upgrades        = coalesce(i.upgrades, '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
                         'from', i.machine_version, 'to', @version::integer, 'at', now(),
                         'step_from', i.step, 'step_to', u.step, 'by', @by::text)),
     updated_at      = now()
-FROM unnest(@ids::bigint[], @steps::text[], @states::jsonb[]) AS u(id, step, state)
+FROM unnest(@ids::bigint[], @steps::text[], @states::text[]) AS u(id, step, state)
 WHERE i.id = u.id AND i.machine_version < @version
 RETURNING i.id, i.queue, i.status = 'available' AND i.scheduled_at <= now();
 
