@@ -134,9 +134,9 @@ type workerReport struct {
 	// seen in any event or log line.
 	Errors22P02 int `json:"errors_22p02"`
 	Prepared    int `json:"prepared"`
-	// Ticks (workerCfg.Ticks) holds, for each of the client's loops, when it reported doing its
-	// work (unix milliseconds, at most one per 50ms): scheduler.picked, heartbeat.beat,
-	// reaper.swept, gc.swept.
+	// Ticks (workerCfg.Ticks) holds, for each of the client's loops, when it began a piece of
+	// work it reported (unix milliseconds, at most one per 50ms): scheduler.picked,
+	// heartbeat.beat, reaper.swept, gc.swept.
 	Ticks map[string][]int64 `json:"ticks,omitempty"`
 }
 
@@ -192,7 +192,14 @@ func (c *tally) scanLog(s string) {
 }
 
 func (c *tally) hook(ev gendurable.Event) {
-	now := time.Now().UnixMilli()
+	// A tick is when the loop began the work it reports (the event's time less the work's
+	// Duration), not when the hook got the event: hooks run behind the loops, on a goroutine of
+	// their own, and a sweep after a crash recovery may take a while.
+	at := ev.At
+	if at.IsZero() {
+		at = time.Now()
+	}
+	now := at.Add(-ev.Duration).UnixMilli()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.r.Events[string(ev.Name)]++
