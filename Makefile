@@ -39,20 +39,21 @@ test: ## vet, lint and every test (contrib modules included) against a real Post
 	$(GO) vet -tags chaos ./...
 	@$(MAKE) --no-print-directory lint
 	@$(MAKE) --no-print-directory test/latency
-	@$(MAKE) --no-print-directory -j3 --output-sync=target test/packages test/faults test/cluster
+	@$(MAKE) --no-print-directory test/cluster
+	@$(MAKE) --no-print-directory -j2 --output-sync=target test/packages test/faults
 
 test/latency: ## the latency-bound tests, alone
 	$(GO) test -p 1 -count=1 -timeout 5m -run '$(LATENCY)' $(TESTFLAGS) . ./internal/chaos/
 
-test/packages: ## every package's tests but internal/chaos's, one package at a time
+test/cluster: ## the fault tests that run a Postgres cluster of their own (soaks, session kills), alone: their throughput is what they measure
+	$(GO) test -count=1 -timeout 10m -run '$(CLUSTER)' $(TESTFLAGS) ./internal/chaos/
+
+test/packages: ## every package's tests but internal/chaos's, one package at a time; then test/tagged and test/contrib
 	$(GO) test -p 1 -count=1 -timeout 10m -skip '$(LATENCY)' $(TESTFLAGS) $$($(GO) list ./... | grep -v '/internal/chaos$$')
+	@$(MAKE) --no-print-directory test/tagged test/contrib
 
 test/faults: ## internal/chaos's fault tests at their CI size, but the latency-bound and own-cluster ones
 	$(GO) test -count=1 -timeout 10m -skip '$(LATENCY)|$(CLUSTER)' $(TESTFLAGS) ./internal/chaos/
-
-test/cluster: ## the fault tests that run a Postgres cluster of their own (soaks, session kills), then test/tagged and test/contrib
-	$(GO) test -count=1 -timeout 10m -run '$(CLUSTER)' $(TESTFLAGS) ./internal/chaos/
-	@$(MAKE) --no-print-directory test/tagged test/contrib
 
 test/tagged: ## the deterministic race tests, which drive the engine's fault points (-tags chaos)
 	$(GO) test -count=1 -tags chaos -run '^TestChaos' -timeout 10m $(TESTFLAGS) ./internal/fault/ ./internal/chaos/
