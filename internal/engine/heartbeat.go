@@ -54,7 +54,12 @@ func (e *Engine) beat() {
 	}
 	ctx, cancel := context.WithTimeout(e.baseCtx, e.cfg.Heartbeat)
 	began := time.Now()
+	// Extending leases is idempotent: a beat whose connection was lost (a restarted database's
+	// stale pool connections) is sent again at once on another.
 	lost, err := e.store.Heartbeat(ctx, e.pool, ids, owners, e.cfg.Lease)
+	for try := 0; try < store.ConnRetries && store.ConnLost(err) && ctx.Err() == nil; try++ {
+		lost, err = e.store.Heartbeat(ctx, e.pool, ids, owners, e.cfg.Lease)
+	}
 	cancel()
 	if err != nil {
 		e.log.Warn("gendurable: heartbeat failed", "client", e.cfg.Name, "claims", len(ids), "error", err)

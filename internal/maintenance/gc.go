@@ -79,7 +79,13 @@ func (g *GC) Run(stop <-chan struct{}) {
 		case <-t.C:
 			// The budget bounds the deletion; the rest of a sweep is a few bounded statements.
 			sctx, scancel := context.WithTimeout(ctx, g.budget()+30*time.Second)
-			if _, err := g.Sweep(sctx); err != nil && ctx.Err() == nil {
+			// A sweep is idempotent: one whose connection was lost (a restarted database's
+			// stale pool connections) runs again at once on another.
+			_, err := g.Sweep(sctx)
+			for try := 0; try < store.ConnRetries && store.ConnLost(err) && sctx.Err() == nil; try++ {
+				_, err = g.Sweep(sctx)
+			}
+			if err != nil && ctx.Err() == nil {
 				g.Logger.Warn("gendurable: GC sweep failed", "error", err)
 			}
 			scancel()

@@ -60,7 +60,15 @@ func (r *Reaper) Run(stop <-chan struct{}) {
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), timeout)
 			began := time.Now()
-			if n, err := r.Sweep(ctx); err != nil {
+			// A sweep is idempotent: one whose connection was lost (a restarted database's
+			// stale pool connections) runs again at once on another.
+			n, err := r.Sweep(ctx)
+			for try := 0; try < store.ConnRetries && store.ConnLost(err) && ctx.Err() == nil; try++ {
+				var m int
+				m, err = r.Sweep(ctx)
+				n += m
+			}
+			if err != nil {
 				r.Logger.Warn("gendurable: reaper sweep failed", "error", err)
 			} else {
 				r.Emit(durabletype.Event{Name: durabletype.EventReaperSwept, Count: n, Duration: time.Since(began)})

@@ -30,6 +30,26 @@ func Retryable(err error) bool {
 	return true
 }
 
+// ConnLost reports whether err is the loss of the connection a statement ran on (closed,
+// reset, or terminated by a restarting server), not a failure of the statement itself or of
+// time. After a database restart, a pool hands out the connections it held before one by one,
+// each failing this way once; a maintenance loop retries at once on another connection
+// (ConnRetries times) instead of waiting for its next tick.
+func ConnLost(err error) bool {
+	if err == nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || pgconn.Timeout(err) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code[:2] == "08" || pgErr.Code == "57P01" || pgErr.Code == "57P02" || pgErr.Code == "57P03"
+	}
+	return true
+}
+
+// ConnRetries is how many times a maintenance loop's idempotent statement is retried at once
+// after ConnLost.
+const ConnRetries = 3
+
 // GateContention reports whether err is a pick losing a race for a concurrency key or the last
 // slot of a gate, or waiting on another transaction past its lock timeout (it is retried).
 func GateContention(err error) bool {
