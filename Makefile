@@ -17,7 +17,7 @@ TESTFLAGS ?=
 # of their own (the soaks, session kills), then the deterministic race tests (-tags chaos) and the
 # contrib modules. LATENCY and CLUSTER are go test -run regexps over the root package's and
 # internal/chaos's tests; every other run skips them.
-LATENCY := ^(TestAwait.*|TestRateLimitConservesTokensAcrossEightClients|TestPoke.*|TestLostPokesCostAtMostAPoll|TestSignalPokesTheParkedInstancesNode|TestFanOutRoundTripWithoutPolling|TestBadInput|TestPostgresRestartMidRun|TestSmokeSuite.*|TestPartitionedWorkerIsFencedOut|TestConnectionResetsLoseCommitAcks)$$
+LATENCY := ^(TestAwait.*|TestSecurity.*|TestSaturatedKeyDoesNotStarveTheWorkBehindIt|TestRateLimitConservesTokensAcrossEightClients|TestPoke.*|TestLostPokesCostAtMostAPoll|TestSignalPokesTheParkedInstancesNode|TestFanOutRoundTripWithoutPolling|TestBadInput|TestPostgresRestartMidRun|TestSmokeSuite.*|TestPartitionedWorkerIsFencedOut|TestConnectionResetsLoseCommitAcks)$$
 CLUSTER := ^(TestBloatSoak|TestLongSnapshotDuringSoak|TestSessionKills)$$
 # make chaos: RUN picks the tests (a go test -run regexp; default all), CHAOSFLAGS how they run
 # (default one package and one test at a time, so that no fault test's figures are another's
