@@ -56,10 +56,11 @@ func (e *Engine) beat() {
 	began := time.Now()
 	// Extending leases is idempotent: a beat whose connection was lost (a restarted database's
 	// stale pool connections) is sent again at once on another.
-	lost, err := e.store.Heartbeat(ctx, e.pool, ids, owners, e.cfg.Lease)
-	for try := 0; try < store.ConnRetries && store.ConnLost(err) && ctx.Err() == nil; try++ {
+	var lost []int64
+	err := store.RetryConnLost(ctx, func() (err error) {
 		lost, err = e.store.Heartbeat(ctx, e.pool, ids, owners, e.cfg.Lease)
-	}
+		return err
+	})
 	cancel()
 	if err != nil {
 		e.log.Warn("gendurable: heartbeat failed", "client", e.cfg.Name, "claims", len(ids), "error", err)

@@ -81,10 +81,7 @@ func (g *GC) Run(stop <-chan struct{}) {
 			sctx, scancel := context.WithTimeout(ctx, g.budget()+30*time.Second)
 			// A sweep is idempotent: one whose connection was lost (a restarted database's
 			// stale pool connections) runs again at once on another.
-			_, err := g.Sweep(sctx)
-			for try := 0; try < store.ConnRetries && store.ConnLost(err) && sctx.Err() == nil; try++ {
-				_, err = g.Sweep(sctx)
-			}
+			err := store.RetryConnLost(sctx, func() error { _, err := g.Sweep(sctx); return err })
 			if err != nil && ctx.Err() == nil {
 				g.Logger.Warn("gendurable: GC sweep failed", "error", err)
 			}

@@ -62,12 +62,12 @@ func (r *Reaper) Run(stop <-chan struct{}) {
 			began := time.Now()
 			// A sweep is idempotent: one whose connection was lost (a restarted database's
 			// stale pool connections) runs again at once on another.
-			n, err := r.Sweep(ctx)
-			for try := 0; try < store.ConnRetries && store.ConnLost(err) && ctx.Err() == nil; try++ {
-				var m int
-				m, err = r.Sweep(ctx)
+			n := 0
+			err := store.RetryConnLost(ctx, func() error {
+				m, err := r.Sweep(ctx)
 				n += m
-			}
+				return err
+			})
 			if err != nil {
 				r.Logger.Warn("gendurable: reaper sweep failed", "error", err)
 			} else {

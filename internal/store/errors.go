@@ -34,7 +34,7 @@ func Retryable(err error) bool {
 // reset, or terminated by a restarting server), not a failure of the statement itself or of
 // time. After a database restart, a pool hands out the connections it held before one by one,
 // each failing this way once; a maintenance loop retries at once on another connection
-// (ConnRetries times) instead of waiting for its next tick.
+// (RetryConnLost) instead of waiting for its next tick.
 func ConnLost(err error) bool {
 	if err == nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || pgconn.Timeout(err) {
 		return false
@@ -46,9 +46,20 @@ func ConnLost(err error) bool {
 	return true
 }
 
-// ConnRetries is how many times a maintenance loop's idempotent statement is retried at once
-// after ConnLost.
-const ConnRetries = 3
+// connRetries is how many times RetryConnLost runs an idempotent statement again at once after
+// ConnLost.
+const connRetries = 3
+
+// RetryConnLost runs fn, an idempotent statement, and runs it again at once (up to three more
+// times) while it fails with ConnLost and ctx is live: a maintenance loop that waited for its
+// next tick instead would lose a whole tick per stale connection after a database restart.
+func RetryConnLost(ctx context.Context, fn func() error) error {
+	err := fn()
+	for try := 0; try < connRetries && ConnLost(err) && ctx.Err() == nil; try++ {
+		err = fn()
+	}
+	return err
+}
 
 // GateContention reports whether err is a pick losing a race for a concurrency key or the last
 // slot of a gate, or waiting on another transaction past its lock timeout (it is retried).
