@@ -27,9 +27,10 @@ import (
 //
 // Latency to the answer, over the callers that waited, whose instance lost no claim to the kill
 // and whose wait the process did not stand still in (all of them are logged too): same node
-// p95 < 10ms (from the commit, marked by the client's step.finished event), cross node
-// p95 < tick + 50ms (from the settling statement's timestamp in the outcome log, which also
-// counts the statement and its commit).
+// p95 < 10ms and cross node p95 < tick + 50ms, both from the commit that finished the instance
+// (marked by the step.finished event of the client that committed it, this one or a worker
+// process). The cross-node figure from the settling statement's timestamp in the outcome log,
+// which also counts the statement and a worker's commit, is logged beside it.
 func TestAwaitBridgeUnderFaults(t *testing.T) {
 	// Not parallel: it measures milliseconds, so it runs before the package's parallel tests
 	// (the other fault tests among them) are let go.
@@ -46,7 +47,9 @@ func TestAwaitBridgeUnderFaults(t *testing.T) {
 	began := time.Now()
 
 	// Steps of 20ms, so that the producer killed holds claims when the SIGKILL lands.
-	c := newCrew(t, e, 2, func(i, _ int) string { return fmt.Sprint("p", i) }, e.t1Cfg("", func(c *workerCfg) { c.StepMS = 20 }))
+	// Each marks when its commit finished an instance: that is when a cross-node result exists.
+	crew := newCrew(t, e, 2, func(i, _ int) string { return fmt.Sprint("p", i) },
+		e.t1Cfg("", func(c *workerCfg) { c.StepMS, c.Marks = 20, true }))
 	// When this client's commits finished instances: step.finished is emitted right after the
 	// commit, so it marks when a same-node result exists.
 	var mu sync.Mutex
@@ -114,7 +117,7 @@ func TestAwaitBridgeUnderFaults(t *testing.T) {
 	}
 	// Kill one producer once, while it holds claims.
 	eventually(t, time.Minute, "p0 holding claims", func() bool { return executingBy(t, e, "p0") >= 2 })
-	c.kill(0)
+	crew.kill(0)
 
 	returned := make(chan struct{})
 	go func() { wg.Wait(); close(returned) }()
@@ -163,7 +166,7 @@ func TestAwaitBridgeUnderFaults(t *testing.T) {
 
 	// The latency samples: every caller that waited and whose instance lost no claim to the
 	// kill; the clean ones are those whose wait the process did not stand still in.
-	var same, sameFromLog, cross, sameClean, crossClean []time.Duration
+	var same, sameFromLog, cross, crossFromLog, sameClean, crossClean []time.Duration
 	mu.Lock()
 	defer mu.Unlock()
 	hangs, early, stalled := 0, 0, 0
@@ -218,9 +221,12 @@ func TestAwaitBridgeUnderFaults(t *testing.T) {
 					sameClean = append(sameClean, c.returned.Sub(done))
 				}
 			} else {
-				cross = append(cross, c.returned.Sub(at))
-				if stalls.within(at, c.returned) == 0 {
-					crossClean = append(crossClean, c.returned.Sub(at))
+				crossFromLog = append(crossFromLog, c.returned.Sub(at))
+				if done, ok := crew.doneAt(c.id); ok {
+					cross = append(cross, c.returned.Sub(done))
+					if stalls.within(done, c.returned) == 0 {
+						crossClean = append(crossClean, c.returned.Sub(done))
+					}
 				}
 			}
 		}
@@ -233,8 +239,9 @@ func TestAwaitBridgeUnderFaults(t *testing.T) {
 	t.Logf("same node, from the commit: p50 %v p95 %v max %v (%d callers); from the settling statement: p50 %v p95 %v",
 		percentile(same, 0.5), percentile(same, 0.95), percentile(same, 1), len(same), percentile(sameFromLog, 0.5),
 		percentile(sameFromLog, 0.95))
-	t.Logf("cross node, from the settling statement: p50 %v p95 %v max %v (%d callers)",
-		percentile(cross, 0.5), percentile(cross, 0.95), percentile(cross, 1), len(cross))
+	t.Logf("cross node, from the worker's commit: p50 %v p95 %v max %v (%d callers); from the settling statement: p50 %v p95 %v max %v (%d callers)",
+		percentile(cross, 0.5), percentile(cross, 0.95), percentile(cross, 1), len(cross),
+		percentile(crossFromLog, 0.5), percentile(crossFromLog, 0.95), percentile(crossFromLog, 1), len(crossFromLog))
 	t.Logf("over the waits the process did not stand still in: same node p95 %v (%d callers), cross node p95 %v (%d callers)",
 		sameP95, len(sameClean), crossP95, len(crossClean))
 	if unanswered > 0 {
@@ -243,7 +250,7 @@ func TestAwaitBridgeUnderFaults(t *testing.T) {
 
 	// The figures first, then the bridge's own criteria.
 	verdict(t, e, oracle.Opts{N: n, Effects: true, Counter: true, Path: linearPath, DeadlocksBefore: deadlocksBefore},
-		oracle.Summary{Test: "T16 await bridge", Seed: seed, Instances: n, Kills: c.kills, Seconds: time.Since(began).Seconds()})
+		oracle.Summary{Test: "T16 await bridge", Seed: seed, Instances: n, Kills: crew.kills, Seconds: time.Since(began).Seconds()})
 	require.Zero(t, hangs, "callers past timeout + 1 tick")
 	require.Zero(t, early, "busy answers for instances settled before the deadline")
 	require.Positive(t, busy-unanswered, "some timeouts hit")

@@ -39,7 +39,9 @@ type crew struct {
 	// name gives worker i's name in its gen-th incarnation.
 	name    func(i, gen int) string
 	workers []*worker
-	gens    []int
+	// all is every worker the crew started, the killed ones too.
+	all  []*worker
+	gens []int
 	// killed and paused are the pids SIGKILLed and SIGSTOPped: their effects may repeat.
 	killed, paused map[int]bool
 	kills, pauses  int
@@ -66,7 +68,20 @@ func (c *crew) spawn(i int) *worker {
 	c.t.Helper()
 	cfg := c.cfg
 	cfg.Name = c.name(i, c.gens[i])
-	return startWorker(c.t, cfg)
+	w := startWorker(c.t, cfg)
+	c.all = append(c.all, w)
+	return w
+}
+
+// doneAt is when a worker's commit finished instance id, as the worker marked it
+// (workerCfg.Marks), if one did.
+func (c *crew) doneAt(id int64) (time.Time, bool) {
+	for _, w := range c.all {
+		if at, ok := w.doneAt(id); ok {
+			return at, true
+		}
+	}
+	return time.Time{}, false
 }
 
 // kill SIGKILLs worker i and restarts it at once under its next name.

@@ -85,6 +85,9 @@ type workerCfg struct {
 	Ticks bool
 	// Quiet drops the client's log lines (they are still scanned for the report).
 	Quiet bool
+	// Marks prints a line for every step that finished an instance, as its commit returned
+	// (worker.doneAt).
+	Marks bool
 }
 
 // leaseMS sets a worker's lease and a heartbeat of a fifth of it.
@@ -178,6 +181,7 @@ type tally struct {
 	mu    sync.Mutex
 	r     workerReport
 	ticks bool
+	marks bool
 }
 
 func (c *tally) scanLog(s string) {
@@ -212,6 +216,10 @@ func (c *tally) hook(ev gendurable.Event) {
 		}
 	}
 	switch ev.Name {
+	case gendurable.EventStepFinished:
+		if c.marks && ev.Outcome == "done" {
+			fmt.Printf("%s%d %d\n", markPrefix, ev.InstanceID, ev.At.UnixNano())
+		}
 	case gendurable.EventOutcomeStale:
 		c.r.StaleClaims = append(c.r.StaleClaims, staleClaim{ev.InstanceID, int64(ev.Attempt)})
 	case gendurable.EventCommitFailed:
@@ -327,7 +335,7 @@ func workerMain(cfgJSON string) int {
 	for i := range cfg.Probes {
 		queues[fmt.Sprint("p", i)] = gendurable.QueueConfig{Concurrency: 1}
 	}
-	counts := &tally{r: workerReport{Events: map[string]int{}}, ticks: cfg.Ticks}
+	counts := &tally{r: workerReport{Events: map[string]int{}}, ticks: cfg.Ticks, marks: cfg.Marks}
 	if cfg.Ticks {
 		counts.r.Ticks = map[string][]int64{}
 	}
@@ -427,6 +435,36 @@ type worker struct {
 	report  chan workerReport
 	done    chan struct{}
 	exitErr error
+	// finished holds the marks of workerCfg.Marks: when this worker's commit finished an
+	// instance, by id.
+	mu       sync.Mutex
+	finished map[int64]time.Time
+}
+
+// markPrefix starts a worker's stdout line that marks a finished instance (workerCfg.Marks).
+const markPrefix = "done "
+
+// mark records a line of workerCfg.Marks; it reports whether line is one.
+func (w *worker) mark(line string) bool {
+	s, ok := strings.CutPrefix(line, markPrefix)
+	if !ok {
+		return false
+	}
+	var id, ns int64
+	if _, err := fmt.Sscan(s, &id, &ns); err == nil {
+		w.mu.Lock()
+		w.finished[id] = time.Unix(0, ns)
+		w.mu.Unlock()
+	}
+	return true
+}
+
+// doneAt is when this worker's commit finished instance id (workerCfg.Marks), if it did.
+func (w *worker) doneAt(id int64) (time.Time, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	at, ok := w.finished[id]
+	return at, ok
 }
 
 // startWorker starts a worker process with cfg (and extra environment variables) and waits until
@@ -442,13 +480,20 @@ func startWorker(t testing.TB, cfg workerCfg, extraEnv ...string) *worker {
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
-	w := &worker{cmd: cmd, cfg: cfg, name: cfg.Name, report: make(chan workerReport, 1), done: make(chan struct{})}
+	w := &worker{cmd: cmd, cfg: cfg, name: cfg.Name, report: make(chan workerReport, 1), done: make(chan struct{}),
+		finished: map[int64]time.Time{}}
 	t.Cleanup(w.kill)
 	r := bufio.NewReader(out)
 	line, err := r.ReadString('\n')
+	for err == nil && w.mark(line) {
+		line, err = r.ReadString('\n')
+	}
 	go func() { // reads the report and reaps the process however it ends, so that kill never waits forever
 		for {
 			line, err := r.ReadString('\n')
+			if w.mark(line) {
+				continue
+			}
 			if s, ok := strings.CutPrefix(line, "report "); ok {
 				var rep workerReport
 				if json.Unmarshal([]byte(s), &rep) == nil {
