@@ -289,14 +289,20 @@ func TestRowsNoRunningNodeCanRunAreShownAsBlocked(t *testing.T) {
 func parkTickets(t *testing.T, e *env, n int) []int64 {
 	t.Helper()
 	ctx := context.Background()
-	v1 := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{ticketV1}})
+	// A running client parks them (its steps run side by side and commit in groups), then stops.
+	v1 := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{ticketV1},
+		Queues: map[string]gendurable.QueueConfig{"tickets": {Concurrency: 32}}})
 	params := make([]gendurable.InsertManyParams, n)
 	for i := range params {
 		params[i] = gendurable.InsertManyParams{Input: ticketV1.With(ticket{Title: "parked"})}
 	}
 	res, err := v1.InsertMany(ctx, params)
 	require.NoError(t, err)
-	durabletest.New(t, v1, &durabletest.Opts{MaxSteps: 10 * n}).Drain(ctx)
+	require.NoError(t, v1.Start(ctx))
+	eventually(t, time.Minute, "the tickets parked", func() bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'awaiting' AND step = 'review'`) == n
+	})
+	require.NoError(t, v1.Stop(ctx))
 	ids := make([]int64, n)
 	for i, r := range res {
 		ids[i] = r.ID
