@@ -2,6 +2,7 @@ package gendurable
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -28,6 +29,10 @@ type Client struct {
 	eng        *engine.Engine
 	store      *store.Store
 	maxPayload int
+	// service and declared are Config.Service and the schedules its Config declares, written at
+	// Start.
+	service  string
+	declared []store.ScheduleDef
 }
 
 // NewClient validates cfg and builds a client on pool. Nothing runs and nothing touches the
@@ -47,7 +52,41 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if cfg != nil {
 		ec.OpenPoke = openPoke(cfg.Poke, pool, schema, ec.Name, ec.Logger)
 	}
-	return &Client{pool: pool, eng: engine.New(pool, st, ec), store: st, maxPayload: ec.MaxPayload}, nil
+	c := &Client{pool: pool, eng: engine.New(pool, st, ec), store: st, maxPayload: ec.MaxPayload}
+	if cfg != nil {
+		if err := c.declare(cfg); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// declare validates the schedules cfg declares.
+func (c *Client) declare(cfg *Config) error {
+	if cfg.Service != "" {
+		if err := checkName("service name", cfg.Service); err != nil {
+			return cfgErr("Service", "%v", err)
+		}
+	}
+	c.service = cfg.Service
+	seen := map[string]bool{}
+	for i := range cfg.Schedules {
+		s := &cfg.Schedules[i]
+		def, err := c.scheduleDef(s, cfg.Service)
+		if err != nil {
+			var ie *InputError
+			if errors.As(err, &ie) {
+				return &ConfigError{Field: fmt.Sprintf("Schedules[%d].%s", i, ie.Field), Reason: ie.Reason, Err: ie.Err}
+			}
+			return err
+		}
+		if seen[s.Name] {
+			return cfgErr(fmt.Sprintf("Schedules[%d].Name", i), "%q: declared twice", s.Name)
+		}
+		seen[s.Name] = true
+		c.declared = append(c.declared, def)
+	}
+	return nil
 }
 
 // Schema is the schema the client works in.
@@ -55,7 +94,8 @@ func (c *Client) Schema() string { return c.store.Schema }
 
 // Start checks that the schema is migrated, releases claims a dead predecessor of this client
 // left behind (same name, queue and host, lease gone stale), then starts the queues' schedulers,
-// the heartbeat and the reaper. It never runs DDL: migrate first (Migrate or `gendurable migrate`).
+// the heartbeat, the reaper and the schedule firer, and writes the schedules its Config declares
+// (removing those its Service declared before and no longer does). It never runs DDL: migrate first (Migrate or `gendurable migrate`).
 // It logs a warning if the pool's search_path holds a schema that other roles can create objects
 // in (see the operations guide, "Roles and grants").
 func (c *Client) Start(ctx context.Context) error {
@@ -63,7 +103,17 @@ func (c *Client) Start(ctx context.Context) error {
 		return err
 	}
 	c.checkSearchPath(ctx)
-	return c.eng.Start(ctx)
+	if err := c.eng.Start(ctx); err != nil {
+		return err
+	}
+	if err := c.reconcileSchedules(ctx); err != nil {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_ = c.eng.Stop(sctx)
+		return err
+	}
+	c.eng.KickSchedules()
+	return nil
 }
 
 // checkSearchPath warns about schemas on the search_path that other roles can create objects

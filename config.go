@@ -71,6 +71,15 @@ type Config struct {
 	// PokeLocal() (this client only), PokePostgres() (LISTEN/NOTIFY), or another module's
 	// transport (Redis: contrib/redispoke). See the operations guide.
 	Poke PokeTransport
+	// Service names the service this client belongs to: the schedules its Config declares are
+	// that service's. At Start, the service's schedules that Schedules no longer declares are
+	// removed; other services' schedules, and those set at run time, are never touched. Empty:
+	// Start removes nothing. Same rules as Name.
+	Service string
+	// Schedules are written at Start (created, or updated where they changed). Their machines
+	// must be in Machines. A schedule another service declared first stays as that service
+	// declares it. See Schedule and docs/schedules.md.
+	Schedules []Schedule
 	// AwaitTick is how often the await watcher reads, in one statement, the settled instances
 	// that callers of Await on this client wait for: the latency of an answer settled on another
 	// node. Default 25ms.

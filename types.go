@@ -55,6 +55,9 @@ const (
 	EventRateLimitThrottled   = durabletype.EventRateLimitThrottled
 	EventRateLimitContended   = durabletype.EventRateLimitContended
 	EventRateLimitUnknown     = durabletype.EventRateLimitUnknown
+	EventScheduleFired        = durabletype.EventScheduleFired
+	EventScheduleSkipped      = durabletype.EventScheduleSkipped
+	EventScheduleFailed       = durabletype.EventScheduleFailed
 )
 
 // Sentinel errors; see durabletype for their meaning.
@@ -76,6 +79,8 @@ var (
 	ErrLeaseLost         = durabletype.ErrLeaseLost
 	ErrCancelled         = durabletype.ErrCancelled
 	ErrWrongStatus       = durabletype.ErrWrongStatus
+	ErrUnknownSchedule   = durabletype.ErrUnknownSchedule
+	ErrScheduleOwned     = durabletype.ErrScheduleOwned
 )
 
 // ConfigError names an invalid Config field.

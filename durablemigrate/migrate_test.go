@@ -82,7 +82,7 @@ func TestMigrateIsIdempotentAndSafeConcurrently(t *testing.T) {
 	require.NoError(t, durablemigrate.Migrate(ctx, pool, schema))
 	var tables int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = $1`, schema).Scan(&tables))
-	require.Equal(t, 8, tables) // instances, signals, gates, gate_leases, buckets, meta, nodes, upgrade_requests
+	require.Equal(t, 9, tables) // instances, signals, gates, gate_leases, buckets, meta, nodes, upgrade_requests, schedules
 }
 
 func TestMigrateRefusesASchemaBuiltFromOtherDDL(t *testing.T) {

@@ -19,6 +19,11 @@ var (
 	ErrInvalidPayload = errors.New("gendurable: invalid payload")
 	// ErrUnknownMachine: no registered machine has that name.
 	ErrUnknownMachine = errors.New("gendurable: unknown machine")
+	// ErrUnknownSchedule: no schedule has that name.
+	ErrUnknownSchedule = errors.New("gendurable: unknown schedule")
+	// ErrScheduleOwned: the schedule is declared by a service's Config (Config.Service), and
+	// only that service's declaration changes it.
+	ErrScheduleOwned = errors.New("gendurable: schedule declared by a service")
 	// ErrUnknownStep: the machine has no step of that name.
 	ErrUnknownStep = errors.New("gendurable: unknown step")
 	// ErrUnknownVersion: a row is at a version of its machine newer than the one registered on

@@ -76,6 +76,18 @@ const (
 	// (on its claim, or by Client.Upgrade). InstanceID, Queue, Machine, Step (where it goes on),
 	// Version (the version it is at now).
 	EventInstanceUpgraded EventName = "instance.upgraded"
+	// EventScheduleFired: a schedule fired. Schedule, Machine, Queue, Count = instances inserted
+	// (more than one when it caught up missed fire times), InstanceID = the last one, Duration =
+	// how late the last fire was (from its fire time to the commit of its insert).
+	EventScheduleFired EventName = "schedule.fired"
+	// EventScheduleSkipped: a schedule let fire times pass without an instance. Schedule,
+	// Reason ("overlap": its last instance was still live, or a newer fire superseded it;
+	// "catch-up": missed while no node fired it, outside its catch-up window), Count = fire
+	// times skipped.
+	EventScheduleSkipped EventName = "schedule.skipped"
+	// EventScheduleFailed: firing a schedule failed; it is tried again a few seconds later (its
+	// fire times stay due). Schedule, Err.
+	EventScheduleFailed EventName = "schedule.failed"
 )
 
 // Event is what hooks receive. Fields that do not apply to an event are zero.
@@ -100,7 +112,10 @@ type Event struct {
 	// Key is the rate limit an event is about.
 	Key string
 	// Version is the machine version an instance was brought to (instance.upgraded).
-	Version  int
+	Version int
+	// Schedule is the schedule an event is about; Reason why its fire times were skipped.
+	Schedule string
+	Reason   string
 	Duration time.Duration
 	Err      error
 	Panic    bool

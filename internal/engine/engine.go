@@ -124,6 +124,8 @@ type Engine struct {
 	upgrading atomic.Bool        // a bulk-upgrade request is being worked (serveUpgrades)
 	poker     atomic.Pointer[PokeConn]
 	awaits    *awaiter
+	// firer fires due schedules (nodes that run the reaper); nil elsewhere.
+	firer     *maintenance.Firer
 	committer *committer
 	lastBeat  time.Time
 
@@ -164,6 +166,9 @@ func New(pool Pool, st *store.Store, cfg Config) *Engine {
 		}
 	}
 	e.awaits = newAwaiter(e)
+	if cfg.ReaperInterval > 0 {
+		e.firer = maintenance.NewFirer()
+	}
 	// The runners exist from the start (idle until Start), so that the map is never written
 	// while an insert reads it to wake a queue.
 	for name, qc := range cfg.Queues {
@@ -257,6 +262,12 @@ func (e *Engine) Start(ctx context.Context) error {
 	} else {
 		e.log.Info("gendurable: reaper disabled on this node", "client", e.cfg.Name)
 	}
+	if e.firer != nil {
+		e.firer.Store, e.firer.DB, e.firer.Logger, e.firer.Emit, e.firer.Poke = e.store, e.pool, e.log, e.Emit, e.Poke
+		e.firer.Timeout = StatementTimeout(e.cfg.Lease)
+		e.bg.Add(1)
+		go func() { defer e.bg.Done(); e.firer.Run(e.bgStop) }()
+	}
 	if e.cfg.GCInterval > 0 {
 		gc := &maintenance.GC{
 			Store: e.store, DB: e.pool, Interval: e.cfg.GCInterval, Retention: e.cfg.GCRetention,
@@ -326,6 +337,14 @@ func (e *Engine) staleAfter() time.Duration {
 func (e *Engine) Wake(queue string) {
 	if r, ok := e.runners[queue]; ok {
 		r.poke()
+	}
+}
+
+// KickSchedules makes this node's schedule firer look for due schedules now (a schedule was
+// set, resumed or declared here). Other nodes see the change within a second.
+func (e *Engine) KickSchedules() {
+	if e.firer != nil {
+		e.firer.Kick()
 	}
 }
 
