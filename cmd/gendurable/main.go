@@ -10,6 +10,8 @@
 //	gendurable signal  ID|--machine M KEY NAME [JSON]
 //	gendurable retry   ID|--machine M KEY [--step S]
 //	gendurable cancel  ID|--machine M KEY [--reason R]
+//	gendurable upgrade --machine M [--no-wait] [--timeout 10m]
+//	gendurable schedules [list] [--json] | schedules pause|resume|trigger|remove NAME
 //	gendurable ui      [--addr 127.0.0.1:8080] [--read-only] [--token T]
 //
 // Every command takes --database-url URL and --schema S.
@@ -49,6 +51,7 @@ func commands() []command {
 		{"retry", "retry ID|--machine M KEY [--step S]", "make a failed or cancelled instance runnable again", runRetry},
 		{"cancel", "cancel ID|--machine M KEY [--reason R]", "cancel a live instance", runCancel},
 		{"upgrade", "upgrade --machine M [--no-wait] [--timeout 10m]", "bring a machine's parked instances forward to its newest version, in bulk", runUpgrade},
+		{"schedules", "schedules [list] [--json] | schedules pause|resume|trigger|remove NAME", "list the schedules (next fire, last fire and its instance), or act on one", runSchedules},
 		{"ui", "ui [--addr 127.0.0.1:8080] [--read-only] [--token T]", "serve the web dashboard of a schema", runUI},
 	}
 }

@@ -55,6 +55,8 @@ type Result struct {
 	P50ms      *float64 `json:"p50_ms,omitempty"`
 	P95ms      *float64 `json:"p95_ms,omitempty"`
 	P99ms      *float64 `json:"p99_ms,omitempty"`
+	// DBmsPerFire is the database's statement time per schedule fire (cron).
+	DBmsPerFire *float64 `json:"db_ms_per_fire,omitempty"`
 	// PeakHeapMB is the largest live Go heap seen during the scenario; MaxRSSMB the process's
 	// peak resident set so far.
 	PeakHeapMB float64 `json:"peak_heap_mb"`
@@ -93,6 +95,7 @@ func scenarios() []scenario {
 		{name: "fanout", defaultN: 20000, summary: "one parent spawning N one-step children in another queue, then joining", run: runFanout},
 		{name: "gated", defaultN: 50000, summary: "jobs, each under one gate key whose limit (100,000 over 8 shards) never binds: the admission cost", run: runGated},
 		{name: "rated", defaultN: 50000, summary: "jobs, each under one rate limit that never binds (10 million a second): the admission cost", run: runRated},
+		{name: "cron", defaultN: 1000, summary: "N schedules firing every second for 10 s on one node that runs no queue; work/s = fires/s, latency = fire lag (fire time to the insert's commit), db_ms_per_fire", run: runCron},
 	}
 }
 
