@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -88,6 +89,13 @@ type workerCfg struct {
 	// Marks prints a line for every step that finished an instance, as its commit returned
 	// (worker.doneAt).
 	Marks bool
+	// Schedules (crash set): the client's Config.Service is its Name, and it declares
+	// OwnSchedules schedules "<name>-<k>" and the SharedSchedules, each firing linear5 in the
+	// first queue every ScheduleEveryMS, overlap allowed, with a catch-up window of
+	// ScheduleCatchUpMS.
+	OwnSchedules                       int
+	SharedSchedules                    []string
+	ScheduleEveryMS, ScheduleCatchUpMS int
 }
 
 // leaseMS sets a worker's lease and a heartbeat of a fifth of it.
@@ -355,6 +363,18 @@ func workerMain(cfgJSON string) int {
 	}
 	if cfg.Poke == "postgres" {
 		c.Poke = gendurable.PokePostgres()
+	}
+	if cfg.OwnSchedules > 0 || len(cfg.SharedSchedules) > 0 {
+		names := slices.Clone(cfg.SharedSchedules)
+		for k := range cfg.OwnSchedules {
+			names = append(names, fmt.Sprintf("%s-%d", cfg.Name, k))
+		}
+		c.Service = cfg.Name
+		for _, n := range names {
+			c.Schedules = append(c.Schedules, gendurable.Schedule{Name: n, Input: linear("linear5", 0, nil).With(path{}),
+				Opts: &gendurable.InsertOpts{Queue: cfg.Queues[0]}, Every: ms(cfg.ScheduleEveryMS),
+				CatchUp: ms(cfg.ScheduleCatchUpMS), Overlap: gendurable.OverlapAllow})
+		}
 	}
 	if len(cfg.Gates) > 0 {
 		c.ConcurrencyLimits = map[string]gendurable.ConcurrencyLimit{}
