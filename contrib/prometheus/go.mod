@@ -10,6 +10,7 @@ require (
 )
 
 require (
+	github.com/robfig/cron/v3 v3.0.1 // indirect
 	go.uber.org/goleak v1.3.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 )
