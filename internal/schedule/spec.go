@@ -155,7 +155,7 @@ func sameWall(a, w time.Time) bool {
 		a.Minute() == w.Minute() && a.Second() == w.Second()
 }
 
-// Catch-up: what a schedule whose next fire time is due does now.
+// Catchup is what a schedule whose next fire time is due does now (Spec.Due).
 type Catchup struct {
 	// Fire are the fire times to fire now, oldest first.
 	Fire []time.Time
