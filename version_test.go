@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -388,4 +389,41 @@ func TestAnOperatorsUpgradeRequestIsWorkedByARunningNode(t *testing.T) {
 	require.Equal(t, 50, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE machine_version = 2 AND step = 'approve'`))
 	_, err = op.UpgradeRequestStatus(ctx, id+100)
 	require.ErrorIs(t, err, gendurable.ErrNotFound)
+}
+
+// Four running nodes race for three requests: each request is worked by one node at a time, and
+// every parked instance is brought forward exactly once, whoever does it.
+func TestNodesRacingForUpgradeRequestsUpgradeEachInstanceOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	const n = 600
+	parkTickets(t, e, n)
+	for i := range 4 {
+		start(t, e.client(t, &gendurable.Config{Name: fmt.Sprint("v2-", i), Machines: []gendurable.Machine{ticketV2(ticketUpgrade)},
+			Queues: map[string]gendurable.QueueConfig{"tickets": {}}}))
+	}
+	op := e.client(t, nil)
+	var ids []int64
+	for range 3 {
+		id, err := op.RequestUpgrade(ctx, "ticket")
+		require.NoError(t, err)
+		ids = append(ids, id)
+	}
+	var total int64
+	for _, id := range ids {
+		var r *gendurable.UpgradeRequest
+		eventually(t, time.Minute, "the requests finished", func() bool {
+			var err error
+			r, err = op.UpgradeRequestStatus(ctx, id)
+			require.NoError(t, err)
+			return r.FinishedAt != nil
+		})
+		require.Empty(t, r.Error)
+		require.NotEmpty(t, r.TakenBy)
+		total += r.Upgraded
+	}
+	require.Equal(t, int64(n), total, "upgrades counted by the requests")
+	require.Equal(t, n, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE machine_version = 2
+		AND jsonb_array_length(upgrades) = 1`))
 }

@@ -75,9 +75,12 @@ func (e *Engine) registryLoop() {
 				e.log.Warn("gendurable: node registry refresh failed", "client", e.cfg.Name, "error", err)
 			}
 			cancel()
-			// An operator's bulk upgrade runs beside the refreshes, which must go on.
-			e.bg.Add(1)
-			go func() { defer e.bg.Done(); e.serveUpgrades() }()
+			// An operator's bulk upgrade runs beside the refreshes, which must go on. Only a node
+			// with a machine past version 1 can take one.
+			if len(e.versions.Names) > 0 {
+				e.bg.Add(1)
+				go func() { defer e.bg.Done(); e.serveUpgrades() }()
+			}
 		}
 	}
 }
