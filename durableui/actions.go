@@ -24,61 +24,13 @@ const maxReason = 1000
 // query of the page to send the browser back to (what happened, for the message shown there).
 type act func(r *http.Request, id int64) (url.Values, error)
 
-// action wraps an act with the checks every POST passes, in the package's documented order,
-// before anything is read from the form or written to the database.
+// action wraps an act with the checks every POST passes (guard) before anything is read from
+// the form or written to the database.
 func (h *handler) action(do act) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		name := r.URL.Path[strings.LastIndexByte(r.URL.Path, '/')+1:]
-		refuse := func(status int, why, message string) {
-			h.log.WarnContext(r.Context(), "durableui: action refused", "action", name, "path", r.URL.Path,
-				"status", status, "why", why, "remote", r.RemoteAddr)
-			h.fail(w, r, status, message)
-		}
-		if h.opts.ReadOnly {
-			refuse(http.StatusForbidden, "read-only", "This dashboard is read-only: it takes no actions.")
+		name := actionName(r)
+		if !h.guard(w, r, name, backLink{}) {
 			return
-		}
-		if err := h.xorigin.Check(r); err != nil {
-			refuse(http.StatusForbidden, "cross-origin", "A page of another site tried to send this form; it was refused.")
-			return
-		}
-		// A payload may be escaped threefold in a URL-encoded form (%XX); its decoded size is
-		// checked by the signal action.
-		r.Body = http.MaxBytesReader(w, r.Body, int64(3*h.opts.MaxPayloadBytes+formSlack))
-		if err := r.ParseForm(); err != nil {
-			if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-				refuse(http.StatusRequestEntityTooLarge, "too large",
-					fmt.Sprintf("The form is too large: a signal's payload may hold at most %d bytes. Nothing was sent.", h.opts.MaxPayloadBytes))
-				return
-			}
-			refuse(http.StatusBadRequest, "malformed form", "The form could not be read: "+err.Error())
-			return
-		}
-		if !h.checkCSRF(r) {
-			refuse(http.StatusForbidden, "csrf",
-				"The form did not carry the CSRF token of your dashboard session: it was not sent from this dashboard, or the page is stale. Reload the page and try again.")
-			return
-		}
-		if h.opts.Token != "" {
-			tok := r.PostForm.Get("token")
-			if tok == "" {
-				refuse(http.StatusUnauthorized, "no token", "This action needs the dashboard's token: type it into the form's token field.")
-				return
-			}
-			if !h.checkToken(tok) {
-				refuse(http.StatusForbidden, "wrong token", "The token is wrong. Nothing was changed.")
-				return
-			}
-		}
-		if h.opts.Authorize != nil {
-			if err := h.opts.Authorize(r); err != nil {
-				status := http.StatusForbidden
-				if errors.Is(err, ErrUnauthenticated) {
-					status = http.StatusUnauthorized
-				}
-				refuse(status, "authorize", "Not allowed: "+err.Error())
-				return
-			}
 		}
 		id, ok := h.pathID(w, r)
 		if !ok {
@@ -89,13 +41,69 @@ func (h *handler) action(do act) http.HandlerFunc {
 			if status := statusOf(err); status != http.StatusInternalServerError {
 				h.log.InfoContext(r.Context(), "durableui: action failed", "action", name, "id", id, "status", status)
 			}
-			h.failErrTo(w, r, name, err, fmt.Sprintf("%sinstances/%d", h.prefix, id))
+			h.failErrTo(w, r, name, err, h.toInstance(id))
 			return
 		}
 		h.log.InfoContext(r.Context(), "durableui: action", "action", name, "id", id, "remote", r.RemoteAddr)
 		back.Set("done", name)
 		http.Redirect(w, r, fmt.Sprintf("%sinstances/%d?%s", h.prefix, id, back.Encode()), http.StatusSeeOther)
 	}
+}
+
+// actionName is the last segment of an action's path: "cancel", "pause".
+func actionName(r *http.Request) string {
+	return r.URL.Path[strings.LastIndexByte(r.URL.Path, '/')+1:]
+}
+
+// guard runs the checks every POST passes, in the package's documented order, and answers a
+// request that fails one with the error page (linking to back, if set). It reports whether the
+// request passed; its form is parsed then.
+func (h *handler) guard(w http.ResponseWriter, r *http.Request, name string, back backLink) bool {
+	refuse := func(status int, why, message string) bool {
+		h.log.WarnContext(r.Context(), "durableui: action refused", "action", name, "path", r.URL.Path,
+			"status", status, "why", why, "remote", r.RemoteAddr)
+		h.failTo(w, r, status, message, back)
+		return false
+	}
+	if h.opts.ReadOnly {
+		return refuse(http.StatusForbidden, "read-only", "This dashboard is read-only: it takes no actions.")
+	}
+	if err := h.xorigin.Check(r); err != nil {
+		return refuse(http.StatusForbidden, "cross-origin", "A page of another site tried to send this form; it was refused.")
+	}
+	// A payload may be escaped threefold in a URL-encoded form (%XX); its decoded size is
+	// checked by the signal action.
+	r.Body = http.MaxBytesReader(w, r.Body, int64(3*h.opts.MaxPayloadBytes+formSlack))
+	if err := r.ParseForm(); err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			return refuse(http.StatusRequestEntityTooLarge, "too large",
+				fmt.Sprintf("The form is too large: a signal's payload may hold at most %d bytes. Nothing was sent.", h.opts.MaxPayloadBytes))
+		}
+		return refuse(http.StatusBadRequest, "malformed form", "The form could not be read: "+err.Error())
+	}
+	if !h.checkCSRF(r) {
+		return refuse(http.StatusForbidden, "csrf",
+			"The form did not carry the CSRF token of your dashboard session: it was not sent from this dashboard, or the page is stale. Reload the page and try again.")
+	}
+	if h.opts.Token != "" {
+		tok := r.PostForm.Get("token")
+		if tok == "" {
+			return refuse(http.StatusUnauthorized, "no token", "This action needs the dashboard's token: type it into the form's token field.")
+		}
+		if !h.checkToken(tok) {
+			return refuse(http.StatusForbidden, "wrong token", "The token is wrong. Nothing was changed.")
+		}
+	}
+	if h.opts.Authorize != nil {
+		if err := h.opts.Authorize(r); err != nil {
+			status := http.StatusForbidden
+			if errors.Is(err, ErrUnauthenticated) {
+				status = http.StatusUnauthorized
+			}
+			return refuse(status, "authorize", "Not allowed: "+err.Error())
+		}
+	}
+	return true
 }
 
 // formError is a field of an action's form that cannot be used as it is.

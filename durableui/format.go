@@ -23,6 +23,7 @@ var funcs = template.FuncMap{
 	"ago":     ago,
 	"agop":    func(t *time.Time, now time.Time) string { return agoPtr(t, now) },
 	"dur":     formatDuration,
+	"exact":   exactDuration,
 	"count":   formatCount,
 	"rate":    formatRate,
 	"trim":    trim,
@@ -101,6 +102,28 @@ func formatDuration(d time.Duration) string {
 		return fmt.Sprintf("%dh %dm", int(d/time.Hour), int(d%time.Hour/time.Minute))
 	}
 	return fmt.Sprintf("%dd %dh", int(d/(24*time.Hour)), int(d%(24*time.Hour)/time.Hour))
+}
+
+// exactDuration writes d without rounding, in the units that are not zero: "5m", "1h 30m",
+// "2d", "1m 30s", "1500ms".
+func exactDuration(d time.Duration) string {
+	if d <= 0 {
+		return "0s"
+	}
+	var parts []string
+	for _, u := range []struct {
+		d    time.Duration
+		name string
+	}{{24 * time.Hour, "d"}, {time.Hour, "h"}, {time.Minute, "m"}, {time.Second, "s"}, {time.Millisecond, "ms"}} {
+		if n := d / u.d; n > 0 {
+			parts = append(parts, strconv.FormatInt(int64(n), 10)+u.name)
+			d %= u.d
+		}
+	}
+	if d > 0 {
+		parts = append(parts, d.String())
+	}
+	return strings.Join(parts, " ")
 }
 
 // formatCount groups thousands: 1234567 is "1,234,567".

@@ -1,7 +1,8 @@
 // Package durableui is gendurable's web dashboard: an http.Handler that shows a schema's queues
 // (live counts, lag, throughput), lists instances with the filters and keyset paging of
 // Client.List, shows one instance (state, result, the steps it took, inbox, children, errors),
-// lists stuck instances, and lets an operator signal, retry or cancel an instance.
+// lists stuck instances and the schedules with their fire history, and lets an operator signal,
+// retry or cancel an instance and pause, resume, trigger or remove a schedule.
 //
 // It is server-rendered HTML from html/template with its stylesheet and a few lines of script
 // embedded: no external network, no CDN. Mount it in your own server (see Options.Prefix) or run
@@ -189,7 +190,7 @@ func (h *handler) parse() error {
 	}
 	h.version = hex.EncodeToString(sum.Sum(nil))[:12]
 	h.pages = map[string]*template.Template{}
-	for _, page := range []string{"queues", "instances", "instance", "stuck", "error"} {
+	for _, page := range []string{"queues", "instances", "instance", "stuck", "schedules", "error"} {
 		t, err := template.New(page).Funcs(funcs).ParseFS(files, "templates/layout.html", "templates/"+page+".html")
 		if err != nil {
 			return fmt.Errorf("durableui: template %s: %w", page, err)
@@ -209,6 +210,12 @@ func (h *handler) routes() {
 	m.HandleFunc("POST "+p+"instances/{id}/signal", h.action(h.signal))
 	m.HandleFunc("POST "+p+"instances/{id}/retry", h.action(h.retry))
 	m.HandleFunc("POST "+p+"instances/{id}/cancel", h.action(h.cancel))
+	m.HandleFunc("GET "+p+"schedules", h.schedules)
+	// The schedule is a form field, not a path segment: a name may hold "/" or be "..".
+	m.HandleFunc("POST "+p+"schedules/pause", h.scheduleAction(h.pauseSchedule))
+	m.HandleFunc("POST "+p+"schedules/resume", h.scheduleAction(h.resumeSchedule))
+	m.HandleFunc("POST "+p+"schedules/trigger", h.scheduleAction(h.triggerSchedule))
+	m.HandleFunc("POST "+p+"schedules/remove", h.scheduleAction(h.removeSchedule))
 	static, _ := fs.Sub(files, "static")
 	assets := http.StripPrefix(p+"static/", http.FileServerFS(static))
 	m.Handle("GET "+p+"static/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -276,16 +283,31 @@ type failure struct {
 	Status     int
 	StatusText string
 	Message    string
-	Back       string // a page to go back to, or "" for the queues
+	Back       backLink // a page to go back to; none: the queues
+}
+
+// backLink is the link of an error page back to the page the request came from.
+type backLink struct {
+	Href, Text string
+}
+
+// toInstance is the link back to an instance's page.
+func (h *handler) toInstance(id int64) backLink {
+	return backLink{fmt.Sprintf("%sinstances/%d", h.prefix, id), "Back to the instance"}
+}
+
+// toSchedules is the link back to the schedules page.
+func (h *handler) toSchedules() backLink {
+	return backLink{h.prefix + "schedules", "Back to the schedules"}
 }
 
 // fail answers with the error page: the status, and a message for a person.
 func (h *handler) fail(w http.ResponseWriter, r *http.Request, status int, message string) {
-	h.failTo(w, r, status, message, "")
+	h.failTo(w, r, status, message, backLink{})
 }
 
 // failTo is fail with a link back to the page the request came from.
-func (h *handler) failTo(w http.ResponseWriter, r *http.Request, status int, message, back string) {
+func (h *handler) failTo(w http.ResponseWriter, r *http.Request, status int, message string, back backLink) {
 	if status == http.StatusUnauthorized {
 		w.Header().Set("WWW-Authenticate", `FormToken realm="gendurable dashboard"`)
 	}
@@ -296,10 +318,10 @@ func (h *handler) failTo(w http.ResponseWriter, r *http.Request, status int, mes
 // failErr answers for an error of the client: the status that fits it, and its text. Errors
 // the user cannot fix are logged (never with a payload: the client's errors hold none).
 func (h *handler) failErr(w http.ResponseWriter, r *http.Request, what string, err error) {
-	h.failErrTo(w, r, what, err, "")
+	h.failErrTo(w, r, what, err, backLink{})
 }
 
-func (h *handler) failErrTo(w http.ResponseWriter, r *http.Request, what string, err error, back string) {
+func (h *handler) failErrTo(w http.ResponseWriter, r *http.Request, what string, err error, back backLink) {
 	status := statusOf(err)
 	if status == http.StatusInternalServerError {
 		h.log.ErrorContext(r.Context(), "durableui: "+what, "path", r.URL.Path, "err", err)
@@ -312,9 +334,10 @@ func statusOf(err error) int {
 		return fe.status
 	}
 	switch {
-	case errors.Is(err, gendurable.ErrNotFound):
+	case errors.Is(err, gendurable.ErrNotFound), errors.Is(err, gendurable.ErrUnknownSchedule):
 		return http.StatusNotFound
-	case errors.Is(err, gendurable.ErrWrongStatus), errors.Is(err, gendurable.ErrNoTarget):
+	case errors.Is(err, gendurable.ErrWrongStatus), errors.Is(err, gendurable.ErrNoTarget),
+		errors.Is(err, gendurable.ErrScheduleOwned):
 		return http.StatusConflict
 	case errors.Is(err, gendurable.ErrPayloadTooLarge):
 		return http.StatusRequestEntityTooLarge

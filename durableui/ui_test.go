@@ -580,3 +580,283 @@ func TestNewValidatesOptions(t *testing.T) {
 	require.NoError(t, err)
 	require.NotNil(t, h)
 }
+
+// schedules is every row of the schema's schedules, as JSON: equal snapshots mean that nothing
+// was written.
+func (e *env) schedules(t *testing.T) string {
+	t.Helper()
+	var s string
+	require.NoError(t, e.pool.QueryRow(context.Background(), strings.ReplaceAll(
+		`SELECT coalesce(jsonb_agg(to_jsonb(s) ORDER BY s.name), '[]')::text FROM {schema}.schedules AS s`,
+		"{schema}", `"`+e.schema+`"`)).Scan(&s))
+	return s
+}
+
+func (e *env) schedule(t *testing.T, name string) *gendurable.ScheduleInfo {
+	t.Helper()
+	info, err := e.client.GetSchedule(context.Background(), name)
+	require.NoError(t, err)
+	return info
+}
+
+// scheduleRow is the table row of the schedule named name on a schedules page.
+func scheduleRow(t *testing.T, body, name string) string {
+	t.Helper()
+	attr := strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&#34;").Replace(name)
+	m := regexp.MustCompile(`(?s)<tr data-schedule="` + regexp.QuoteMeta(attr) + `">(.*?)</tr>`).FindStringSubmatch(body)
+	require.NotNil(t, m, "no row for schedule %q", name)
+	return m[1]
+}
+
+// oddName is a schedule name with what a path or HTML could trip on.
+const oddName = `a/../b <c> & "d"`
+
+func TestSchedulesPageListsEverySchedule(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	require.NoError(t, e.client.SetSchedule(ctx, gendurable.Schedule{Name: "nightly-report", Input: orderFSM.With(order{Item: "report"}),
+		Cron: "0 3 * * *", TimeZone: "Europe/Berlin", CatchUp: time.Hour}))
+	require.NoError(t, e.client.SetSchedule(ctx, gendurable.Schedule{Name: "every-5m", Input: orderFSM.With(order{Item: "tick"}),
+		Opts: &gendurable.InsertOpts{Queue: "ticks"}, Every: 5 * time.Minute, Overlap: gendurable.OverlapAllow, Jitter: 10 * time.Second}))
+	require.NoError(t, e.client.SetSchedule(ctx, gendurable.Schedule{Name: oddName, Input: orderFSM.With(order{}),
+		Every: 90 * time.Second, Overlap: gendurable.OverlapCancel}))
+	// History: a fire (through the API), then counts, a skip and an error as the firing loop
+	// stores them.
+	fired, err := e.client.TriggerSchedule(ctx, "nightly-report")
+	require.NoError(t, err)
+	e.exec(t, `UPDATE {schema}.schedules SET fired = 41, skipped = 3,
+	             last_skip = '{"reason": "overlap", "count": 3, "first": "2025-01-01T03:00:00Z", "last": "2025-01-03T03:00:00Z", "at": "2025-01-03T03:00:01Z"}',
+	             last_error = 'insert the fired instances: <boom>', last_error_at = now()
+	           WHERE name = 'nightly-report'`)
+	require.NoError(t, e.client.PauseSchedule(ctx, "every-5m"))
+	nightly := e.schedule(t, "nightly-report")
+	b := e.serve(t, nil)
+
+	code, body := b.get(t, "/")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `<a href="/schedules">Schedules</a>`, "the navigation links the page")
+
+	code, body = b.get(t, "/schedules")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `<a href="/schedules" aria-current="page">Schedules</a>`)
+	require.NotContains(t, body, "<c>", "names are escaped")
+	// By name.
+	iEvery, iNightly, iOdd := strings.Index(body, `data-schedule="every-5m"`), strings.Index(body, `data-schedule="nightly-report"`),
+		strings.Index(body, `data-schedule="a/`)
+	require.True(t, iOdd < iEvery && iEvery < iNightly, "%d %d %d", iOdd, iEvery, iNightly)
+
+	row := scheduleRow(t, body, "nightly-report")
+	for _, want := range []string{
+		`<span class="key name">nightly-report</span> <span class="st st-active">active</span>`, `<small>set at run time</small>`,
+		`<a href="/instances?machine=order">order</a>`, `<a href="/instances?queue=orders">orders</a>`,
+		`<code>0 3 * * *</code> <small>Europe/Berlin</small>`, `catch-up 1h`,
+		`<small class="overlap">overlap: skip</small>`,
+		nightly.NextFireAt.UTC().Format("2006-01-02 15:04:05Z07:00"),
+		nightly.LastFireAt.UTC().Format("2006-01-02 15:04:05Z07:00"),
+		fmt.Sprintf(`<a href="/instances/%d">instance %d</a> <span class="st st-available">available</span>`, fired, fired),
+		`<td class="num">41</td>`, `<td class="num warn">3</td>`,
+		`<strong>overlap</strong>: 3 fire times`, `<span class="t">2025-01-01 03:00:00Z</span> – <span class="t">2025-01-03 03:00:00Z</span>`,
+		`insert the fired instances: &lt;boom&gt;`,
+		`action="/schedules/pause"`, `action="/schedules/trigger"`, `action="/schedules/remove"`,
+		`<input type="hidden" name="schedule" value="nightly-report">`,
+	} {
+		require.Contains(t, row, want)
+	}
+	require.NotContains(t, row, `action="/schedules/resume"`)
+
+	row = scheduleRow(t, body, "every-5m")
+	for _, want := range []string{`<code>every 5m</code>`, `jitter up to 10s`, `overlap: allow`, `<span class="st st-paused">paused</span>`,
+		`was due`, `<span class="empty">never</span>`, `<a href="/instances?queue=ticks">ticks</a>`, `action="/schedules/resume"`} {
+		require.Contains(t, row, want)
+	}
+	require.NotContains(t, row, `action="/schedules/pause"`)
+
+	row = scheduleRow(t, body, oddName)
+	require.Contains(t, row, `<code>every 1m 30s</code>`)
+	require.Contains(t, row, `overlap: cancel`)
+	require.Contains(t, row, `<input type="hidden" name="schedule" value="a/../b &lt;c&gt; &amp; &#34;d&#34;">`)
+
+	// No schedule at all.
+	for _, name := range []string{"nightly-report", "every-5m", oddName} {
+		require.NoError(t, e.client.RemoveSchedule(ctx, name))
+	}
+	code, body = b.get(t, "/schedules")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, "No schedule.")
+}
+
+func TestScheduleActionsPauseResumeTriggerAndRemove(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	require.NoError(t, e.client.SetSchedule(ctx, gendurable.Schedule{Name: "nightly", Input: orderFSM.With(order{Item: "report"}),
+		Cron: "0 3 * * *"}))
+	require.NoError(t, e.client.SetSchedule(ctx, gendurable.Schedule{Name: oddName, Input: orderFSM.With(order{}), Every: time.Hour}))
+	var logs bytes.Buffer
+	b := e.serve(t, &durableui.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	tok := b.csrf(t, "/schedules")
+	act := func(action, name string) (int, string, http.Header) {
+		t.Helper()
+		return b.post(t, "/schedules/"+action, url.Values{"csrf": {tok}, "schedule": {name}}, nil)
+	}
+	follow := func(hdr http.Header) string {
+		t.Helper()
+		code, body := b.get(t, hdr.Get("Location"))
+		require.Equal(t, http.StatusOK, code)
+		return body
+	}
+
+	// Pause and resume, by a name that holds "/", "..", and HTML.
+	code, _, hdr := act("pause", oddName)
+	require.Equal(t, http.StatusSeeOther, code)
+	require.Equal(t, "/schedules?done=pause&schedule="+url.QueryEscape(oddName), hdr.Get("Location"))
+	require.True(t, e.schedule(t, oddName).Paused)
+	require.False(t, e.schedule(t, "nightly").Paused, "only the schedule named")
+	body := follow(hdr)
+	require.Contains(t, body, "Schedule <strong>a/../b &lt;c&gt; &amp; &#34;d&#34;</strong> paused")
+	require.Contains(t, scheduleRow(t, body, oddName), `action="/schedules/resume"`)
+	require.Contains(t, logs.String(), "action=pause")
+
+	code, _, hdr = act("resume", oddName)
+	require.Equal(t, http.StatusSeeOther, code)
+	info := e.schedule(t, oddName)
+	require.False(t, info.Paused)
+	body = follow(hdr)
+	require.Contains(t, body, "resumed: it fires next at "+info.NextFireAt.UTC().Format("2006-01-02 15:04:05Z07:00"))
+	require.Contains(t, scheduleRow(t, body, oddName), `action="/schedules/pause"`)
+
+	// Trigger: an instance now, linked from the message and from the row.
+	before := e.schedule(t, "nightly")
+	code, _, hdr = act("trigger", "nightly")
+	require.Equal(t, http.StatusSeeOther, code)
+	loc, err := url.Parse(hdr.Get("Location"))
+	require.NoError(t, err)
+	require.Equal(t, "trigger", loc.Query().Get("done"))
+	var id int64
+	_, err = fmt.Sscan(loc.Query().Get("instance"), &id)
+	require.NoError(t, err)
+	after := e.schedule(t, "nightly")
+	require.NotNil(t, after.LastInstanceID)
+	require.Equal(t, id, *after.LastInstanceID)
+	require.Equal(t, before.Fired+1, after.Fired)
+	require.Equal(t, before.NextFireAt, after.NextFireAt, "a trigger does not move the next fire time")
+	in, err := e.client.Get(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, "order", in.Machine)
+	require.True(t, strings.HasPrefix(in.CorrelationKey, "schedule/nightly/"), in.CorrelationKey)
+	body = follow(hdr)
+	require.Contains(t, body, fmt.Sprintf(`Schedule <strong>nightly</strong> fired: <a href="/instances/%d">instance %d</a>.`, id, id))
+	require.Contains(t, scheduleRow(t, body, "nightly"), fmt.Sprintf(`<a href="/instances/%d">instance %d</a>`, id, id))
+
+	// Remove: the schedule goes, its instance stays.
+	code, _, hdr = act("remove", "nightly")
+	require.Equal(t, http.StatusSeeOther, code)
+	_, err = e.client.GetSchedule(ctx, "nightly")
+	require.ErrorIs(t, err, gendurable.ErrUnknownSchedule)
+	require.Equal(t, gendurable.StatusAvailable, e.status(t, id))
+	body = follow(hdr)
+	require.Contains(t, body, "Schedule <strong>nightly</strong> removed.")
+	require.NotContains(t, body, `data-schedule="nightly"`)
+
+	// An unknown schedule: 404 for each action, a message naming it, a link back, no change.
+	snap := e.schedules(t) + e.rows(t)
+	for _, action := range []string{"pause", "resume", "trigger", "remove"} {
+		code, body, _ = act(action, "nightly")
+		require.Equal(t, http.StatusNotFound, code, action)
+		require.Contains(t, body, "There is no schedule &#34;nightly&#34;", action)
+		require.Contains(t, body, `<a href="/schedules">Back to the schedules</a>`, action)
+	}
+	code, body, _ = act("pause", "")
+	require.Equal(t, http.StatusBadRequest, code)
+	require.Contains(t, body, "The form names no schedule.")
+	require.Equal(t, snap, e.schedules(t)+e.rows(t))
+}
+
+// A schedule action passes the checks the instance actions pass; a refused one changes nothing.
+func TestScheduleActionsAreRefusedWithoutTheChecks(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	require.NoError(t, e.client.SetSchedule(ctx, gendurable.Schedule{Name: "nightly", Input: orderFSM.With(order{}), Cron: "0 3 * * *"}))
+	require.NoError(t, e.client.SetSchedule(ctx, gendurable.Schedule{Name: "held", Input: orderFSM.With(order{}), Every: time.Minute}))
+	require.NoError(t, e.client.PauseSchedule(ctx, "held"))
+	target := map[string]string{"pause": "nightly", "resume": "held", "trigger": "nightly", "remove": "nightly"}
+
+	cases := []struct {
+		name     string
+		opts     durableui.Options
+		form     url.Values
+		header   http.Header
+		noCSRF   bool
+		otherKey bool
+		want     int
+		says     string
+	}{
+		{name: "no CSRF token", noCSRF: true, want: 403, says: "CSRF token"},
+		{name: "CSRF token of another key", otherKey: true, want: 403, says: "CSRF token"},
+		{name: "cross-origin", header: http.Header{"Sec-Fetch-Site": {"cross-site"}}, want: 403, says: "another site"},
+		{name: "read-only", opts: durableui.Options{ReadOnly: true}, noCSRF: true, want: 403, says: "read-only"},
+		{name: "missing token", opts: durableui.Options{Token: "s3cret"}, want: 401, says: "needs the dashboard&#39;s token"},
+		{name: "wrong token", opts: durableui.Options{Token: "s3cret"}, form: url.Values{"token": {"nope"}}, want: 403, says: "The token is wrong"},
+		{name: "authorize", opts: durableui.Options{Authorize: func(*http.Request) error { return errors.New("operators only") }},
+			want: 403, says: "operators only"},
+	}
+	for _, c := range cases {
+		for _, action := range []string{"pause", "resume", "trigger", "remove"} {
+			t.Run(c.name+"/"+action, func(t *testing.T) {
+				opts := c.opts
+				b := e.serve(t, &opts)
+				form := url.Values{"schedule": {target[action]}}
+				for k, v := range c.form {
+					form[k] = v
+				}
+				switch {
+				case c.otherKey:
+					form.Set("csrf", e.serve(t, nil).csrf(t, "/schedules"))
+				case !c.noCSRF:
+					form.Set("csrf", b.csrf(t, "/schedules"))
+				}
+				before := e.schedules(t) + e.rows(t)
+				code, body, _ := b.post(t, "/schedules/"+action, form, c.header)
+				require.Equal(t, c.want, code, body)
+				require.Contains(t, body, c.says)
+				require.Equal(t, before, e.schedules(t)+e.rows(t), "the rows changed")
+			})
+		}
+	}
+	require.False(t, e.schedule(t, "nightly").Paused)
+	require.True(t, e.schedule(t, "held").Paused)
+
+	// A read-only dashboard shows the schedules without a form, and sets no cookie.
+	b := e.serve(t, &durableui.Options{ReadOnly: true})
+	code, body := b.get(t, "/schedules")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `data-schedule="nightly"`)
+	require.NotContains(t, body, `<form method="post"`)
+	require.NotContains(t, body, `name="csrf"`)
+	require.NotContains(t, body, "<th>Actions</th>")
+	u, err := url.Parse(b.srv.URL)
+	require.NoError(t, err)
+	require.Empty(t, b.hc.Jar.Cookies(u))
+}
+
+func TestScheduleFormsWithTokenAndPrefix(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	require.NoError(t, e.client.SetSchedule(context.Background(), gendurable.Schedule{Name: "nightly", Input: orderFSM.With(order{}),
+		Cron: "0 3 * * *"}))
+	b := e.serve(t, &durableui.Options{Prefix: "/ops/durable/", Token: "s3cret"})
+	code, body := b.get(t, "/ops/durable/schedules")
+	require.Equal(t, http.StatusOK, code)
+	row := scheduleRow(t, body, "nightly")
+	require.Contains(t, row, `action="/ops/durable/schedules/trigger"`)
+	require.Equal(t, 3, strings.Count(row, `name="token"`), "every form asks for the token")
+	require.Contains(t, body, `href="/ops/durable/schedules" aria-current="page"`)
+
+	tok := b.csrf(t, "/ops/durable/schedules")
+	code, _, hdr := b.post(t, "/ops/durable/schedules/pause", url.Values{"csrf": {tok}, "token": {"s3cret"}, "schedule": {"nightly"}}, nil)
+	require.Equal(t, http.StatusSeeOther, code)
+	require.Equal(t, "/ops/durable/schedules?done=pause&schedule=nightly", hdr.Get("Location"))
+	require.True(t, e.schedule(t, "nightly").Paused)
+}

@@ -80,6 +80,8 @@ type site struct {
 	// a failed one, and every parked one.
 	parked, failed int64
 	awaiting       []int64
+	// fired is the instance the "nightly-reconcile" schedule fired.
+	fired int64
 }
 
 func (s *site) exec(t *testing.T, q string, args ...any) {
@@ -151,6 +153,25 @@ func newSite(t *testing.T) *site {
 	_, err = cl.Signal(ctx, gendurable.ByID(s.parked), "address-changed", map[string]string{"city": "Lyon", "zip": "69002"})
 	require.NoError(t, err)
 
+	// Schedules: a cron one with a fire, a skip and an error behind it, an interval one that is
+	// paused, and one a service declares.
+	require.NoError(t, cl.SetSchedule(ctx, gendurable.Schedule{Name: "nightly-reconcile",
+		Input: checkoutFSM.With(checkout{Order: "reconcile"}), Cron: "0 3 * * *", TimeZone: "Europe/Paris", CatchUp: 6 * time.Hour}))
+	require.NoError(t, cl.SetSchedule(ctx, gendurable.Schedule{Name: "digest-email", Input: emailJob.With(struct {
+		To string `json:"to"`
+	}{"ops@example.com"}), Every: 15 * time.Minute, Overlap: gendurable.OverlapAllow, Jitter: 30 * time.Second}))
+	require.NoError(t, cl.SetSchedule(ctx, gendurable.Schedule{Name: "hourly-sweep", Input: checkoutFSM.With(checkout{Order: "sweep"}),
+		Cron: "@hourly", Overlap: gendurable.OverlapCancel}))
+	s.fired, err = cl.TriggerSchedule(ctx, "nightly-reconcile")
+	require.NoError(t, err)
+	s.exec(t, `UPDATE {schema}.schedules SET fired = 212, skipped = 2,
+	             last_skip = jsonb_build_object('reason', 'overlap', 'count', 2, 'first', now() - interval '2 days', 'last', now() - interval '1 day', 'at', now() - interval '1 day')
+	           WHERE name = 'nightly-reconcile'`)
+	s.exec(t, `UPDATE {schema}.schedules SET declared_by = 'billing', fired = 1440,
+	             last_error = 'insert the fired instances: rate limit "psp" is not configured', last_error_at = now() - interval '4 minutes'
+	           WHERE name = 'hourly-sweep'`)
+	require.NoError(t, cl.PauseSchedule(ctx, "digest-email"))
+
 	h, err := durableui.New(cl, &durableui.Options{Refresh: -1})
 	require.NoError(t, err)
 	srv := httptest.NewServer(h)
@@ -178,6 +199,7 @@ func TestPagesLoad(t *testing.T) {
 		{fmt.Sprintf("/instances/%d", s.parked), "dashboard-instance", fmt.Sprintf("Instance %d", s.parked), http.StatusOK},
 		{fmt.Sprintf("/instances/%d", s.failed), "dashboard-instance-failed", fmt.Sprintf("Instance %d", s.failed), http.StatusOK},
 		{"/stuck", "dashboard-stuck", "Stuck instances", http.StatusOK},
+		{"/schedules", "dashboard-schedules", "Schedules", http.StatusOK},
 		{"/instances/999999999", "dashboard-not-found", "404 Not Found", http.StatusNotFound},
 	} {
 		resp := get(t, ctx, chromedp.NavigateResponse(s.url+p.path))
@@ -307,4 +329,94 @@ func TestForgedPostsAreRefused(t *testing.T) {
 	in := s.status(t, s.parked)
 	require.Equal(t, gendurable.StatusAwaiting, in.Status)
 	require.Empty(t, in.Errors)
+}
+
+func TestPauseTriggerAndRemoveASchedule(t *testing.T) {
+	s := newSite(t)
+	ctx := newBrowser(t)
+	// Trigger and remove ask for a confirmation (ui.js): accept it, and note what was asked.
+	dialogs := make(chan string, 4)
+	events := chromedp.Events(ctx, page.JavascriptDialogOpening)
+	go func() {
+		for ev, err := range events {
+			if err != nil {
+				return
+			}
+			dialogs <- ev.Message
+			_, _ = chromedp.Call(ctx, page.HandleJavaScriptDialog, page.HandleJavaScriptDialogParams{Accept: true})
+		}
+	}()
+	asked := func(want string) {
+		t.Helper()
+		select {
+		case msg := <-dialogs:
+			require.Contains(t, msg, want)
+		default:
+			t.Fatalf("no confirmation dialog (%q): the page's script did not run", want)
+		}
+	}
+	schedule := func(name string) *gendurable.ScheduleInfo {
+		t.Helper()
+		info, err := s.client.GetSchedule(context.Background(), name)
+		require.NoError(t, err)
+		return info
+	}
+	button := func(name, action string) chromedp.Action[chromedp.Void] {
+		return chromedp.Click(chromedp.CSS(fmt.Sprintf(`tr[data-schedule=%q] form[data-action=%q] button`, name, action)))
+	}
+	flash := func() string {
+		t.Helper()
+		do(t, ctx, chromedp.WaitVisible(chromedp.CSS(".flash")))
+		return get(t, ctx, chromedp.Text(chromedp.CSS(".flash")))
+	}
+
+	do(t, ctx, chromedp.Navigate(s.url+"/"), chromedp.WaitVisible(chromedp.CSS("header.top nav")))
+	require.Equal(t, http.StatusOK, load(t, ctx, chromedp.Click(chromedp.CSS(`header.top nav a[href="/schedules"]`))))
+	require.Equal(t, "Schedules", strings.TrimSpace(get(t, ctx, chromedp.Text(chromedp.CSS("h1")))))
+	rows := get(t, ctx, chromedp.Evaluate[[]string](
+		`[...document.querySelectorAll("table.schedules tbody tr")].map(e => e.dataset.schedule)`))
+	require.Equal(t, []string{"digest-email", "hourly-sweep", "nightly-reconcile"}, rows)
+	last := get(t, ctx, chromedp.Text(chromedp.CSS(`tr[data-schedule="nightly-reconcile"] td.last`)))
+	require.Contains(t, last, fmt.Sprintf("instance %d", s.fired))
+	require.Contains(t, last, "available")
+
+	// Pause, then resume.
+	require.Equal(t, http.StatusOK, load(t, ctx, button("nightly-reconcile", "pause")))
+	require.Contains(t, flash(), "Schedule nightly-reconcile paused")
+	require.True(t, schedule("nightly-reconcile").Paused)
+	require.Equal(t, http.StatusOK, load(t, ctx, button("nightly-reconcile", "resume")))
+	require.Contains(t, flash(), "Schedule nightly-reconcile resumed: it fires next at")
+	require.False(t, schedule("nightly-reconcile").Paused)
+
+	// Trigger: confirmed, an instance inserted, the message links it.
+	require.Equal(t, http.StatusOK, load(t, ctx, button("nightly-reconcile", "trigger")))
+	asked("Fire schedule nightly-reconcile now?")
+	info := schedule("nightly-reconcile")
+	require.NotNil(t, info.LastInstanceID)
+	fired := *info.LastInstanceID
+	require.NotEqual(t, s.fired, fired)
+	require.Contains(t, flash(), fmt.Sprintf("Schedule nightly-reconcile fired: instance %d.", fired))
+	do(t, ctx, shoot(t, "dashboard-schedules-triggered"))
+	require.Equal(t, http.StatusOK, load(t, ctx, chromedp.Click(chromedp.CSS(".flash a"))))
+	require.Contains(t, get(t, ctx, chromedp.Text(chromedp.CSS("h1"))), fmt.Sprintf("Instance %d", fired))
+	require.Equal(t, gendurable.StatusAvailable, s.status(t, fired).Status)
+
+	// Remove a schedule a service declares: the confirmation says it comes back.
+	do(t, ctx, chromedp.Navigate(s.url+"/schedules"), chromedp.WaitVisible(chromedp.CSS("table.schedules")))
+	require.Equal(t, http.StatusOK, load(t, ctx, button("hourly-sweep", "remove")))
+	asked("Service billing declares it")
+	require.Contains(t, flash(), "Schedule hourly-sweep removed.")
+	gone := get(t, ctx, chromedp.Evaluate[bool](`document.querySelector('tr[data-schedule="hourly-sweep"]') === null`))
+	require.True(t, gone)
+	_, err := s.client.GetSchedule(context.Background(), "hourly-sweep")
+	require.ErrorIs(t, err, gendurable.ErrUnknownSchedule)
+
+	// A stale page: its schedule removed behind its back (by another operator), then a form of
+	// it sent: 404, a message naming it, a link back.
+	require.NoError(t, s.client.RemoveSchedule(context.Background(), "digest-email"))
+	require.Equal(t, http.StatusNotFound, load(t, ctx, button("digest-email", "resume")))
+	require.Contains(t, get(t, ctx, chromedp.Text(chromedp.CSS(".message"))), `There is no schedule "digest-email"`)
+	do(t, ctx, shoot(t, "dashboard-schedules-unknown"))
+	require.Equal(t, http.StatusOK, load(t, ctx, chromedp.Click(chromedp.CSS(`main a[href="/schedules"]`))))
+	require.Equal(t, "Schedules", strings.TrimSpace(get(t, ctx, chromedp.Text(chromedp.CSS("h1")))))
 }
