@@ -27,6 +27,10 @@ func runBench(ctx context.Context, args []string, out io.Writer) error {
 	conc := fs.Int("concurrency", 100, "queue concurrency of the benchmarked client")
 	clients := fs.Int("clients", 1, "clients (nodes) working the queue together in jobs, chain, gated and rated")
 	preload := fs.Int("preload", 0, "finished rows to insert before each scenario (a large table)")
+	duration := fs.Duration("duration", 0, "soak: how long the load runs (default 1h)")
+	rate := fs.Float64("rate", 0, "soak: instances inserted a second (default 1000)")
+	window := fs.Duration("window", 0, "soak: how often it reports (default 1m)")
+	retention := fs.Duration("retention", 0, "soak: GC's retention of finished instances (default the library's)")
 	asJSON := fs.Bool("json", false, "print one JSON object per scenario per line")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof)")
 	if err := fs.Parse(args); err != nil {
@@ -50,8 +54,17 @@ func runBench(ctx context.Context, args []string, out io.Writer) error {
 	defer closeDB()
 	var results []bench.Result
 	err = bench.Run(ctx, pool, bench.Options{Schema: db.schema, Scenarios: scenarios, N: *n, Concurrency: *conc,
-		Clients: *clients, Preload: *preload, Logger: quietLogger()},
+		Clients: *clients, Preload: *preload, Duration: *duration, Rate: *rate, Window: *window, Retention: *retention,
+		Logger: quietLogger()},
 		func(r bench.Result) {
+			if r.Partial {
+				if *asJSON {
+					_ = bench.WriteJSON(out, r)
+				} else {
+					bench.WriteWindow(out, *r.Window)
+				}
+				return
+			}
 			results = append(results, r)
 			if *asJSON {
 				_ = bench.WriteJSON(out, r)

@@ -64,16 +64,17 @@ func TestBenchSmoke(t *testing.T) {
 	code, out, errOut := runCLI(t, "bench", "--database-url", durabledbtest.URL(t), "--schema", "t_cli_bench", "--n", "300", "--json")
 	require.Equal(t, 0, code, errOut)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	require.Len(t, lines, 8)
+	require.Len(t, lines, 9)
 	want := map[string][]string{
-		"jobs":    {"insert_per_s", "work_per_s"},
-		"chain":   {"steps_per_s"},
-		"latency": {"p50_ms", "p95_ms", "p99_ms"},
-		"await":   {"steps_per_s", "p50_ms", "p99_ms"},
-		"signal":  {"steps_per_s", "p50_ms", "p99_ms"},
-		"fanout":  {"steps_per_s"},
-		"gated":   {"insert_per_s", "work_per_s"},
-		"rated":   {"insert_per_s", "work_per_s"},
+		"jobs":           {"insert_per_s", "work_per_s"},
+		"chain":          {"steps_per_s"},
+		"latency":        {"p50_ms", "p95_ms", "p99_ms"},
+		"latency-remote": {"p50_ms", "p95_ms", "p99_ms"},
+		"await":          {"steps_per_s", "p50_ms", "p99_ms"},
+		"signal":         {"steps_per_s", "p50_ms", "p99_ms"},
+		"fanout":         {"steps_per_s"},
+		"gated":          {"insert_per_s", "work_per_s"},
+		"rated":          {"insert_per_s", "work_per_s"},
 	}
 	for _, l := range lines {
 		var r map[string]any
@@ -88,6 +89,45 @@ func TestBenchSmoke(t *testing.T) {
 		require.NotEmpty(t, r["postgres"])
 		require.NotEmpty(t, r["synchronous_commit"])
 	}
+}
+
+// The long scenarios, which run only when named, at a small size: the soak reports each window
+// while it runs, then its summary; cron reports fire lag and database time per fire.
+func TestBenchSoakAndCronSmoke(t *testing.T) {
+	code, out, errOut := runCLI(t, "bench", "--database-url", durabledbtest.URL(t), "--schema", "t_cli_bench_long",
+		"--scenario", "soak", "--scenario", "cron", "--n", "50", "--duration", "3s", "--window", "1s", "--rate", "200",
+		"--retention", "30s", "--json")
+	require.Equal(t, 0, code, errOut)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	var windows int
+	var summary, cron map[string]any
+	for _, l := range lines {
+		var r map[string]any
+		require.NoError(t, json.Unmarshal([]byte(l), &r))
+		switch {
+		case r["scenario"] == "soak" && r["partial"] == true:
+			windows++
+			w := r["window"].(map[string]any)
+			require.Equal(t, float64(windows), w["index"])
+			require.Greater(t, w["insert_per_s"].(float64), 0.0)
+			require.Greater(t, w["total_mb"].(float64), 0.0)
+			require.Contains(t, w, "dead_tuples")
+			require.Contains(t, w, "autovacuum_runs")
+		case r["scenario"] == "soak":
+			summary = r
+		case r["scenario"] == "cron":
+			cron = r
+		}
+	}
+	require.Equal(t, 3, windows)
+	require.NotNil(t, summary)
+	require.Greater(t, summary["work_per_s"].(float64), 0.0)
+	require.NotNil(t, summary["window"])
+	require.NotNil(t, cron)
+	for _, f := range []string{"work_per_s", "p50_ms", "p99_ms", "db_ms_per_fire"} {
+		require.Greater(t, cron[f].(float64), 0.0, "cron.%s", f)
+	}
+	require.NotEmpty(t, cron["autovacuum"])
 }
 
 func TestDemoRunsToCompletion(t *testing.T) {

@@ -40,6 +40,17 @@ type Options struct {
 	// Preload inserts this many finished rows before each scenario, to measure the cost of a
 	// large table.
 	Preload int
+	// Duration, Rate, Window and Retention configure the soak scenario: Rate instances a second
+	// (default 1,000) for Duration (default 1h), a report every Window (default 1m), GC at
+	// Retention (default the library's).
+	Duration  time.Duration
+	Rate      float64
+	Window    time.Duration
+	Retention time.Duration
+	// durationSet says Duration was given (cron's default differs from soak's).
+	durationSet bool
+	// Poke builds the poke transport of latency-remote's two clients (default PokePostgres).
+	Poke func() gendurable.PokeTransport
 	// Logger receives the engine's logs (default: warnings and errors to stderr).
 	Logger *slog.Logger
 }
@@ -61,6 +72,9 @@ type Result struct {
 	// peak resident set so far.
 	PeakHeapMB float64 `json:"peak_heap_mb"`
 	MaxRSSMB   float64 `json:"max_rss_mb"`
+	// Window is a soak's window (Partial: a report while it runs) or its last one (the summary).
+	Window  *SoakWindow `json:"window,omitempty"`
+	Partial bool        `json:"partial,omitempty"`
 	// Clients and Preload repeat the run's options.
 	Clients int `json:"clients"`
 	Preload int `json:"preload"`
@@ -73,6 +87,7 @@ type Conditions struct {
 	SynchronousCommit string `json:"synchronous_commit"`
 	Fsync             string `json:"fsync"`
 	SharedBuffers     string `json:"shared_buffers"`
+	Autovacuum        string `json:"autovacuum"`
 	CPUs              int    `json:"cpus"`
 }
 
@@ -82,7 +97,9 @@ type scenario struct {
 	defaultN    int
 	summary     string
 	unavailable string // why it cannot run yet, if it cannot
-	run         func(ctx context.Context, r *runner, n int) (Result, error)
+	// named: it runs only when asked for by name (it is long), not in "every scenario".
+	named bool
+	run   func(ctx context.Context, r *runner, n int) (Result, error)
 }
 
 func scenarios() []scenario {
@@ -90,12 +107,14 @@ func scenarios() []scenario {
 		{name: "jobs", defaultN: 50000, summary: "InsertMany N one-step no-op jobs in batches of 1,000, then one client (concurrency 100) works them", run: runJobs},
 		{name: "chain", defaultN: 50000, summary: "N/5 instances of a 5-step no-op FSM inserted in bulk, worked by one client", run: runChain},
 		{name: "latency", defaultN: 500, summary: "an idle running client; N single Inserts 5 ms apart; time from the Insert call to the step's start", run: runLatency},
+		{name: "latency-remote", defaultN: 500, summary: "latency across nodes: a client that works no queue inserts, a worker client on its own pool starts the step, woken by the poke transport (PokePostgres)", run: runLatencyRemote},
 		{name: "await", defaultN: 500, summary: "an idle running client; N sequential Insert + client.Await of a one-step job; time from the Insert call to Await's answer", run: runAwait},
 		{name: "signal", defaultN: 5000, summary: "N instances parked on Await, each signalled (4 senders at once); time from the Signal call to the woken step's start", run: runSignal},
 		{name: "fanout", defaultN: 20000, summary: "one parent spawning N one-step children in another queue, then joining", run: runFanout},
 		{name: "gated", defaultN: 50000, summary: "jobs, each under one gate key whose limit (100,000 over 8 shards) never binds: the admission cost", run: runGated},
 		{name: "rated", defaultN: 50000, summary: "jobs, each under one rate limit that never binds (10 million a second): the admission cost", run: runRated},
-		{name: "cron", defaultN: 1000, summary: "N schedules firing every second for 10 s on one node that runs no queue; work/s = fires/s, latency = fire lag (fire time to the insert's commit), db_ms_per_fire", run: runCron},
+		{name: "soak", named: true, summary: "a constant load (--rate, default 1,000/s) for --duration (default 1h) with GC at --retention; a report every --window (default 1m): work rate, pickup p50/p99, the instances table's sizes, live and dead tuples, autovacuum runs, GC deletions, lock waits", run: runSoak},
+		{name: "cron", defaultN: 1000, named: true, summary: "N schedules firing every second for --duration (default 10 s) on one node that runs no queue; work/s = fires/s, latency = fire lag (fire time to the insert's commit), db_ms_per_fire", run: runCron},
 	}
 }
 
@@ -104,6 +123,17 @@ func Available() []string {
 	var out []string
 	for _, s := range scenarios() {
 		if s.unavailable == "" {
+			out = append(out, s.name)
+		}
+	}
+	return out
+}
+
+// defaults lists the scenarios a run with none named runs: the available ones but the long ones.
+func defaults() []string {
+	var out []string
+	for _, s := range scenarios() {
+		if s.unavailable == "" && !s.named {
 			out = append(out, s.name)
 		}
 	}
@@ -121,8 +151,19 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options, emit func(Result
 	if opts.Clients == 0 {
 		opts.Clients = 1
 	}
-	if opts.Concurrency < 0 || opts.N < 0 || opts.Clients < 0 || opts.Preload < 0 {
-		return fmt.Errorf("--n, --concurrency, --clients and --preload must be positive")
+	if opts.Concurrency < 0 || opts.N < 0 || opts.Clients < 0 || opts.Preload < 0 || opts.Duration < 0 || opts.Rate < 0 ||
+		opts.Window < 0 || opts.Retention < 0 {
+		return fmt.Errorf("--n, --concurrency, --clients, --preload, --duration, --rate, --window and --retention must be positive")
+	}
+	opts.durationSet = opts.Duration > 0
+	if opts.Duration == 0 {
+		opts.Duration = time.Hour
+	}
+	if opts.Rate == 0 {
+		opts.Rate = 1000
+	}
+	if opts.Window == 0 {
+		opts.Window = min(time.Minute, opts.Duration)
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -133,7 +174,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options, emit func(Result
 	}
 	names := opts.Scenarios
 	if len(names) == 0 {
-		names = Available()
+		names = defaults()
 	}
 	var todo []scenario
 	for _, n := range names {
@@ -151,6 +192,10 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options, emit func(Result
 		return err
 	}
 	r := &runner{pool: pool, opts: opts}
+	r.emitWindow = func(w SoakWindow) {
+		emit(Result{Scenario: "soak", Seconds: w.Seconds, Window: &w, Partial: true, Conditions: cond,
+			Clients: opts.Clients, Preload: opts.Preload})
+	}
 	for _, s := range todo {
 		n := opts.N
 		if n == 0 {
@@ -188,7 +233,8 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options, emit func(Result
 func conditions(ctx context.Context, pool *pgxpool.Pool) (Conditions, error) {
 	var c Conditions
 	err := pool.QueryRow(ctx, `SELECT current_setting('server_version'), current_setting('synchronous_commit'),
-		current_setting('fsync'), current_setting('shared_buffers')`).Scan(&c.Postgres, &c.SynchronousCommit, &c.Fsync, &c.SharedBuffers)
+		current_setting('fsync'), current_setting('shared_buffers'), current_setting('autovacuum')`).Scan(&c.Postgres,
+		&c.SynchronousCommit, &c.Fsync, &c.SharedBuffers, &c.Autovacuum)
 	c.CPUs = runtime.NumCPU()
 	return c, err
 }
@@ -202,6 +248,8 @@ type runner struct {
 	// configure (gated and rated only: the others measure a client without them).
 	limits map[string]gendurable.ConcurrencyLimit
 	rates  map[string]gendurable.Rate
+	// emitWindow reports a soak's window while it runs.
+	emitWindow func(SoakWindow)
 }
 
 // client builds a client on the scenario's schema working queue "bench".
@@ -398,6 +446,17 @@ type latArgs struct {
 }
 
 func runLatency(ctx context.Context, r *runner, n int) (Result, error) {
+	return latency(ctx, r, n, false)
+}
+
+// runLatencyRemote is latency across nodes: the inserting client works no queue (a web node),
+// the worker is another client on a pool of its own, and the insert's poke reaches it through
+// the poke transport (Options.Poke, default PokePostgres).
+func runLatencyRemote(ctx context.Context, r *runner, n int) (Result, error) {
+	return latency(ctx, r, n, true)
+}
+
+func latency(ctx context.Context, r *runner, n int, remote bool) (Result, error) {
 	var mu sync.Mutex
 	lat := make([]time.Duration, 0, n)
 	job := gendurable.Job[latArgs]{Name: "latency", Queue: "bench", Perform: func(_ *gendurable.Ctx, a latArgs) error {
@@ -408,19 +467,52 @@ func runLatency(ctx context.Context, r *runner, n int) (Result, error) {
 		return nil
 	}}
 	var finished atomic.Int64
-	cl, err := r.client([]gendurable.Machine{job}, finishedCounter(&finished))
+	var worker, web *gendurable.Client
+	var err error
+	if !remote {
+		worker, err = r.client([]gendurable.Machine{job}, finishedCounter(&finished))
+		web = worker
+	} else {
+		poke := gendurable.PokePostgres()
+		if r.opts.Poke != nil {
+			poke = r.opts.Poke()
+		}
+		wp, perr := pgxpool.NewWithConfig(ctx, r.pool.Config().Copy())
+		if perr != nil {
+			return Result{}, perr
+		}
+		defer wp.Close()
+		worker, err = gendurable.NewClient(wp, &gendurable.Config{Name: "worker", Schema: r.opts.Schema, Logger: r.opts.Logger,
+			Machines: []gendurable.Machine{job}, Queues: map[string]gendurable.QueueConfig{"bench": {Concurrency: r.opts.Concurrency}},
+			Hooks: []func(gendurable.Event){finishedCounter(&finished)}, Poke: poke})
+		if err == nil {
+			webPoke := gendurable.PokePostgres()
+			if r.opts.Poke != nil {
+				webPoke = r.opts.Poke()
+			}
+			web, err = gendurable.NewClient(r.pool, &gendurable.Config{Name: "web", Schema: r.opts.Schema, Logger: r.opts.Logger,
+				Machines: []gendurable.Machine{job}, Poke: webPoke, Reaper: &gendurable.ReaperConfig{Disabled: true},
+				GC: &gendurable.GCConfig{Disabled: true}})
+		}
+	}
 	if err != nil {
 		return Result{}, err
 	}
-	if err := cl.Start(ctx); err != nil {
+	if err := worker.Start(ctx); err != nil {
 		return Result{}, err
 	}
-	defer func() { _ = stop(cl) }()
-	// Let the client settle into its idle state first.
+	defer func() { _ = stop(worker) }()
+	if web != worker {
+		if err := web.Start(ctx); err != nil {
+			return Result{}, err
+		}
+		defer func() { _ = stop(web) }()
+	}
+	// Let the clients settle into their idle state first.
 	time.Sleep(500 * time.Millisecond)
 	t0 := time.Now()
 	for range n {
-		if _, err := cl.Insert(ctx, job.With(latArgs{T0: time.Now().UnixNano()}), nil); err != nil {
+		if _, err := web.Insert(ctx, job.With(latArgs{T0: time.Now().UnixNano()}), nil); err != nil {
 			return Result{}, err
 		}
 		time.Sleep(5 * time.Millisecond)
@@ -693,8 +785,8 @@ func WriteTable(w io.Writer, results []Result) {
 		return
 	}
 	c := results[0].Conditions
-	fmt.Fprintf(w, "Postgres %s, synchronous_commit=%s, fsync=%s, shared_buffers=%s, %d CPUs\n\n",
-		c.Postgres, c.SynchronousCommit, c.Fsync, c.SharedBuffers, c.CPUs)
+	fmt.Fprintf(w, "Postgres %s, synchronous_commit=%s, fsync=%s, shared_buffers=%s, autovacuum=%s, %d CPUs\n\n",
+		c.Postgres, c.SynchronousCommit, c.Fsync, c.SharedBuffers, c.Autovacuum, c.CPUs)
 	fmt.Fprintf(w, "%-9s %8s %8s %10s %10s %10s %8s %8s %8s %9s\n",
 		"scenario", "n", "seconds", "insert/s", "work/s", "steps/s", "p50 ms", "p95 ms", "p99 ms", "heap MB")
 	f := func(p *float64) string {

@@ -10,11 +10,13 @@ import (
 	"github.com/gendurable/gendurable"
 )
 
-// cronSeconds is how long the cron scenario lets its schedules fire.
-const cronSeconds = 10
+// cronDuration is how long the cron scenario lets its schedules fire, unless Options.Duration
+// says otherwise.
+const cronDuration = 10 * time.Second
 
 // runCron measures the schedule firer: n schedules firing every second on one node (which runs
-// no queue, so that the database's time is the firing's alone) for cronSeconds. Lag is from a
+// no queue, so that the database's time is the firing's alone) for cronDuration (or
+// Options.Duration). Lag is from a
 // fire time to the commit of its instance's insert (event schedule.fired), over the fires after
 // the first second (the first round fires the times missed while the schedules were set); the
 // database time per fire is the database's statement time (pg_stat_database.active_time) over
@@ -64,7 +66,11 @@ func runCron(ctx context.Context, r *runner, n int) (Result, error) {
 		return Result{}, err
 	}
 	t0 := time.Now()
-	time.Sleep(cronSeconds * time.Second)
+	run := cronDuration
+	if r.opts.durationSet {
+		run = r.opts.Duration
+	}
+	time.Sleep(run)
 	if err := stop(cl); err != nil {
 		return Result{}, err
 	}
