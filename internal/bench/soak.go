@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -137,7 +138,7 @@ func runSoak(ctx context.Context, r *runner, _ int) (Result, error) {
 		}
 	}
 	cancel()
-	if err := <-loadErr; err != nil && ctx.Err() == nil && err != context.Canceled {
+	if err := <-loadErr; err != nil && ctx.Err() == nil && !errors.Is(err, context.Canceled) {
 		return Result{}, err
 	}
 	d := time.Since(t0)
@@ -203,7 +204,7 @@ func tableStats(ctx context.Context, r *runner, schema string) (relStats, error)
 		LEFT JOIN pg_stat_user_tables st ON st.relid = c.oid
 		WHERE n.nspname = $1 AND c.relname = 'instances'`, schema).Scan(&s.total, &s.table, &s.indexes, &s.live, &s.dead,
 		&s.autovacuum, &s.autoanalyze)
-	if err == pgx.ErrNoRows {
+	if errors.Is(err, pgx.ErrNoRows) {
 		return s, fmt.Errorf("no instances table in schema %q", schema)
 	}
 	return s, err
