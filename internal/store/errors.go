@@ -47,12 +47,14 @@ func ConnLost(err error) bool {
 }
 
 // connRetries is how many times RetryConnLost runs an idempotent statement again at once after
-// ConnLost.
-const connRetries = 3
+// ConnLost: enough to go through every idle connection of a pool of the usual sizes (each stale
+// one fails at once, and is dropped).
+const connRetries = 32
 
-// RetryConnLost runs fn, an idempotent statement, and runs it again at once (up to three more
-// times) while it fails with ConnLost and ctx is live: a maintenance loop that waited for its
-// next tick instead would lose a whole tick per stale connection after a database restart.
+// RetryConnLost runs fn, an idempotent statement, and runs it again at once while it fails with
+// ConnLost and ctx is live (up to 32 more times): after a database restart the pool hands out its
+// stale connections one by one, and a maintenance loop that waited for its next tick after each
+// would lose a tick per stale connection.
 func RetryConnLost(ctx context.Context, fn func() error) error {
 	err := fn()
 	for try := 0; try < connRetries && ConnLost(err) && ctx.Err() == nil; try++ {
