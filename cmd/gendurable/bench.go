@@ -27,6 +27,7 @@ func runBench(ctx context.Context, args []string, out io.Writer) error {
 	conc := fs.Int("concurrency", 100, "queue concurrency of the benchmarked client")
 	clients := fs.Int("clients", 1, "clients (nodes) working the queue together in jobs, chain, gated and rated")
 	preload := fs.Int("preload", 0, "finished rows to insert before each scenario (a large table)")
+	preloadLive := fs.Int("preload-live", 0, "live rows no scenario runs (parked, scheduled a day ahead) to insert before each scenario")
 	duration := fs.Duration("duration", 0, "soak: how long the load runs (default 1h)")
 	rate := fs.Float64("rate", 0, "soak: instances inserted a second (default 1000)")
 	window := fs.Duration("window", 0, "soak: how often it reports (default 1m)")
@@ -54,7 +55,7 @@ func runBench(ctx context.Context, args []string, out io.Writer) error {
 	defer closeDB()
 	var results []bench.Result
 	err = bench.Run(ctx, pool, bench.Options{Schema: db.schema, Scenarios: scenarios, N: *n, Concurrency: *conc,
-		Clients: *clients, Preload: *preload, Duration: *duration, Rate: *rate, Window: *window, Retention: *retention,
+		Clients: *clients, Preload: *preload, PreloadLive: *preloadLive, Duration: *duration, Rate: *rate, Window: *window, Retention: *retention,
 		Logger: quietLogger()},
 		func(r bench.Result) {
 			if r.Partial {

@@ -38,8 +38,10 @@ type Options struct {
 	// (default 1).
 	Clients int
 	// Preload inserts this many finished rows before each scenario, to measure the cost of a
-	// large table.
-	Preload int
+	// large table; PreloadLive this many live rows no scenario runs (half parked on a signal,
+	// half scheduled a day ahead, in the scenario's queue).
+	Preload     int
+	PreloadLive int
 	// Duration, Rate, Window and Retention configure the soak scenario: Rate instances a second
 	// (default 1,000) for Duration (default 1h), a report every Window (default 1m), GC at
 	// Retention (default the library's).
@@ -75,9 +77,10 @@ type Result struct {
 	// Window is a soak's window (Partial: a report while it runs) or its last one (the summary).
 	Window  *SoakWindow `json:"window,omitempty"`
 	Partial bool        `json:"partial,omitempty"`
-	// Clients and Preload repeat the run's options.
-	Clients int `json:"clients"`
-	Preload int `json:"preload"`
+	// Clients, Preload and PreloadLive repeat the run's options.
+	Clients     int `json:"clients"`
+	Preload     int `json:"preload"`
+	PreloadLive int `json:"preload_live"`
 	Conditions
 }
 
@@ -151,7 +154,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options, emit func(Result
 	if opts.Clients == 0 {
 		opts.Clients = 1
 	}
-	if opts.Concurrency < 0 || opts.N < 0 || opts.Clients < 0 || opts.Preload < 0 || opts.Duration < 0 || opts.Rate < 0 ||
+	if opts.Concurrency < 0 || opts.N < 0 || opts.Clients < 0 || opts.Preload < 0 || opts.PreloadLive < 0 || opts.Duration < 0 || opts.Rate < 0 ||
 		opts.Window < 0 || opts.Retention < 0 {
 		return fmt.Errorf("--n, --concurrency, --clients, --preload, --duration, --rate, --window and --retention must be positive")
 	}
@@ -207,8 +210,8 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options, emit func(Result
 		if err := durablemigrate.Migrate(ctx, pool, opts.Schema); err != nil {
 			return err
 		}
-		if opts.Preload > 0 {
-			if err := preloadTerminal(ctx, pool, opts.Schema, opts.Preload, "preloaded", "bench"); err != nil {
+		if opts.Preload > 0 || opts.PreloadLive > 0 {
+			if err := preload(ctx, pool, opts.Schema, opts.Preload, opts.PreloadLive, "preloaded", "bench"); err != nil {
 				return err
 			}
 		}
@@ -223,7 +226,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options, emit func(Result
 			return dropErr
 		}
 		res.Scenario, res.N, res.Conditions = s.name, n, cond
-		res.Clients, res.Preload = opts.Clients, opts.Preload
+		res.Clients, res.Preload, res.PreloadLive = opts.Clients, opts.Preload, opts.PreloadLive
 		res.MaxRSSMB = maxRSSMB()
 		emit(res)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
+	"strings"
 
 	"github.com/gendurable/gendurable/internal/ident"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -12,15 +13,35 @@ import (
 //go:embed preload.sql
 var preloadSQL string
 
-// preloadTerminal inserts n finished rows of machine in queue into schema, and analyzes the
-// table, so that a scenario runs with a large table behind its backlog.
-func preloadTerminal(ctx context.Context, pool *pgxpool.Pool, schema string, n int, machine, queue string) error {
+// preloadStatement returns the statement named name of preload.sql.
+func preloadStatement(name string) string {
+	_, rest, ok := strings.Cut(preloadSQL, "-- name: "+name+"\n")
+	if !ok {
+		panic("bench: no statement " + name + " in preload.sql")
+	}
+	if i := strings.Index(rest, "-- name: "); i >= 0 {
+		rest = rest[:i]
+	}
+	return rest
+}
+
+// preload inserts finished finished rows and live live rows (parked, and scheduled a day ahead)
+// of machine in queue into schema, and vacuums and analyzes the table, so that a scenario runs
+// with a large table behind its backlog.
+func preload(ctx context.Context, pool *pgxpool.Pool, schema string, finished, live int, machine, queue string) error {
 	s, err := ident.Schema(schema)
 	if err != nil {
 		return err
 	}
-	if _, err := pool.Exec(ctx, ident.Expand(preloadSQL, s), n, machine, queue); err != nil {
-		return fmt.Errorf("preload %d rows: %w", n, err)
+	if finished > 0 {
+		if _, err := pool.Exec(ctx, ident.Expand(preloadStatement("preload_finished"), s), finished, machine, queue); err != nil {
+			return fmt.Errorf("preload %d finished rows: %w", finished, err)
+		}
+	}
+	if live > 0 {
+		if _, err := pool.Exec(ctx, ident.Expand(preloadStatement("preload_live"), s), live, machine+"-live", queue); err != nil {
+			return fmt.Errorf("preload %d live rows: %w", live, err)
+		}
 	}
 	if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+ident.Quote(s)+".instances"); err != nil {
 		return fmt.Errorf("vacuum after preload: %w", err)
