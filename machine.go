@@ -67,6 +67,11 @@ type FSM[S any] struct {
 	Version int
 	// Upgrades bring instances of older versions forward, one version each (docs/upgrading.md).
 	Upgrades []Upgrade
+	// Retention is how long finished instances of this machine are kept (0: the GC's
+	// Retention, default 24h); at least a second. Every client that registers the machine
+	// records it at Start (the last one to start decides), and GC sweeps each machine by its
+	// own, at the same cost whatever the other machines keep.
+	Retention time.Duration
 }
 
 // With returns an Input that starts a new instance of m with the given state.
@@ -105,13 +110,24 @@ func (m FSM[S]) def() (*engine.MachineDef, error) {
 	if err := checkUpgrades(m.Name, m.Version, m.Upgrades, steps); err != nil {
 		return nil, err
 	}
+	if err := checkRetention("machine", m.Name, m.Retention); err != nil {
+		return nil, err
+	}
 	version := max(m.Version, 1)
 	return &engine.MachineDef{
 		Name: m.Name, Start: m.Start, Steps: steps,
 		Queue: orDefault(m.Queue, DefaultQueue), MaxAttempts: orDefaultInt(m.MaxAttempts, DefaultMaxAttempts),
 		Version: version, Upgrade: upgradeChain(m.Name, version, m.Upgrades), Upgrades: upgradeSteps(m.Upgrades),
-		Run: m.run,
+		Retention: m.Retention, Run: m.run,
 	}, nil
+}
+
+// checkRetention validates a machine's Retention: 0 (the GC's) or at least a second.
+func checkRetention(what, name string, r time.Duration) error {
+	if r < 0 || (r > 0 && r < time.Second) {
+		return fmt.Errorf("%s %q: Retention %v: at least 1s, or 0 for the GC's", what, name, r)
+	}
+	return nil
 }
 
 // checkMachineOpts validates the options an FSM and a Job share: the queue their instances go to
@@ -357,6 +373,9 @@ type Job[A any] struct {
 	MaxAttempts int
 	// Backoff is the delay after failed try attempt; nil means DefaultBackoff.
 	Backoff func(attempt int) time.Duration
+	// Retention is how long finished jobs of this kind are kept (0: the GC's Retention); see
+	// FSM.Retention.
+	Retention time.Duration
 }
 
 // JobStep is the name of a Job's only step.
@@ -377,10 +396,13 @@ func (j Job[A]) def() (*engine.MachineDef, error) {
 	if err := checkMachineOpts("job", j.Name, j.Queue, j.MaxAttempts); err != nil {
 		return nil, err
 	}
+	if err := checkRetention("job", j.Name, j.Retention); err != nil {
+		return nil, err
+	}
 	return &engine.MachineDef{
 		Name: j.Name, Start: JobStep, Steps: map[string]bool{JobStep: true},
 		Queue: orDefault(j.Queue, DefaultQueue), MaxAttempts: orDefaultInt(j.MaxAttempts, DefaultMaxAttempts),
-		Run: j.run,
+		Retention: j.Retention, Run: j.run,
 	}, nil
 }
 

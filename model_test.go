@@ -323,8 +323,14 @@ func TestModelOneInstance(t *testing.T) {
 				}
 			},
 			"GC": func(rt *rapid.T) {
-				if _, _, err := me.st.GCInstances(ctx, pool, 0, 100, store.GCCursor{}); err != nil {
+				machines, err := me.st.GCMachines(ctx, pool)
+				if err != nil {
 					rt.Fatalf("gc: %v", err)
+				}
+				for _, machine := range machines {
+					if _, _, err := me.st.GCInstances(ctx, pool, machine, 0, 100, store.GCCursor{}); err != nil {
+						rt.Fatalf("gc: %v", err)
+					}
 				}
 				for id, in := range m.all {
 					if !in.live() {

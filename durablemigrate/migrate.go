@@ -15,10 +15,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/gendurable/gendurable/durabletype"
 	"github.com/gendurable/gendurable/internal/ident"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 //go:embed migrations/*.sql
@@ -40,6 +43,11 @@ type Migration struct {
 	Readers int
 	up      string
 	down    string
+	// pre are index builds (CREATE INDEX CONCURRENTLY IF NOT EXISTS, from NNN_name.pre.sql) that
+	// come before the up: on an existing schema the migrator builds them concurrently, outside a
+	// transaction, so that writers are never blocked for the build; otherwise they run plainly in
+	// the up's transaction.
+	pre []string
 }
 
 // HasDown reports whether the migration can be undone (version 1 cannot: drop the schema).
@@ -75,7 +83,11 @@ var Version = migrations[len(migrations)-1].Version
 // Migrations returns every migration, oldest first.
 func Migrations() []Migration { return slices.Clone(migrations) }
 
-var fileRE = regexp.MustCompile(`^(\d{3})_([a-z0-9_]+)\.(up|down)\.sql$`)
+var fileRE = regexp.MustCompile(`^(\d{3})_([a-z0-9_]+)\.(up|down|pre)\.sql$`)
+
+// preRE is the one statement a pre file may hold, one or more times: a concurrent index build
+// that can be run again.
+var preRE = regexp.MustCompile(`(?s)^CREATE INDEX CONCURRENTLY IF NOT EXISTS ([a-z0-9_]+) ON .+$`)
 var readersRE = regexp.MustCompile(`(?m)^-- readers: (\d+)$`)
 
 // mustLoad reads the migrations folder: NNN_name.up.sql and, optionally, NNN_name.down.sql,
@@ -104,13 +116,16 @@ func mustLoad(fsys fs.FS) []Migration {
 		if mig.Name != m[2] {
 			panic(fmt.Sprintf("durablemigrate: version %d has two names, %s and %s", v, mig.Name, m[2]))
 		}
-		if m[3] == "up" {
+		switch m[3] {
+		case "up":
 			mig.up = string(b)
 			if r := readersRE.FindStringSubmatch(mig.up); r != nil {
 				mig.Readers, _ = strconv.Atoi(r[1])
 			}
-		} else {
+		case "down":
 			mig.down = string(b)
+		default:
+			mig.pre = splitPre(e.Name(), string(b))
 		}
 	}
 	out := make([]Migration, 0, len(byVersion))
@@ -125,6 +140,36 @@ func mustLoad(fsys fs.FS) []Migration {
 		out = append(out, *mig)
 	}
 	return out
+}
+
+// splitPre splits a pre file into its statements (each ends with ";" at the end of a line;
+// comment lines are dropped). Anything but a concurrent index build is a bug: it panics.
+func splitPre(name, text string) []string {
+	var out []string
+	var cur strings.Builder
+	for line := range strings.SplitSeq(text, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "--") || strings.TrimSpace(line) == "" {
+			continue
+		}
+		cur.WriteString(line + "\n")
+		if strings.HasSuffix(strings.TrimSpace(line), ";") {
+			stmt := strings.TrimSuffix(strings.TrimSpace(cur.String()), ";")
+			if !preRE.MatchString(stmt) {
+				panic("durablemigrate: migrations/" + name + ": not a CREATE INDEX CONCURRENTLY IF NOT EXISTS: " + stmt)
+			}
+			out = append(out, stmt)
+			cur.Reset()
+		}
+	}
+	if strings.TrimSpace(cur.String()) != "" {
+		panic("durablemigrate: migrations/" + name + ": a statement without its ';'")
+	}
+	return out
+}
+
+// inTx is a pre statement as it runs inside the up's transaction: a plain index build.
+func inTx(stmt string) string {
+	return strings.Replace(stmt, "CREATE INDEX CONCURRENTLY IF NOT EXISTS", "CREATE INDEX IF NOT EXISTS", 1)
 }
 
 // DB is what the migrator needs: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
@@ -213,10 +258,23 @@ type Step struct {
 
 // SQL returns the step's SQL for schema, followed by the statement that records the schema's
 // new version, as the migrator runs it in one transaction.
+//
+// An up's index builds come first, as plain CREATE INDEX statements; `gendurable migrate` builds
+// them concurrently (outside a transaction, writers never blocked) on a schema that exists.
 func (s Step) SQL(schema string) (string, error) {
 	sql, err := s.Up(schema)
 	if s.Down {
 		sql, err = s.Migration.Down(schema)
+	} else if err == nil && len(s.pre) > 0 {
+		var b strings.Builder
+		for _, p := range s.pre {
+			e, err := expand(inTx(p), schema)
+			if err != nil {
+				return "", err
+			}
+			b.WriteString(e + ";\n")
+		}
+		sql = b.String() + sql
 	}
 	if err != nil {
 		return "", err
@@ -299,12 +357,123 @@ func MigrateTo(ctx context.Context, db DB, schema string, target int) error {
 	if target < 1 || target > Version {
 		return fmt.Errorf("gendurable: migrate %s: target version %d: this library knows versions 1 to %d", schema, target, Version)
 	}
+	// On a pool or a connection, the migrator holds a session lock on the schema's name for the
+	// whole run, so that it can build indexes concurrently between steps (outside any
+	// transaction). It waits for that lock by polling, never in a transaction: a migrator that
+	// waited inside one would hold a snapshot, and a concurrent index build waits for every
+	// older snapshot to go.
+	sess, release, err := session(ctx, db)
+	if err != nil {
+		return fmt.Errorf("gendurable: migrate %s: %w", schema, err)
+	}
+	if sess != nil {
+		defer release()
+		if err := lockSession(ctx, sess, schema); err != nil {
+			return fmt.Errorf("gendurable: migrate %s: lock: %w", schema, err)
+		}
+		defer func() {
+			_, _ = sess.Exec(context.WithoutCancel(ctx), "SELECT pg_catalog.pg_advisory_unlock("+lockKey+")", schema)
+		}()
+		db = sess
+	}
 	for {
+		if sess != nil {
+			if err := buildConcurrently(ctx, sess, schema, target); err != nil {
+				return err
+			}
+		}
 		done, err := migrateStep(ctx, db, schema, target)
 		if err != nil || done {
 			return err
 		}
 	}
+}
+
+// lockKey is the advisory lock of a schema's migrators ($1 the schema's name).
+const lockKey = "pg_catalog.hashtextextended('gendurable.migrate:' || $1, 0)"
+
+// sessionDB is a connection: the migrator's own, for a run under a session lock.
+type sessionDB interface {
+	DB
+	execer
+}
+
+// session returns the connection a run holds its session lock on: one of the pool's, or the
+// connection itself; nil for a transaction (whose caller owns it: no session lock, and every
+// index is built in the steps' transactions).
+func session(ctx context.Context, db DB) (sessionDB, func(), error) {
+	switch d := db.(type) {
+	case *pgxpool.Pool:
+		c, err := d.Acquire(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		return c, c.Release, nil
+	case *pgx.Conn:
+		return d, func() {}, nil
+	}
+	return nil, nil, nil
+}
+
+// lockSession takes the schema's migration lock for the session, polling.
+func lockSession(ctx context.Context, c execer, schema string) error {
+	for {
+		var ok bool
+		if err := c.QueryRow(ctx, "SELECT pg_catalog.pg_try_advisory_lock("+lockKey+")", schema).Scan(&ok); err != nil {
+			return err
+		}
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// execer is a DB that runs a statement outside a transaction (a pool or a connection, not a
+// pgx.Tx).
+type execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// buildConcurrently builds the index builds of the next step, if it is an up that has them and
+// the schema exists, concurrently and outside a transaction, on the migrator's session (which
+// holds the schema's lock): an index on a large table is built without blocking its writers. An
+// invalid index a failed build left is dropped and built again. The step's transaction then
+// finds them built (IF NOT EXISTS).
+func buildConcurrently(ctx context.Context, ex sessionDB, schema string, target int) error {
+	st, err := Current(ctx, ex, schema)
+	if err != nil || st.Version < 1 || st.Version >= target || st.Version >= Version {
+		return err
+	}
+	for _, stmt := range migrations[st.Version].pre {
+		name := preRE.FindStringSubmatch(stmt)[1]
+		var invalid bool
+		err := ex.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_index i
+			JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+			WHERE n.nspname = $1 AND c.relname = $2 AND NOT i.indisvalid)`, schema, name).Scan(&invalid)
+		if err != nil {
+			return fmt.Errorf("gendurable: migrate %s: check index %s: %w", schema, name, err)
+		}
+		if invalid {
+			if _, err := ex.Exec(ctx, "DROP INDEX CONCURRENTLY IF EXISTS "+ident.Quote(schema)+"."+ident.Quote(name)); err != nil {
+				return fmt.Errorf("gendurable: migrate %s: drop the invalid index %s: %w", schema, name, err)
+			}
+		}
+		sql, err := expand(stmt, schema)
+		if err != nil {
+			return err
+		}
+		if _, err := ex.Exec(ctx, sql); err != nil {
+			return fmt.Errorf("gendurable: migrate %s: version %d (%s): build index %s: %w", schema, st.Version+1,
+				migrations[st.Version].Name, name, err)
+		}
+	}
+	return nil
 }
 
 // migrateStep applies the next step towards target in one transaction; done says there was none.
@@ -315,7 +484,7 @@ func migrateStep(ctx context.Context, db DB, schema string, target int) (done bo
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	// Serialize concurrent migrators of this schema (a lock on a hash, held until commit).
-	if _, err := tx.Exec(ctx, "SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('gendurable.migrate:' || $1, 0))", schema); err != nil {
+	if _, err := tx.Exec(ctx, "SELECT pg_catalog.pg_advisory_xact_lock("+lockKey+")", schema); err != nil {
 		return false, fmt.Errorf("gendurable: migrate %s: lock: %w", schema, err)
 	}
 	st, err := readState(ctx, tx, schema)

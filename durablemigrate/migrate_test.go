@@ -82,7 +82,7 @@ func TestMigrateIsIdempotentAndSafeConcurrently(t *testing.T) {
 	require.NoError(t, durablemigrate.Migrate(ctx, pool, schema))
 	var tables int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = $1`, schema).Scan(&tables))
-	require.Equal(t, 9, tables) // instances, signals, gates, gate_leases, buckets, meta, nodes, upgrade_requests, schedules
+	require.Equal(t, 10, tables) // instances, signals, gates, gate_leases, buckets, meta, nodes, upgrade_requests, schedules, retention
 }
 
 func TestMigrateRefusesASchemaBuiltFromOtherDDL(t *testing.T) {
@@ -314,4 +314,44 @@ func TestCheckNamesBothVersions(t *testing.T) {
 	require.Contains(t, err.Error(), fmt.Sprintf("at version %d, which needs a library that knows schema version %d or later; this library knows up to %d",
 		durablemigrate.Version+2, durablemigrate.Version+1, durablemigrate.Version))
 	require.Error(t, durablemigrate.MigrateTo(ctx, pool, schema, 1), "a schema newer than the library is not migrated down by it")
+}
+
+// A schema that exists is brought to version 4 with its index built concurrently, outside a
+// transaction; an invalid index a failed build left behind is dropped and built again.
+func TestIndexesOfAnExistingSchemaAreBuiltConcurrently(t *testing.T) {
+	t.Parallel()
+	pool := durabledbtest.Pool(t, 4)
+	ctx := context.Background()
+	schema := fmt.Sprintf("t_migrate_concurrently_%d", durablemigrate.Version)
+	require.NoError(t, durablemigrate.Drop(ctx, pool, schema))
+	t.Cleanup(func() { _ = durablemigrate.Drop(context.Background(), pool, schema) })
+	require.NoError(t, durablemigrate.MigrateTo(ctx, pool, schema, 3))
+	_, err := pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %q.instances (machine, step, queue, status, max_attempts, state, finalized_at)
+		SELECT 'm' || (g %% 3), 's', 'q', 'done', 1, '{}', now() FROM generate_series(1, 5000) AS g`, schema))
+	require.NoError(t, err)
+	// A build that failed half way: the index is there, invalid.
+	_, err = pool.Exec(ctx, fmt.Sprintf(`CREATE INDEX instances_finished_by_machine ON %q.instances (machine)`, schema))
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE pg_catalog.pg_index SET indisvalid = false WHERE indexrelid = $1::regclass`,
+		fmt.Sprintf("%q.instances_finished_by_machine", schema))
+	require.NoError(t, err)
+
+	require.NoError(t, durablemigrate.Migrate(ctx, pool, schema))
+	var valid bool
+	var def string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT i.indisvalid, pg_catalog.pg_get_indexdef(i.indexrelid) FROM pg_catalog.pg_index i
+		WHERE i.indexrelid = $1::regclass`, fmt.Sprintf("%q.instances_finished_by_machine", schema)).Scan(&valid, &def))
+	require.True(t, valid)
+	require.Contains(t, def, "(machine, finalized_at, id) WHERE")
+	st, err := durablemigrate.Current(ctx, pool, schema)
+	require.NoError(t, err)
+	require.Equal(t, durablemigrate.Version, st.Version)
+
+	// The printed SQL builds it as a plain index, in the step's transaction.
+	steps, err := durablemigrate.Plan(3, 4)
+	require.NoError(t, err)
+	sql, err := steps[0].SQL(schema)
+	require.NoError(t, err)
+	require.Contains(t, sql, "CREATE INDEX IF NOT EXISTS instances_finished_by_machine")
+	require.NotContains(t, sql, "CONCURRENTLY")
 }

@@ -125,9 +125,12 @@ type Engine struct {
 	poker     atomic.Pointer[PokeConn]
 	awaits    *awaiter
 	// firer fires due schedules (nodes that run the reaper); nil elsewhere.
-	firer     *maintenance.Firer
-	committer *committer
-	lastBeat  time.Time
+	firer *maintenance.Firer
+	// retentionsSet says the machines' retentions were recorded (by register at Start, else by
+	// the registry loop, which owns it once started).
+	retentionsSet bool
+	committer     *committer
+	lastBeat      time.Time
 
 	baseCtx    context.Context
 	baseCancel context.CancelCauseFunc

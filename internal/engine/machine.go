@@ -8,6 +8,7 @@ import (
 
 	"github.com/gendurable/gendurable/internal/store"
 	"github.com/jackc/pgx/v5"
+	"time"
 )
 
 // MachineDef is a machine with its types erased: what the engine needs to run any step of it.
@@ -31,6 +32,8 @@ type MachineDef struct {
 	// Upgrades are, for each older version Upgrade can start from, the steps it renames: what the
 	// node registry publishes, so that operators' tools can tell what no running node can run.
 	Upgrades map[int]map[string]string
+	// Retention is how long finished instances of the machine are kept (0: the GC's).
+	Retention time.Duration
 	// Run runs one step of a claimed row and returns its outcome (the executor fences it with
 	// the claim). It recovers the step's panics and routes errors to the machine's handler
 	// itself; the engine only adds a last safety net.

@@ -50,7 +50,25 @@ func (e *Engine) register(ctx context.Context) error {
 	if err := e.store.ForgetNodes(ctx, e.pool, nodeForget); err != nil {
 		e.log.Warn("gendurable: could not forget the registry rows of nodes long gone", "client", e.cfg.Name, "error", err)
 	}
+	e.retentionsSet = e.setRetentions(ctx)
 	return nil
+}
+
+// setRetentions records the retention of each machine this client registers (GC sweeps each
+// machine by it). A failure is logged and tried again at the registry's next refresh.
+func (e *Engine) setRetentions(ctx context.Context) bool {
+	if len(e.cfg.Machines) == 0 {
+		return true
+	}
+	r := make(map[string]time.Duration, len(e.cfg.Machines))
+	for name, m := range e.cfg.Machines {
+		r[name] = m.Retention
+	}
+	if err := e.store.SetRetentions(ctx, e.pool, r, e.Origin()); err != nil {
+		e.log.Warn("gendurable: could not record the machines' retentions; retrying", "client", e.cfg.Name, "error", err)
+		return false
+	}
+	return true
 }
 
 // registryLoop refreshes this client's registry row until Stop, then deletes it; on each refresh
@@ -73,6 +91,9 @@ func (e *Engine) registryLoop() {
 			ctx, cancel := context.WithTimeout(e.baseCtx, StatementTimeout(e.cfg.Lease))
 			if err := e.store.UpsertNode(ctx, e.pool, node); err != nil {
 				e.log.Warn("gendurable: node registry refresh failed", "client", e.cfg.Name, "error", err)
+			}
+			if !e.retentionsSet {
+				e.retentionsSet = e.setRetentions(ctx)
 			}
 			cancel()
 			// An operator's bulk upgrade runs beside the refreshes, which must go on. Only a node

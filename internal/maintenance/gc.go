@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/gendurable/gendurable/durabletype"
@@ -23,7 +24,8 @@ type GC struct {
 	DB    store.DB
 	// Interval is the time between sweeps.
 	Interval time.Duration
-	// Retention is how long a finished instance is kept after finalized_at.
+	// Retention is how long a finished instance is kept after finalized_at, unless its machine
+	// declares its own (the retention table, written by the clients that register it).
 	Retention time.Duration
 	// Batch is how many instances one statement deletes at most.
 	Batch int
@@ -41,8 +43,11 @@ type GC struct {
 
 	// beforeBatch and afterBatch, when set, see every instance batch (tests): the cursor it
 	// starts from; the rows it deleted and the statement's duration.
-	beforeBatch func(from store.GCCursor)
-	afterBatch  func(deleted int, took time.Duration)
+	beforeBatch func(machine string, from store.GCCursor)
+	afterBatch  func(machine string, deleted int, took time.Duration)
+	// next is the machine the next sweep starts with: a sweep that runs out of budget carries on
+	// there next time, so that one machine's backlog never starves the others.
+	next string
 }
 
 // GCResult is what one sweep did.
@@ -122,26 +127,65 @@ func (g *GC) Sweep(ctx context.Context) (GCResult, error) {
 	return res, err
 }
 
+// instances sweeps the machines that have finished rows one after the other, each under its own
+// retention, starting where the last sweep ran out of budget.
 func (g *GC) instances(ctx context.Context, began time.Time, res *GCResult) error {
+	machines, err := g.Store.GCMachines(ctx, g.DB)
+	if err != nil {
+		return fmt.Errorf("GC of finished instances: list their machines: %w", err)
+	}
+	if len(machines) == 0 {
+		return nil
+	}
+	retentions, err := g.Store.Retentions(ctx, g.DB)
+	if err != nil {
+		return fmt.Errorf("GC of finished instances: read the machines' retentions: %w", err)
+	}
+	first, _ := slices.BinarySearch(machines, g.next)
+	for k := range machines {
+		m := machines[(first+k)%len(machines)]
+		retention := g.Retention
+		if r, ok := retentions[m]; ok {
+			retention = r
+		}
+		done, err := g.machine(ctx, m, retention, began, res)
+		if err != nil {
+			return err
+		}
+		if !done {
+			g.next = m // out of budget: this machine first, next time
+			return nil
+		}
+	}
+	g.next = ""
+	return nil
+}
+
+// machine deletes machine's finished rows past retention, a batch per statement, until a short
+// batch (done) or the sweep's budget runs out.
+func (g *GC) machine(ctx context.Context, machine string, retention time.Duration, began time.Time, res *GCResult) (done bool, err error) {
 	budget := g.budget()
 	var cur store.GCCursor
 	for {
 		if g.beforeBatch != nil {
-			g.beforeBatch(cur)
+			g.beforeBatch(machine, cur)
 		}
 		t0 := time.Now()
-		n, next, err := g.Store.GCInstances(ctx, g.DB, g.Retention, g.Batch, cur)
+		n, next, err := g.Store.GCInstances(ctx, g.DB, machine, retention, g.Batch, cur)
 		if err != nil {
-			return fmt.Errorf("GC of finished instances: %w", err)
+			return false, fmt.Errorf("GC of finished instances of %q: %w", machine, err)
 		}
 		if g.afterBatch != nil {
-			g.afterBatch(n, time.Since(t0))
+			g.afterBatch(machine, n, time.Since(t0))
 		}
 		res.Instances += n
 		res.Batches++
 		cur = next
-		if n < g.Batch || time.Since(began) >= budget {
-			return nil
+		if n < g.Batch {
+			return true, nil
+		}
+		if time.Since(began) >= budget {
+			return false, nil
 		}
 	}
 }

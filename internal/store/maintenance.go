@@ -191,11 +191,11 @@ type GCCursor struct {
 	ID int64
 }
 
-// GCInstances deletes up to batch finished instances whose finalized_at is older than retention,
-// after cur in (finalized_at, id) order, with their inboxes (see maintenance.sql). It returns how many it
-// deleted and the cursor for the next batch.
-func (s *Store) GCInstances(ctx context.Context, db DB, retention time.Duration, batch int, cur GCCursor) (int, GCCursor, error) {
-	args := s.GCInstancesArgs(retention, batch, cur)
+// GCInstances deletes up to batch finished instances of machine whose finalized_at is older than
+// retention, after cur in (finalized_at, id) order, with their inboxes (see maintenance.sql). It
+// returns how many it deleted and the cursor for the next batch.
+func (s *Store) GCInstances(ctx context.Context, db DB, machine string, retention time.Duration, batch int, cur GCCursor) (int, GCCursor, error) {
+	args := s.GCInstancesArgs(machine, retention, batch, cur)
 	var n int64
 	var at *time.Time
 	var id *int64
@@ -210,11 +210,53 @@ func (s *Store) GCInstances(ctx context.Context, db DB, retention time.Duration,
 
 // GCInstancesArgs are the arguments of one GC batch (GCInstances; tests EXPLAIN the statement
 // with them).
-func (s *Store) GCInstancesArgs(retention time.Duration, batch int, cur GCCursor) pgx.NamedArgs {
-	args := pgx.NamedArgs{"retention_ms": retention.Milliseconds(), "batch": batch,
+func (s *Store) GCInstancesArgs(machine string, retention time.Duration, batch int, cur GCCursor) pgx.NamedArgs {
+	args := pgx.NamedArgs{"machine": machine, "retention_ms": retention.Milliseconds(), "batch": batch,
 		"after_at": pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}, "after_id": int64(0)}
 	if !cur.At.IsZero() {
 		args["after_at"], args["after_id"] = cur.At, cur.ID
 	}
 	return args
+}
+
+// GCMachines lists the machines that have finished instances (gc_machines).
+func (s *Store) GCMachines(ctx context.Context, db DB) ([]string, error) {
+	rows, err := db.Query(ctx, s.sql("gc_machines"))
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// Retentions returns the retention each machine declares (retention_list); a machine not in it
+// keeps the GC's default.
+func (s *Store) Retentions(ctx context.Context, db DB) (map[string]time.Duration, error) {
+	rows, err := db.Query(ctx, s.sql("retention_list"))
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]time.Duration{}
+	var m string
+	var ms int64
+	_, err = pgx.ForEachRow(rows, []any{&m, &ms}, func() error {
+		out[m] = time.Duration(ms) * time.Millisecond
+		return nil
+	})
+	return out, err
+}
+
+// SetRetentions records the retentions of a client's machines (retention_set): a machine with a
+// positive retention declares it, one with zero keeps the default (its row goes). by names the
+// client.
+func (s *Store) SetRetentions(ctx context.Context, db DB, retentions map[string]time.Duration, by string) error {
+	set, ms, unset := []string{}, []int64{}, []string{}
+	for m, r := range retentions {
+		if r > 0 {
+			set, ms = append(set, m), append(ms, r.Milliseconds())
+		} else {
+			unset = append(unset, m)
+		}
+	}
+	_, err := db.Exec(ctx, s.sql("retention_set"), pgx.NamedArgs{"set": set, "ms": ms, "unset": unset, "by": by})
+	return err
 }

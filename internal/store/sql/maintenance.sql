@@ -258,23 +258,30 @@ SELECT (SELECT count(*) FROM repaired) + (SELECT count(*) FROM dropped), (SELECT
 -- parent check reads the parent row without locking it: a parent seen live keeps its children for
 -- this sweep; a parent seen finished never runs a join again.
 --
--- @retention_ms retention; @after_at, @after_id the cursor ('-infinity', 0 to start); @batch.
--- Returns how many rows it deleted and the cursor after them (NULL when it deleted none).
+-- One machine at a time (@machine), under that machine's retention (@retention_ms), through
+-- instances_finished_by_machine: a machine's sweep reads its own rows only, so it costs the same
+-- whatever the other machines keep. @after_at, @after_id the cursor ('-infinity', 0 to start);
+-- @batch. Returns how many rows it deleted and the cursor after them (NULL when it deleted none).
 
 -- name: gc_instances
 WITH doomed AS (
   SELECT i.id, i.finalized_at
   FROM {schema}.instances AS i
   WHERE i.status IN ('done', 'failed', 'cancelled')
+    -- The machine as a range of one value and a row comparison, not an equality: with an
+    -- equality the planner drops the machine from the order and may read instances_finalized,
+    -- through every other machine's rows, in a generic plan that does not know how many the
+    -- machine has. As written, only instances_finished_by_machine gives the order.
+    AND i.machine >= @machine AND i.machine <= @machine
+    AND (i.machine, i.finalized_at, i.id) > (@machine::text, @after_at::timestamptz, @after_id::bigint)
     AND i.finalized_at < now() - @retention_ms::bigint * interval '1 millisecond'
-    AND (i.finalized_at, i.id) > (@after_at::timestamptz, @after_id::bigint)
     AND (i.parent_id IS NULL
          OR NOT EXISTS (SELECT 1 FROM {schema}.instances AS p
                         WHERE p.id = i.parent_id
                           AND p.status IN ('available', 'executing', 'awaiting', 'joining')
                           AND (i.parent_wave IS NULL OR p.spawn_wave IS NULL
                                OR i.parent_wave >= p.spawn_wave)))
-  ORDER BY i.finalized_at, i.id
+  ORDER BY i.machine, i.finalized_at, i.id
   LIMIT @batch
   FOR UPDATE OF i SKIP LOCKED
 ), gone AS (
@@ -287,6 +294,36 @@ WITH doomed AS (
   SELECT finalized_at, id FROM doomed ORDER BY finalized_at DESC, id DESC LIMIT 1
 )
 SELECT (SELECT count(*) FROM gone), (SELECT finalized_at FROM last), (SELECT id FROM last);
+
+-- The machines that have finished rows, by a skip scan of instances_finished_by_machine: one
+-- index probe per machine, however many rows each has. No locks.
+-- name: gc_machines
+WITH RECURSIVE m(machine) AS (
+  (SELECT machine FROM {schema}.instances
+   WHERE status IN ('done', 'failed', 'cancelled') ORDER BY machine LIMIT 1)
+  UNION ALL
+  SELECT (SELECT i.machine FROM {schema}.instances AS i
+          WHERE i.status IN ('done', 'failed', 'cancelled') AND i.machine > m.machine
+          ORDER BY i.machine LIMIT 1)
+  FROM m WHERE m.machine IS NOT NULL
+)
+SELECT machine FROM m WHERE machine IS NOT NULL;
+
+-- The retentions machines declare (migration 4's retention table). No locks.
+-- name: retention_list
+SELECT machine, retention_ms FROM {schema}.retention;
+
+-- A client's machines at Start: @set, @ms (parallel) the machines that declare a retention,
+-- @unset the ones that keep the default. The last client to start decides. Row locks on those
+-- machines' rows, in machine order (two clients starting at once never deadlock).
+-- name: retention_set
+WITH s AS (
+  INSERT INTO {schema}.retention AS r (machine, retention_ms, set_by)
+  SELECT m, ms, @by FROM unnest(@set::text[], @ms::bigint[]) AS u(m, ms) ORDER BY m
+  ON CONFLICT (machine) DO UPDATE SET retention_ms = excluded.retention_ms, set_by = excluded.set_by, set_at = now()
+  RETURNING 1
+)
+DELETE FROM {schema}.retention WHERE machine = ANY(@unset::text[]);
 
 -- Rate-limit buckets (the GC sweep, the reaper's report).
 
