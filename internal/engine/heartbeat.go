@@ -10,23 +10,31 @@ import (
 )
 
 // heartbeatLoop extends the leases of every claim in flight, once per interval, in one
-// statement; it cancels the steps whose claims are gone. If it cannot reach the database for a
-// whole lease, every running step is cancelled: its claim is presumed lost.
+// statement; it cancels the steps whose claims are gone. A beat that failed is tried again an
+// eighth of an interval later, not a whole one: the leases are at stake. If it cannot reach the
+// database for a whole lease, every running step is cancelled: its claim is presumed lost.
 func (e *Engine) heartbeatLoop() {
 	defer e.bg.Done()
 	t := time.NewTicker(e.cfg.Heartbeat)
 	defer t.Stop()
+	var retry <-chan time.Time
 	for {
 		select {
 		case <-e.bgStop:
 			return
 		case <-t.C:
-			e.beat()
+		case <-retry:
+		}
+		retry = nil
+		if !e.beat() {
+			retry = time.After(max(e.cfg.Heartbeat/8, 10*time.Millisecond))
 		}
 	}
 }
 
-func (e *Engine) beat() {
+// beat sends one heartbeat and reports whether it reached the database (true also when there
+// was nothing to send).
+func (e *Engine) beat() bool {
 	// The gate leases after the claims: a slow renewal must not hold up the claims' beat.
 	defer e.renewLeases()
 	e.mu.Lock()
@@ -39,7 +47,7 @@ func (e *Engine) beat() {
 	e.mu.Unlock()
 	if len(ids) == 0 {
 		e.lastBeat = time.Now()
-		return
+		return true
 	}
 	if fault.Enabled {
 		// A beat about to extend the leases: a hook holding it here is a stalled heartbeat;
@@ -49,7 +57,7 @@ func (e *Engine) beat() {
 			if time.Since(e.lastBeat) > e.cfg.Lease {
 				e.cancelAll(ids, owners)
 			}
-			return
+			return false
 		}
 	}
 	ctx, cancel := context.WithTimeout(e.baseCtx, e.cfg.Heartbeat)
@@ -67,7 +75,7 @@ func (e *Engine) beat() {
 		if time.Since(e.lastBeat) > e.cfg.Lease {
 			e.cancelAll(ids, owners)
 		}
-		return
+		return false
 	}
 	e.lastBeat = time.Now()
 	e.Emit(durabletype.Event{Name: durabletype.EventHeartbeatBeat, Count: len(ids), Duration: e.lastBeat.Sub(began)})
@@ -84,6 +92,7 @@ func (e *Engine) beat() {
 		}
 		e.cancelAll(lost, lostOwners)
 	}
+	return true
 }
 
 // cancelAll cancels the running steps of the given claims (ids[i] under token owners[i]). A
