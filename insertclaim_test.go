@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/bridge"
 	"github.com/stretchr/testify/require"
 )
 
@@ -29,15 +30,20 @@ func TestInsertStartsTheStepWithoutAPick(t *testing.T) {
 		Queues: map[string]gendurable.QueueConfig{"default": {Concurrency: 2}}})
 	start(t, cl)
 	// An idle queue's picks hold its free slots while in flight (an Insert meanwhile goes in
-	// available): they come 10, 20, 40, ... ms apart after the start, so the inserts below go
-	// between two of them (310 and 630 ms).
-	time.Sleep(450 * time.Millisecond)
+	// available): they come 10, 20, 40, ... ms apart after the start. Each insert below goes
+	// where the idle runner will not pick for half a second (a pick of the started step's slot
+	// does not come before that either: the step holds it).
+	eng, _ := bridge.Engine(cl)
+	quiet := func() {
+		eventually(t, 30*time.Second, "an idle gap of half a second", func() bool { return eng.QuietFor("default") >= 500*time.Millisecond })
+	}
 	claimedAtInsert := func(id int64) bool {
 		return e.count(t, `SELECT count(*) FROM {schema}.instances
 			WHERE id = $1 AND status = 'executing' AND attempt = 1 AND updated_at = inserted_at`, id) == 1
 	}
 	var ids []int64
 	for i := range 2 {
+		quiet()
 		r, err := cl.Insert(ctx, job.With(counter{N: i}), nil)
 		require.NoError(t, err)
 		require.True(t, claimedAtInsert(r.ID), "instance %d was not claimed by its insert", i)

@@ -34,7 +34,7 @@ func TestEveryTimeComparisonUsesTheDatabaseClock(t *testing.T) {
 	exceptions := map[string]string{
 		// Keyset paging of the GC's sweep: the cursor is a finalized_at value the previous batch
 		// read from the database, not a clock reading.
-		"maintenance.sql: AND (i.finalized_at, i.id) > (@after_at::timestamptz, @after_id::bigint)": "cursor",
+		"maintenance.sql: AND (i.machine, i.finalized_at, i.id) > (@machine::text, @after_at::timestamptz, @after_id::bigint)": "cursor",
 		// The operator's list filter (CLI --since): a bound the operator gives, computed by the
 		// CLI from its own clock. It selects rows to show, never decides a lease, a due time or
 		// a deadline; a skewed CLI clock shifts the window it shows.
@@ -78,6 +78,8 @@ func TestEveryTimeComparisonUsesTheDatabaseClock(t *testing.T) {
 		"insert.sql $6::timestamptz":               "InsertOpts.ScheduledAt: the caller's own absolute time",
 		"outcome.sql @c_scheduled_at::timestamptz": "a spawned child's InsertOpts.ScheduledAt",
 		"maintenance.sql @after_at::timestamptz":   "the GC cursor, read from the database",
+		"schedule.sql @next::timestamptz":          "schedules' next fire times, computed from their claim's now()",
+		"schedule.sql @last_fire::timestamptz":     "fire times, computed from their claim's now()",
 	}
 	for _, f := range files {
 		b, err := os.ReadFile(f)

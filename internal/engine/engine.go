@@ -343,6 +343,21 @@ func (e *Engine) Wake(queue string) {
 	}
 }
 
+// QuietFor is how long the idle runner of queue will not pick unless woken (0 while a pick is
+// in flight, due, or the runner is not idle): tests that need an Insert to find no pick in
+// flight wait for it.
+func (e *Engine) QuietFor(queue string) time.Duration {
+	r, ok := e.runners[queue]
+	if !ok {
+		return 0
+	}
+	at := r.quietUntil.Load()
+	if at == 0 {
+		return 0
+	}
+	return max(time.Until(time.Unix(0, at)), 0)
+}
+
 // KickSchedules makes this node's schedule firer look for due schedules now (a schedule was
 // set, resumed or declared here). Other nodes see the change within a second.
 func (e *Engine) KickSchedules() {

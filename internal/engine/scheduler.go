@@ -57,6 +57,9 @@ type runner struct {
 	// rateLane is the rate limit the next pick may take as a lane (store.Lane): the last batch
 	// was full and all of it (the loop's own).
 	rateLane string
+	// quietUntil is when an idle runner's next timed pick is due (unix ns; 0 while it picks or
+	// is about to): for tests that must insert while no pick is in flight (QuietFor).
+	quietUntil atomic.Int64
 }
 
 // job is a claimed row for an executor, and the gate lease it took its slot from (nil: none).
@@ -181,6 +184,7 @@ func (r *runner) loop() {
 			}
 		}
 		n := min(free, maxPickBatch)
+		r.quietUntil.Store(0)
 		// The pick's slots are taken before it is sent: an Insert that claims its own row
 		// meanwhile (reserve) must not count them as free. What the pick did not fill goes back.
 		r.take(n)
@@ -210,6 +214,7 @@ func (r *runner) loop() {
 		default:
 			want, backlog = false, false
 			resetTimer(timer, idle)
+			r.quietUntil.Store(time.Now().Add(idle).UnixNano())
 		}
 	}
 }

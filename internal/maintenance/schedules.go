@@ -246,7 +246,7 @@ func (f *Firer) fireBatch(ctx context.Context, only string) (int, error) {
 	if err := tx.Commit(tctx); err != nil {
 		return 0, err
 	}
-	f.report(plans, rows, ids)
+	f.report(plans, rows, ids, now)
 	for j, i := range brokenAt {
 		f.failed(ctx, &due[i], broken[j])
 	}
@@ -279,8 +279,9 @@ func (f *Firer) failed(ctx context.Context, d *store.DueSchedule, cause error) {
 	}
 }
 
-func (f *Firer) report(plans []fired, rows []store.InsertRow, ids []store.Inserted) {
-	now := time.Now()
+// report emits a committed round's events and pokes the queues of its runnable instances; now is
+// the round's database clock.
+func (f *Firer) report(plans []fired, rows []store.InsertRow, ids []store.Inserted, now store.DBTime) {
 	var queues []string
 	seen := map[string]bool{}
 	for i := range plans {
@@ -294,7 +295,7 @@ func (f *Firer) report(plans []fired, rows []store.InsertRow, ids []store.Insert
 		}
 		last := p.rows[len(p.rows)-1]
 		f.Emit(durabletype.Event{Name: durabletype.EventScheduleFired, Schedule: p.due.Name, Machine: p.due.Machine,
-			Queue: rows[last].Queue, InstanceID: ids[last].ID, Count: len(p.rows), Duration: now.Sub(p.lastFire)})
+			Queue: rows[last].Queue, InstanceID: ids[last].ID, Count: len(p.rows), Duration: time.Since(p.lastFire)})
 		for _, j := range p.rows {
 			if q := rows[j].Queue; !seen[q] && !rows[j].ScheduledAt.After(now) {
 				seen[q] = true
@@ -324,6 +325,6 @@ func (f *Firer) spec(d *store.DueSchedule) (*schedule.Spec, error) {
 }
 
 // FireKey is the correlation key of the instance a schedule fires at a fire time.
-func FireKey(name string, at time.Time) string {
+func FireKey(name string, at store.DBTime) string {
 	return "schedule/" + name + "/" + at.UTC().Format(time.RFC3339Nano)
 }

@@ -10,6 +10,10 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// DBTime is a point in time read from the database's clock (now(), or a column), or computed
+// from one: what the schedule statements take, never a worker's clock reading.
+type DBTime = time.Time
+
 // ScheduleInput is what a schedule inserts at each fire: an InsertRow without its time and
 // correlation key (the firing loop sets both), as stored in the schedule's input column.
 type ScheduleInput struct {
@@ -91,7 +95,7 @@ func (s *Store) LockSchedule(ctx context.Context, tx pgx.Tx, name string) (now t
 
 // UpsertSchedule creates or rewrites d, to fire next at next (schedule_upsert); tx holds the
 // row's lock (LockSchedule).
-func (s *Store) UpsertSchedule(ctx context.Context, tx pgx.Tx, d *ScheduleDef, next time.Time) error {
+func (s *Store) UpsertSchedule(ctx context.Context, tx pgx.Tx, d *ScheduleDef, next DBTime) error {
 	input, err := json.Marshal(d.Input)
 	if err != nil {
 		return fmt.Errorf("encode the schedule's input: %w", err)
@@ -251,7 +255,7 @@ func (s *Store) ListSchedules(ctx context.Context, db DB, name string) ([]Schedu
 
 // ScheduleTriggered records a manual fire of the schedule named name at at, which inserted
 // instance id (schedule_triggered); tx holds the row's lock.
-func (s *Store) ScheduleTriggered(ctx context.Context, tx pgx.Tx, name string, at time.Time, id int64) error {
+func (s *Store) ScheduleTriggered(ctx context.Context, tx pgx.Tx, name string, at DBTime, id int64) error {
 	_, err := tx.Exec(ctx, s.sql("schedule_triggered"), pgx.NamedArgs{"name": name, "at": at, "instance": id})
 	return err
 }
