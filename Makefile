@@ -8,7 +8,6 @@ LINT     := $(GO) tool -modfile=$(ROOT)/tools/go.mod golangci-lint
 CONTRIB  := $(patsubst %/go.mod,%,$(wildcard contrib/*/go.mod)) e2e
 # The tests' Postgres: DATABASE_URL, else 127.0.0.1:5432, else a throwaway cluster (see README).
 TESTFLAGS ?=
-PARALLEL  ?= 3
 # make test runs the tests in three steps. First the latency-bound tests, alone (one package at a
 # time, nothing else on the cores): they measure milliseconds or seconds (the await bridge's p95,
 # poke and poll-floor latencies, a partitioned worker's takeover, the bad-input canary), or need
@@ -16,9 +15,8 @@ PARALLEL  ?= 3
 # the tests that run a Postgres cluster of their own (the soaks, session kills), alone: their
 # throughput is what they measure. Then two jobs at once: the packages' tests one package at a
 # time, and internal/chaos's fault tests at their CI size followed by the deterministic race tests
-# (-tags chaos) and the contrib modules. Within a package, PARALLEL tests run at once (each in a
-# schema of its own): most of them wait on the database or on a clock more than they compute.
-# LATENCY and CLUSTER are go test -run regexps over the root package's and internal/chaos's
+# (-tags chaos) and the contrib modules; within a package, tests run as many at once as there are
+# cores, each in a schema of its own. LATENCY and CLUSTER are go test -run regexps over the root package's and internal/chaos's
 # tests; every other run skips them.
 LATENCY := ^(TestAwait.*|TestSecurity.*|TestSaturatedKeyDoesNotStarveTheWorkBehindIt|TestRateLimitConservesTokensAcrossEightClients|TestPoke.*|TestLostPokesCostAtMostAPoll|TestSignalPokesTheParkedInstancesNode|TestFanOutRoundTripWithoutPolling|TestBadInput|TestPostgresRestartMidRun|TestSmokeSuite.*|TestPartitionedWorkerIsFencedOut|TestConnectionResetsLoseCommitAcks)$$
 CLUSTER := ^(TestBloatSoak|TestLongSnapshotDuringSoak|TestSessionKills)$$
@@ -52,10 +50,10 @@ test/cluster: ## the fault tests that run a Postgres cluster of their own (soaks
 	$(GO) test -count=1 -timeout 10m -run '$(CLUSTER)' $(TESTFLAGS) ./internal/chaos/
 
 test/packages: ## every package's tests but internal/chaos's, one package at a time
-	$(GO) test -p 1 -parallel $(PARALLEL) -count=1 -timeout 10m -skip '$(LATENCY)' $(TESTFLAGS) $$($(GO) list ./... | grep -v '/internal/chaos$$')
+	$(GO) test -p 1 -count=1 -timeout 10m -skip '$(LATENCY)' $(TESTFLAGS) $$($(GO) list ./... | grep -v '/internal/chaos$$')
 
 test/faults: ## internal/chaos's fault tests at their CI size, but the latency-bound and own-cluster ones; then test/tagged and test/contrib
-	$(GO) test -parallel $(PARALLEL) -count=1 -timeout 10m -skip '$(LATENCY)|$(CLUSTER)' $(TESTFLAGS) ./internal/chaos/
+	$(GO) test -count=1 -timeout 10m -skip '$(LATENCY)|$(CLUSTER)' $(TESTFLAGS) ./internal/chaos/
 	@$(MAKE) --no-print-directory test/tagged test/contrib
 
 test/tagged: ## the deterministic race tests, which drive the engine's fault points (-tags chaos)
