@@ -16,8 +16,8 @@ TESTFLAGS ?=
 # throughput is what they measure. Then two jobs at once: the packages' tests one package at a
 # time, and internal/chaos's fault tests at their CI size followed by the deterministic race tests
 # (-tags chaos) and the contrib modules; within a package, tests run as many at once as there are
-# cores, each in a schema of its own. LATENCY and CLUSTER are go test -run regexps over the root package's and internal/chaos's
-# tests; every other run skips them.
+# cores, each in a schema of its own. LATENCY and CLUSTER are go test -run regexps over the root
+# package's and internal/chaos's tests; every other run skips them.
 LATENCY := ^(TestAwait.*|TestSecurity.*|TestSaturatedKeyDoesNotStarveTheWorkBehindIt|TestRateLimitConservesTokensAcrossEightClients|TestPoke.*|TestLostPokesCostAtMostAPoll|TestSignalPokesTheParkedInstancesNode|TestFanOutRoundTripWithoutPolling|TestBadInput|TestPostgresRestartMidRun|TestSmokeSuite.*|TestPartitionedWorkerIsFencedOut|TestConnectionResetsLoseCommitAcks)$$
 CLUSTER := ^(TestBloatSoak|TestLongSnapshotDuringSoak|TestSessionKills)$$
 # make chaos: RUN picks the tests (a go test -run regexp; default all), CHAOSFLAGS how they run

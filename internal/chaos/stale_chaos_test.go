@@ -376,8 +376,10 @@ func TestChaosHeartbeatLostForAnOldClaimSparesTheNewOne(t *testing.T) {
 		}
 		return nil
 	})()
+	// A long lease: the new claim must outlive a loaded machine's slow beats while the test
+	// holds one (the first claim's lease is ended by hand below).
 	a := e.client(t, &gendurable.Config{Name: "a", Machines: []gendurable.Machine{m}, PollInterval: 20 * time.Millisecond,
-		Lease: 3 * time.Second, Heartbeat: 100 * time.Millisecond, Reaper: &gendurable.ReaperConfig{Disabled: true},
+		Lease: 30 * time.Second, Heartbeat: 100 * time.Millisecond, Reaper: &gendurable.ReaperConfig{Disabled: true},
 		GC: &gendurable.GCConfig{Disabled: true}, Queues: map[string]gendurable.QueueConfig{"q": {Concurrency: 2}}})
 	start(t, a)
 	// A maintenance-only node: its reaper releases expired claims.
