@@ -10,8 +10,8 @@ import (
 )
 
 // heartbeatLoop extends the leases of every claim in flight, once per interval, in one
-// statement; it cancels the steps whose claims are gone. A beat that failed is tried again an
-// eighth of an interval later, not a whole one: the leases are at stake. If it cannot reach the
+// statement; it cancels the steps whose claims are gone. A beat that failed at once is tried
+// again an eighth of an interval later, not a whole one: the leases are at stake. If it cannot reach the
 // database for a whole lease, every running step is cancelled: its claim is presumed lost.
 func (e *Engine) heartbeatLoop() {
 	defer e.bg.Done()
@@ -26,7 +26,10 @@ func (e *Engine) heartbeatLoop() {
 		case <-retry:
 		}
 		retry = nil
-		if !e.beat() {
+		began := time.Now()
+		if !e.beat() && time.Since(began) < e.cfg.Heartbeat/2 {
+			// It failed at once (a refused or reset connection), not by running out of time
+			// (a partition, where trying more often only piles up connection attempts).
 			retry = time.After(max(e.cfg.Heartbeat/8, 10*time.Millisecond))
 		}
 	}
