@@ -52,8 +52,14 @@ func ExampleClient_Await() {
 	if err != nil {
 		panic(err)
 	}
-	for _, id := range []int64{now.ID, later.ID, 1 << 40} {
-		a, err := client.Await(ctx, id, 200*time.Millisecond, nil)
+	// A caller waits as long as it can afford: the answer comes as soon as the instance settles
+	// (the kettle's in milliseconds), the timeout only bounds the wait (the toaster's, an hour
+	// off, is busy at it).
+	for _, c := range []struct {
+		id      int64
+		timeout time.Duration
+	}{{now.ID, 10 * time.Second}, {later.ID, 200 * time.Millisecond}, {1 << 40, 200 * time.Millisecond}} {
+		a, err := client.Await(ctx, c.id, c.timeout, nil)
 		if err != nil {
 			panic(err) // no answer: ctx ended, or the database could not be read in time
 		}
