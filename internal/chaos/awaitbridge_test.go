@@ -62,8 +62,11 @@ func TestAwaitBridgeUnderFaults(t *testing.T) {
 				mu.Unlock()
 			}
 		}},
-		Name:      "awaiter",
-		Machines:  []gendurable.Machine{linear("linear5", 5*time.Millisecond, effectRecorder(e.pool, e.schema, os.Getpid()))},
+		Name: "awaiter",
+		// The steps record their effects on the env's side pool, as a step's own work would use
+		// a pool of its own: on the client's, eight steps' inserts would hold the connections the
+		// watcher's probe needs, and the probe would wait for them.
+		Machines:  []gendurable.Machine{linear("linear5", 5*time.Millisecond, effectRecorder(e.side, e.schema, os.Getpid()))},
 		Queues:    map[string]gendurable.QueueConfig{"local": {Concurrency: 8}},
 		Lease:     t1Lease,
 		Heartbeat: 500 * time.Millisecond, PollInterval: 100 * time.Millisecond,
