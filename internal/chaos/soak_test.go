@@ -307,7 +307,10 @@ func startOpenLoad(cl *gendurable.Client, rate float64) *openLoad {
 		for ctx.Err() == nil {
 			owed += rate / 10
 			if k := int(owed); k > 0 {
-				if err := insertSoak(ctx, cl, k); err != nil {
+				// Not cancelled by stop: an insert cancelled in flight can still commit on the
+				// server after the client gave up on it, and its rows would appear after the
+				// count. stop waits for it instead.
+				if err := insertSoak(context.WithoutCancel(ctx), cl, k); err != nil {
 					if ctx.Err() == nil {
 						l.mu.Lock()
 						l.fail = err

@@ -149,10 +149,29 @@ type workerReport struct {
 	// work it reported (unix milliseconds, at most one per 50ms): scheduler.picked,
 	// heartbeat.beat, reaper.swept, gc.swept.
 	Ticks map[string][]int64 `json:"ticks,omitempty"`
+	// Busy (workerCfg.Ticks) holds the windows (unix milliseconds, from and to) in which the
+	// client ran steps without a break for at least two heartbeat intervals: every heartbeat
+	// tick inside one has claims to extend, so it must report a beat.
+	Busy [][2]int64 `json:"busy,omitempty"`
 }
 
 func (r workerReport) stale() int { return r.Events[string(gendurable.EventOutcomeStale)] }
 func (r workerReport) steps() int { return r.Events[string(gendurable.EventStepFinished)] }
+
+// busyAfter returns the first busy window (Busy) that reaches at least span past t, from where it
+// begins or t, whichever is later; ok is false if there is none.
+func (r workerReport) busyAfter(t time.Time, span time.Duration) (from time.Time, ok bool) {
+	for _, w := range r.Busy {
+		b := time.UnixMilli(w[0])
+		if b.Before(t) {
+			b = t
+		}
+		if time.UnixMilli(w[1]).Sub(b) >= span {
+			return b, true
+		}
+	}
+	return time.Time{}, false
+}
 
 // firstTickAfter returns, for each loop, how long after t its first tick came (absent: none).
 func (r workerReport) firstTickAfter(t time.Time) map[string]time.Duration {
@@ -190,6 +209,23 @@ type tally struct {
 	r     workerReport
 	ticks bool
 	marks bool
+	// busyMin is the shortest busy window recorded (ms); running and busyFrom track the steps
+	// in flight.
+	busyMin  int64
+	running  int
+	busyFrom int64
+}
+
+// step counts a step starting (+1) or ending (-1) at unix ms at, and records the busy window
+// that ends.
+func (c *tally) step(d int, at int64) {
+	if d > 0 && c.running == 0 {
+		c.busyFrom = at
+	}
+	c.running = max(c.running+d, 0)
+	if d < 0 && c.running == 0 && at-c.busyFrom >= c.busyMin {
+		c.r.Busy = append(c.r.Busy, [2]int64{c.busyFrom, at})
+	}
 }
 
 func (c *tally) scanLog(s string) {
@@ -221,6 +257,15 @@ func (c *tally) hook(ev gendurable.Event) {
 		}
 		if strings.Contains(ev.Err.Error(), "prepared statement") {
 			c.r.Prepared++
+		}
+	}
+	if c.ticks {
+		switch {
+		case ev.Name == gendurable.EventStepStarted:
+			c.step(1, at.UnixMilli())
+		case ev.Name == gendurable.EventStepFinished, ev.Name == gendurable.EventOutcomeStale,
+			ev.Name == gendurable.EventCommitFailed && ev.InstanceID != 0:
+			c.step(-1, at.UnixMilli())
 		}
 	}
 	switch ev.Name {
@@ -343,7 +388,8 @@ func workerMain(cfgJSON string) int {
 	for i := range cfg.Probes {
 		queues[fmt.Sprint("p", i)] = gendurable.QueueConfig{Concurrency: 1}
 	}
-	counts := &tally{r: workerReport{Events: map[string]int{}}, ticks: cfg.Ticks, marks: cfg.Marks}
+	counts := &tally{r: workerReport{Events: map[string]int{}}, ticks: cfg.Ticks, marks: cfg.Marks,
+		busyMin: 2 * int64(cfg.HeartbeatMS)}
 	if cfg.Ticks {
 		counts.r.Ticks = map[string][]int64{}
 	}
