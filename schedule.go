@@ -186,7 +186,7 @@ func (c *Client) putSchedule(ctx context.Context, tx pgx.Tx, def *store.Schedule
 	if err != nil {
 		return fmt.Errorf("gendurable: schedule %q: %w", def.Name, err)
 	}
-	if cur != nil && cur.Declared && cur.DeclaredBy != def.DeclaredBy {
+	if cur != nil && cur.DeclaredBy != "" && cur.DeclaredBy != def.DeclaredBy {
 		if def.DeclaredBy != "" {
 			// Declared by two services: the first one's declaration stands, and only it
 			// removes the schedule.
@@ -315,11 +315,7 @@ func (c *Client) TriggerSchedule(ctx context.Context, name string) (int64, error
 		if cur == nil {
 			return fmt.Errorf("%w: %q", ErrUnknownSchedule, name)
 		}
-		rows, err := c.store.ListSchedules(ctx, tx, name)
-		if err != nil || len(rows) != 1 {
-			return fmt.Errorf("read the schedule: %w", err)
-		}
-		r := rows[0].Input.Row(rows[0].Machine, nil)
+		r := cur.Input.Row(cur.Machine, nil)
 		r.CorrelationKey, r.ScopeMask = maintenance.FireKey(name, now), 7
 		res, err := c.store.InsertMany(ctx, tx, []store.InsertRow{r})
 		if err != nil {

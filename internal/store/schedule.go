@@ -69,8 +69,10 @@ type ScheduleRow struct {
 
 // ScheduleLocked is the part of a stored schedule its writers need, read under its row lock.
 type ScheduleLocked struct {
+	// DeclaredBy is the service that declares it ("": set at run time).
 	DeclaredBy string
-	Declared   bool
+	Machine    string
+	Input      ScheduleInput
 	Cron       string
 	Every      time.Duration
 	TimeZone   string
@@ -83,14 +85,21 @@ type ScheduleLocked struct {
 func (s *Store) LockSchedule(ctx context.Context, tx pgx.Tx, name string) (now time.Time, cur *ScheduleLocked, err error) {
 	var c ScheduleLocked
 	var every int64
-	err = tx.QueryRow(ctx, s.sql("schedule_lock"), pgx.NamedArgs{"name": name}).Scan(&now, &c.DeclaredBy, &c.Declared,
-		&c.Cron, &every, &c.TimeZone, &c.Paused, &c.NextFireAt)
+	var input []byte
+	err = tx.QueryRow(ctx, s.sql("schedule_lock"), pgx.NamedArgs{"name": name}).Scan(&now, &c.DeclaredBy, &c.Machine,
+		&input, &c.Cron, &every, &c.TimeZone, &c.Paused, &c.NextFireAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		err = tx.QueryRow(ctx, s.sql("schedule_now")).Scan(&now)
 		return now, nil, err
 	}
-	c.Every = time.Duration(every) * time.Millisecond
-	return now, &c, err
+	if err != nil {
+		return now, nil, err
+	}
+	if err := json.Unmarshal(input, &c.Input); err != nil {
+		return now, nil, fmt.Errorf("schedule %q: decode its input: %w", name, err)
+	}
+	c.Every = ms(every)
+	return now, &c, nil
 }
 
 // UpsertSchedule creates or rewrites d, to fire next at next (schedule_upsert); tx holds the

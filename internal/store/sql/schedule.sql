@@ -6,7 +6,7 @@
 -- firing loop's claim skips a locked row). No row when there is no such schedule. Row lock on
 -- one schedule.
 -- name: schedule_lock
-SELECT now(), coalesce(declared_by, ''), declared_by IS NOT NULL, cron, every_ms, time_zone, paused, next_fire_at
+SELECT now(), coalesce(declared_by, ''), machine, input, cron, every_ms, time_zone, paused, next_fire_at
 FROM {schema}.schedules
 WHERE name = @name
 FOR UPDATE;
