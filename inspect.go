@@ -49,18 +49,19 @@ var allStatuses = []Status{StatusAvailable, StatusExecuting, StatusAwaiting, Sta
 
 // QueueStatsOpts selects what QueueStats counts.
 type QueueStatsOpts struct {
-	// Statuses are the statuses to count; empty means all of them. What each costs:
-	// StatusAvailable (which also yields Runnable and OldestRunnable) and StatusExecuting are read
-	// from their partial indexes, in time proportional to the rows in those statuses; any other
-	// status needs one sequential scan of the instances table (about 0.1 s per million rows on
-	// two cores), which tools that poll should leave out.
+	// Statuses are the statuses to count; empty means all of them. None costs a read that grows
+	// with the history: StatusAvailable (which also yields Runnable and OldestRunnable),
+	// StatusExecuting, StatusAwaiting and StatusJoining are read from their partial indexes, in
+	// time proportional to the rows in those statuses (the live work); StatusDone, StatusFailed
+	// and StatusCancelled from counts that triggers on the instances table keep as rows finish,
+	// are retried or deleted (a few rows per queue and status, which GC folds every sweep).
 	Statuses []Status
 }
 
 // QueueStats counts instances by queue and status in one round trip: every queue holding a row
 // in one of the statuses asked for, in name order, with an entry for each of those statuses
 // (zero included). The counts come from one snapshot per status family (available, executing,
-// the rest), so they may be a few milliseconds apart.
+// parked, finished), so they may be a few milliseconds apart.
 func (c *Client) QueueStats(ctx context.Context, opts *QueueStatsOpts) ([]QueueStats, error) {
 	statuses := allStatuses
 	if opts != nil && len(opts.Statuses) > 0 {

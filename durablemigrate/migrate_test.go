@@ -82,7 +82,7 @@ func TestMigrateIsIdempotentAndSafeConcurrently(t *testing.T) {
 	require.NoError(t, durablemigrate.Migrate(ctx, pool, schema))
 	var tables int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = $1`, schema).Scan(&tables))
-	require.Equal(t, 10, tables) // instances, signals, gates, gate_leases, buckets, meta, nodes, upgrade_requests, schedules, retention
+	require.Equal(t, 11, tables) // instances, signals, gates, gate_leases, buckets, meta, nodes, upgrade_requests, schedules, retention, finished_counts
 }
 
 func TestMigrateRefusesASchemaBuiltFromOtherDDL(t *testing.T) {
@@ -187,6 +187,14 @@ func catalog(t *testing.T, pool *pgxpool.Pool, schema string) string {
 		SELECT 'table ' || c.relname || ' ' || coalesce(array_to_string(c.reloptions, ','), '')
 		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE n.nspname = $1 AND c.relkind = 'r'
+		UNION ALL
+		SELECT 'trigger ' || pg_get_triggerdef(g.oid)
+		FROM pg_trigger g JOIN pg_class c ON c.oid = g.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND NOT g.tgisinternal
+		UNION ALL
+		SELECT 'function ' || p.proname || ' ' || md5(p.prosrc)
+		FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+		WHERE n.nspname = $1
 		ORDER BY 1`, schema)
 	require.NoError(t, err)
 	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
@@ -354,4 +362,64 @@ func TestIndexesOfAnExistingSchemaAreBuiltConcurrently(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, sql, "CREATE INDEX IF NOT EXISTS instances_finished_by_machine")
 	require.NotContains(t, sql, "CONCURRENTLY")
+}
+
+// A schema that holds finished rows is brought to version 5 with their counts, by queue and
+// status, in finished_counts; from then on the triggers count every change, whoever makes it
+// (here plain SQL, as a library that knows version 4 would); and down and up again counts them
+// afresh.
+func TestFinishedRowsAreCountedByTheMigrationThatAddsTheCounts(t *testing.T) {
+	t.Parallel()
+	pool := durabledbtest.Pool(t, 2)
+	ctx := context.Background()
+	schema := fmt.Sprintf("t_migrate_counts_%d", os.Getpid())
+	require.NoError(t, durablemigrate.Drop(ctx, pool, schema))
+	t.Cleanup(func() { _ = durablemigrate.Drop(context.Background(), pool, schema) })
+	require.NoError(t, durablemigrate.MigrateTo(ctx, pool, schema, 4))
+	exec := func(q string) {
+		t.Helper()
+		_, err := pool.Exec(ctx, strings.ReplaceAll(q, "{schema}", fmt.Sprintf("%q", schema)))
+		require.NoError(t, err)
+	}
+	exec(`INSERT INTO {schema}.instances (machine, step, queue, status, max_attempts, state, finalized_at)
+		SELECT 'm', 's', 'q' || (g % 2),
+		       (ARRAY['done', 'failed', 'cancelled', 'available'])[g % 4 + 1]::{schema}.status, 1, '{}',
+		       CASE WHEN g % 4 < 3 THEN now() END
+		FROM generate_series(1, 4000) AS g`)
+	counts := func() map[string]int64 {
+		t.Helper()
+		rows, err := pool.Query(ctx, strings.ReplaceAll(`SELECT queue || '/' || status, sum(n)::bigint
+			FROM {schema}.finished_counts GROUP BY queue, status HAVING sum(n) <> 0`, "{schema}", fmt.Sprintf("%q", schema)))
+		require.NoError(t, err)
+		out := map[string]int64{}
+		var k string
+		var n int64
+		_, err = pgx.ForEachRow(rows, []any{&k, &n}, func() error { out[k] = n; return nil })
+		require.NoError(t, err)
+		return out
+	}
+	require.NoError(t, durablemigrate.MigrateTo(ctx, pool, schema, 5))
+	// g % 4 = 0, 1, 2 are done, failed, cancelled; queue q0 holds the even g, so only done
+	// (g % 4 = 0) and cancelled (g % 4 = 2); q1 only failed.
+	require.Equal(t, map[string]int64{"q0/done": 1000, "q0/cancelled": 1000, "q1/failed": 1000}, counts())
+
+	exec(`UPDATE {schema}.instances SET status = 'done', finalized_at = now()
+		WHERE id IN (SELECT id FROM {schema}.instances WHERE status = 'available' ORDER BY id LIMIT 10)`)
+	exec(`UPDATE {schema}.instances SET status = 'available', finalized_at = NULL
+		WHERE id IN (SELECT id FROM {schema}.instances WHERE status = 'failed' ORDER BY id LIMIT 3)`)
+	exec(`DELETE FROM {schema}.instances WHERE id IN (SELECT id FROM {schema}.instances WHERE status = 'cancelled' ORDER BY id LIMIT 7)`)
+	exec(`INSERT INTO {schema}.instances (machine, step, queue, status, max_attempts, state, finalized_at)
+		VALUES ('m', 's', 'q2', 'done', 1, '{}', now())`)
+	want := map[string]int64{"q0/done": 1000, "q1/done": 10, "q0/cancelled": 993, "q1/failed": 997, "q2/done": 1}
+	require.Equal(t, want, counts())
+
+	require.NoError(t, durablemigrate.MigrateTo(ctx, pool, schema, 4))
+	require.NoError(t, durablemigrate.MigrateTo(ctx, pool, schema, 5))
+	require.Equal(t, want, counts())
+	var rows int
+	require.NoError(t, pool.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %q.finished_counts", schema)).Scan(&rows))
+	require.Equal(t, len(want), rows, "the migration writes one row per queue and status")
+
+	exec(`TRUNCATE {schema}.instances CASCADE`)
+	require.Empty(t, counts())
 }

@@ -18,7 +18,8 @@ import (
 var statuses = []gendurable.Status{gendurable.StatusAvailable, gendurable.StatusExecuting, gendurable.StatusAwaiting,
 	gendurable.StatusJoining, gendurable.StatusDone, gendurable.StatusFailed, gendurable.StatusCancelled}
 
-// slowStatuses are the ones QueueStats counts with a scan of the table.
+// slowStatuses are the ones the queues page counts at most every Options.CountEvery: the parked
+// ones (a read of every parked row) and the finished ones.
 var slowStatuses = []gendurable.Status{gendurable.StatusAwaiting, gendurable.StatusJoining,
 	gendurable.StatusDone, gendurable.StatusFailed, gendurable.StatusCancelled}
 

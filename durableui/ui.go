@@ -68,9 +68,9 @@ type Options struct {
 	// (Client.Throughput), shown per minute: default 1 minute, at most an hour.
 	ThroughputWindow time.Duration
 	// CountEvery is how often, at most, the queues page counts the parked and finished
-	// instances: that count is a scan of the instances table, so it is shared by every viewer
-	// and reused for this long. Default 30s; negative: never (the page shows only the counts
-	// that indexes give cheaply: available, due, executing, lag).
+	// instances: that count reads every parked row (through their index) and the finished
+	// counts, so it is shared by every viewer and reused for this long. Default 30s; negative:
+	// never (the page shows only available, due, executing and the lag).
 	CountEvery time.Duration
 	// MaxPayloadBytes caps the JSON payload of a signal sent from the form: default 1 MiB (the
 	// client's own Config.MaxPayloadBytes applies too). A larger one is refused with 413 and

@@ -84,7 +84,7 @@ func runQueues(ctx context.Context, args []string, out io.Writer) error {
 	var db dbFlags
 	db.register(fs, "gendurable")
 	asJSON := fs.Bool("json", false, "print JSON")
-	live := fs.Bool("live-only", false, "count only available and executing rows (index reads; the other statuses scan the table)")
+	live := fs.Bool("live-only", false, "count only available and executing rows (the parked statuses read every parked row)")
 	if _, err := parseInterspersed(fs, args); err != nil {
 		return err
 	}

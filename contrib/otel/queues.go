@@ -29,8 +29,9 @@ type QueueMetricsOpts struct {
 	MeterProvider metric.MeterProvider
 	// Timeout bounds the inspection queries of one collection. Default DefaultTimeout.
 	Timeout time.Duration
-	// Statuses are the statuses to count. Default DefaultStatuses. Each other status makes every
-	// collection scan the instances table (see gendurable.QueueStatsOpts).
+	// Statuses are the statuses to count. Default DefaultStatuses. The parked statuses add a read
+	// of every parked row (through their index), the finished ones a read of the counts kept as
+	// rows finish: neither grows with the history (see gendurable.QueueStatsOpts).
 	Statuses []gendurable.Status
 	// Stuck also reports stuck instances (gendurable.Client.Stuck), as the client sees them: use
 	// a client configured like the workers.

@@ -25,9 +25,9 @@ type QueueCollectorOpts struct {
 	Namespace string
 	// Timeout bounds the inspection queries of one scrape. Default DefaultTimeout.
 	Timeout time.Duration
-	// Statuses are the statuses to count. Default DefaultStatuses. Each other status makes every
-	// scrape scan the instances table (see gendurable.QueueStatsOpts): add them only with a
-	// scrape interval the table's size allows.
+	// Statuses are the statuses to count. Default DefaultStatuses. The parked statuses add a read
+	// of every parked row (through their index), the finished ones a read of the counts kept as
+	// rows finish: neither grows with the history (see gendurable.QueueStatsOpts).
 	Statuses []gendurable.Status
 	// Stuck also reports stuck instances (gendurable.Client.Stuck) on every scrape, as the
 	// client sees them: use a client configured like the workers.

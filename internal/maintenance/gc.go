@@ -15,8 +15,9 @@ import (
 const bucketBatch = 1000
 
 // GC collects what no longer carries information: finished instances past their retention (with
-// their inboxes), rate-limit buckets that have refilled or whose limit is gone, and gate counters
-// that disagree with the executing rows or the configuration (reconciled, or removed). At least
+// their inboxes), rate-limit buckets that have refilled or whose limit is gone, gate counters
+// that disagree with the executing rows or the configuration (reconciled, or removed), and the
+// finished counts' rows (folded, one per queue and status). At least
 // one node of a cluster runs it; duplicates are safe (every statement claims its rows with
 // ordered FOR UPDATE SKIP LOCKED).
 type GC struct {
@@ -103,7 +104,8 @@ func (g *GC) budget() time.Duration {
 }
 
 // Sweep deletes finished instances past retention, a batch per statement until a short batch
-// (or the budget runs out), then prunes buckets and reconciles gate counters. It emits gc.swept
+// (or the budget runs out), then prunes buckets, reconciles gate counters and folds the finished
+// counts (which its deletions have just added to). It emits gc.swept
 // with what it did.
 func (g *GC) Sweep(ctx context.Context) (GCResult, error) {
 	began := time.Now()
@@ -114,6 +116,11 @@ func (g *GC) Sweep(ctx context.Context) (GCResult, error) {
 	}
 	if err == nil {
 		err = g.gates(ctx, &res)
+	}
+	if err == nil {
+		if _, ferr := g.Store.FoldFinishedCounts(ctx, g.DB); ferr != nil {
+			err = fmt.Errorf("GC: fold the finished counts: %w", ferr)
+		}
 	}
 	res.Duration = time.Since(began)
 	if res.Instances+res.Buckets+res.Gates > 0 {

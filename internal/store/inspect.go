@@ -14,20 +14,23 @@ import (
 )
 
 // QueueStats counts instances by queue and status, for the statuses asked for (each at the cost
-// its statement states in inspect.sql: available and executing from their partial indexes, the
-// others by one scan of the table), in one round trip. Every queue with a row in one of those
-// statuses is returned, in name order, with an entry for each status asked for.
+// its statement states in inspect.sql: available, executing and parked rows from their partial
+// indexes, finished rows from the counts the triggers keep), in one round trip. Every queue with
+// a row in one of those statuses is returned, in name order, with an entry for each status asked
+// for.
 func (s *Store) QueueStats(ctx context.Context, db DB, statuses []durabletype.Status) ([]durabletype.QueueStats, error) {
 	var wantAvailable, wantExecuting bool
-	var others []string
+	var parked, finished []string
 	for _, st := range statuses {
 		switch st {
 		case durabletype.StatusAvailable:
 			wantAvailable = true
 		case durabletype.StatusExecuting:
 			wantExecuting = true
+		case durabletype.StatusAwaiting, durabletype.StatusJoining:
+			parked = append(parked, string(st))
 		default:
-			others = append(others, string(st))
+			finished = append(finished, string(st))
 		}
 	}
 	b := &pgx.Batch{}
@@ -37,8 +40,11 @@ func (s *Store) QueueStats(ctx context.Context, db DB, statuses []durabletype.St
 	if wantExecuting {
 		b.Queue(s.sql("queue_stats_executing"))
 	}
-	if len(others) > 0 {
-		b.Queue(s.sql("queue_stats_other"), pgx.NamedArgs{"statuses": others})
+	if len(parked) > 0 {
+		b.Queue(s.sql("queue_stats_parked"), pgx.NamedArgs{"statuses": parked})
+	}
+	if len(finished) > 0 {
+		b.Queue(s.sql("queue_stats_finished"), pgx.NamedArgs{"statuses": finished})
 	}
 	if b.Len() == 0 {
 		return nil, nil
@@ -85,16 +91,22 @@ func (s *Store) QueueStats(ctx context.Context, db DB, statuses []durabletype.St
 			return nil, fmt.Errorf("executing rows: %w", err)
 		}
 	}
-	if len(others) > 0 {
+	for _, part := range []struct {
+		statuses []string
+		what     string
+	}{{parked, "parked rows"}, {finished, "finished rows"}} {
+		if len(part.statuses) == 0 {
+			continue
+		}
 		rows, err := br.Query()
 		if err != nil {
-			return nil, fmt.Errorf("parked and finished rows: %w", err)
+			return nil, fmt.Errorf("%s: %w", part.what, err)
 		}
 		if _, err := pgx.ForEachRow(rows, []any{&queue, &status, &n}, func() error {
 			get(queue).Counts[durabletype.Status(status)] = n
 			return nil
 		}); err != nil {
-			return nil, fmt.Errorf("parked and finished rows: %w", err)
+			return nil, fmt.Errorf("%s: %w", part.what, err)
 		}
 	}
 	if err := br.Close(); err != nil {

@@ -12,7 +12,7 @@ import (
 )
 
 // The inspection statements read the rows they are about through their partial indexes, never
-// the whole table (except queue_stats_other, which says it scans). The table is shaped like a
+// the whole table; the finished counts are read from the table the triggers keep. The table is shaped like a
 // busy one (mostly finished rows, a backlog, a few rate-limited, executing and parked rows), and
 // sequential and bitmap scans are discouraged so that its small size does not make them the
 // cheapest plan: the plans are the ones a table of millions of rows gets (an index-only scan
@@ -71,6 +71,8 @@ func TestInspectionStatementsUseTheirIndexes(t *testing.T) {
 	}{
 		{"queue_stats_available", nil, []string{"Index Only Scan using instances_pick"}},
 		{"queue_stats_executing", nil, []string{"instances_executing"}},
+		{"queue_stats_parked", []any{pgx.NamedArgs{"statuses": []string{"awaiting", "joining"}}}, []string{"instances_parked"}},
+		{"queue_stats_finished", []any{pgx.NamedArgs{"statuses": []string{"done"}}}, []string{"finished_counts"}},
 		{"stuck_unknown_rate_limits", []any{pgx.NamedArgs{"r_names": []string{"api"}}}, []string{"instances_rate_waiting"}},
 		{"stuck_unknown_machines", []any{pgx.NamedArgs{"machines": []string{"m"}, "steps": []string{"s"},
 			"queues": []string{"q"}}}, []string{"instances_pick"}},
@@ -81,7 +83,12 @@ func TestInspectionStatementsUseTheirIndexes(t *testing.T) {
 			[]string{"instances_pkey", "signals_instance", "instances_parent"}},
 	} {
 		plan := explain(c.stmt, c.args...)
-		require.NotContains(t, plan, "Seq Scan", "%s reads a whole table:\n%s", c.stmt, plan)
+		for _, line := range strings.Split(plan, "\n") {
+			if strings.Contains(line, "Seq Scan") {
+				// finished_counts is a few rows per queue and status (GC folds it).
+				require.Contains(t, line, "Seq Scan on finished_counts", "%s reads a whole table:\n%s", c.stmt, plan)
+			}
+		}
 		for _, ix := range c.index {
 			require.Contains(t, plan, ix, "%s:\n%s", c.stmt, plan)
 		}

@@ -168,6 +168,14 @@ func (s *Store) GCBuckets(ctx context.Context, db DB, r *Rates) (int, error) {
 	return int(tag.RowsAffected()), nil
 }
 
+// FoldFinishedCounts folds the finished counts into one row per queue and status, and returns how
+// many rows it folded.
+func (s *Store) FoldFinishedCounts(ctx context.Context, db DB) (int, error) {
+	var n int
+	err := db.QueryRow(ctx, s.sql("fold_finished_counts")).Scan(&n)
+	return n, err
+}
+
 // RateUnknown counts the runnable rows stalled on each limit the configuration does not name.
 func (s *Store) RateUnknown(ctx context.Context, db DB, r *Rates) (map[string]int, error) {
 	rows, err := db.Query(ctx, s.sql("rate_unknown"), pgx.NamedArgs{"r_names": r.Names})

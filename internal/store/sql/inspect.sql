@@ -59,15 +59,26 @@ FROM {schema}.instances
 WHERE status = 'executing'
 GROUP BY queue;
 
--- Parked and finished rows by queue and status, for @statuses (a subset of awaiting, joining,
--- done, failed, cancelled). No index holds these rows by queue, so this is one sequential scan
--- of the instances table (parallel where the server allows): O(table), about 0.1 s per million
--- rows on two cores with the table cached. Callers ask for it only when they need it.
--- name: queue_stats_other
+-- Parked rows by queue and status, for @statuses (a subset of awaiting, joining). Reads
+-- instances_parked, the partial index of parked rows, and visits each one's heap tuple for its
+-- queue and status: O(parked rows), which the live work bounds, not the history.
+-- name: queue_stats_parked
 SELECT queue, status::text, count(*)
 FROM {schema}.instances
-WHERE status::text = ANY(@statuses::text[])
+WHERE status IN ('awaiting', 'joining')
+  AND status::text = ANY(@statuses::text[])
 GROUP BY queue, status;
+
+-- Finished rows by queue and status, for @statuses (a subset of done, failed, cancelled): the
+-- sums of finished_counts, which the triggers on instances keep as rows finish, are retried or
+-- deleted, and which GC folds to one row per (queue, status) every sweep. O(rows written since
+-- the last fold): a few per queue and status, plus one per statement that finished rows since.
+-- name: queue_stats_finished
+SELECT queue, status::text, sum(n)::bigint
+FROM {schema}.finished_counts
+WHERE status::text = ANY(@statuses::text[])
+GROUP BY queue, status
+HAVING sum(n) <> 0;
 
 -- Available rows (due or not) whose rate limit no configuration in @r_names names: no pick of
 -- this client admits them. Reads instances_rate_waiting (available rows with a rate limit) and

@@ -362,3 +362,23 @@ WHERE status = 'available' AND rate_limit IS NOT NULL
   AND NOT (split_part(rate_limit, ':', 1) = ANY(@r_names::text[]))
 GROUP BY 1
 ORDER BY 1;
+
+-- Fold the finished counts (finished_counts, which the triggers on instances append to) into one
+-- row per (queue, status), dropping the ones that sum to zero. The sums are the same before and
+-- after in every snapshot: the rows are deleted and their sums inserted in one statement.
+-- Locks: the rows it deletes (their writers never update them, so no writer waits). A fold that
+-- runs beside another waits for it on the rows both see, then skips those (gone by then); the
+-- rows the other inserted are not in its snapshot, so nothing is counted twice or lost.
+-- Returns how many rows it folded.
+
+-- name: fold_finished_counts
+WITH folded AS (
+  DELETE FROM {schema}.finished_counts
+  RETURNING queue, status, n
+), summed AS (
+  INSERT INTO {schema}.finished_counts (queue, status, n)
+  SELECT queue, status, sum(n) FROM folded
+  GROUP BY queue, status
+  HAVING sum(n) <> 0
+)
+SELECT count(*) FROM folded;
