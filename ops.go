@@ -27,10 +27,7 @@ func (c *Client) Cancel(ctx context.Context, id int64, reason string) error {
 	if err != nil {
 		return fmt.Errorf("gendurable: cancel %d: %w", id, err)
 	}
-	c.eng.Cancelled(id, res.Was.Queue, res.Was.Machine, res.Was.Step)
-	if res.Woke != "" {
-		c.eng.Poke(res.Woke)
-	}
+	c.eng.Cancelled(id, res)
 	return nil
 }
 

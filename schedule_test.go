@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
@@ -281,13 +282,21 @@ func TestMissedFireTimesAreCaughtUpWithinTheWindow(t *testing.T) {
 	}
 }
 
-// Overlap policies: skip leaves a live instance alone and fires nothing; cancel cancels it and
-// fires.
+// Overlap policies: skip leaves a live instance alone and fires nothing; cancel cancels it (with
+// the event an operator's cancel has) and fires.
 func TestOverlapPolicies(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx := context.Background()
-	cl := scheduleClient(t, e, gendurable.Config{})
+	var mu sync.Mutex
+	cancelEvents := map[int64]int{}
+	cl := scheduleClient(t, e, gendurable.Config{Hooks: []func(gendurable.Event){func(ev gendurable.Event) {
+		if ev.Name == gendurable.EventInstanceCancelled {
+			mu.Lock()
+			cancelEvents[ev.InstanceID]++
+			mu.Unlock()
+		}
+	}}})
 	start(t, cl)
 	for _, o := range []gendurable.Overlap{gendurable.OverlapSkip, gendurable.OverlapCancel} {
 		require.NoError(t, cl.SetSchedule(ctx, gendurable.Schedule{Name: string(o), Input: parked.With(struct{}{}),
@@ -305,6 +314,21 @@ func TestOverlapPolicies(t *testing.T) {
 		AND status IN ('available', 'executing', 'awaiting')`))
 	require.GreaterOrEqual(t, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE correlation_key LIKE 'schedule/cancel/%'
 		AND status = 'cancelled'`), 2)
+	// One instance.cancelled per cancelled row (reported after each round's commit).
+	eventually(t, 10*time.Second, "an event per cancelled instance", func() bool {
+		rows, err := e.pool.Query(ctx, expand(`SELECT id FROM {schema}.instances WHERE status = 'cancelled'`, e.schema))
+		require.NoError(t, err)
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		require.NoError(t, err)
+		mu.Lock()
+		defer mu.Unlock()
+		for _, id := range ids {
+			if cancelEvents[id] != 1 {
+				return false
+			}
+		}
+		return len(cancelEvents) >= len(ids)
+	})
 }
 
 // Many nodes fire the same schedules at once: exactly one instance per schedule and fire time.

@@ -267,6 +267,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	}
 	if e.firer != nil {
 		e.firer.Store, e.firer.DB, e.firer.Logger, e.firer.Emit, e.firer.Poke = e.store, e.pool, e.log, e.Emit, e.Poke
+		e.firer.Cancelled = e.Cancelled
 		e.firer.Timeout = StatementTimeout(e.cfg.Lease)
 		e.bg.Add(1)
 		go func() { defer e.bg.Done(); e.firer.Run(e.bgStop) }()

@@ -39,6 +39,10 @@ type Firer struct {
 	Emit   func(durabletype.Event)
 	// Poke announces runnable rows in queues (local schedulers and other nodes).
 	Poke func(queues ...string)
+	// Cancelled reports, after the commit, an instance an overlap policy of cancel cancelled:
+	// the same follow-up as an operator's cancel (its running step stopped, its event, its
+	// parent's queue poked).
+	Cancelled func(id int64, c store.Cancelled)
 	// Timeout bounds one transaction (default 30s).
 	Timeout time.Duration
 	kick    chan struct{}
@@ -84,16 +88,12 @@ func (f *Firer) Run(stop <-chan struct{}) {
 	}
 }
 
-// round fires what is due and returns how long to sleep.
+// round fires what is due and returns how long to sleep. It reads the next due time first (one
+// index read), so that a node with nothing due spends one round trip per round.
 func (f *Firer) round(ctx context.Context) time.Duration {
-	claimed, err := f.FireDue(ctx)
-	if err != nil && ctx.Err() == nil {
-		f.Logger.Warn("gendurable: firing schedules failed", "error", err)
-		return fireWait
-	}
 	tctx, cancel := context.WithTimeout(ctx, f.timeout())
-	defer cancel()
 	next, now, err := f.Store.NextScheduleDue(tctx, f.DB)
+	cancel()
 	switch {
 	case err != nil:
 		if ctx.Err() == nil {
@@ -102,13 +102,20 @@ func (f *Firer) round(ctx context.Context) time.Duration {
 		return fireWait
 	case next == nil:
 		return fireWait
-	case !next.After(now):
-		if claimed == 0 {
-			return fireBusy // due, but held by another node's round
-		}
-		return 0
+	case next.After(now):
+		return min(next.Sub(now), fireWait)
 	}
-	return min(next.Sub(now), fireWait)
+	claimed, err := f.FireDue(ctx)
+	switch {
+	case err != nil:
+		if ctx.Err() == nil {
+			f.Logger.Warn("gendurable: firing schedules failed", "error", err)
+		}
+		return fireWait
+	case claimed == 0:
+		return fireBusy // due, but held by another node's round
+	}
+	return 0 // look again at once: firing takes time, and more may be due by now
 }
 
 func (f *Firer) timeout() time.Duration {
@@ -216,9 +223,13 @@ func (f *Firer) fireBatch(ctx context.Context, only string) (int, error) {
 			p.lastFire = at
 		}
 	}
+	cancelled := make(map[int64]store.Cancelled, len(cancels))
 	for _, id := range cancels {
-		if _, err := f.Store.Cancel(tctx, tx, id, "superseded by a newer fire of its schedule"); err != nil &&
-			!errors.Is(err, durabletype.ErrWrongStatus) {
+		c, err := f.Store.Cancel(tctx, tx, id, "superseded by a newer fire of its schedule")
+		switch {
+		case err == nil:
+			cancelled[id] = c
+		case !errors.Is(err, durabletype.ErrWrongStatus):
 			return 0, fmt.Errorf("cancel instance %d of a schedule: %w", id, err)
 		}
 	}
@@ -247,6 +258,11 @@ func (f *Firer) fireBatch(ctx context.Context, only string) (int, error) {
 		return 0, err
 	}
 	f.report(plans, rows, ids, now)
+	if f.Cancelled != nil {
+		for id, c := range cancelled {
+			f.Cancelled(id, c)
+		}
+	}
 	for j, i := range brokenAt {
 		f.failed(ctx, &due[i], broken[j])
 	}
