@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/chaos/oracle"
 	"github.com/stretchr/testify/require"
 )
 
@@ -144,7 +145,7 @@ func TestGateLeasesNeverOverAdmit(t *testing.T) {
 	ins := e.client(t, &gendurable.Config{Name: "ins", Machines: []gendurable.Machine{job}, ConcurrencyLimits: limits})
 	stop := make(chan struct{})
 	s, wg := sampleGates(t, e, stop)
-	const n = 4000
+	n := oracle.Size(2000, 4000)
 	insertUnder(t, ins, job, n, "tenant:a")
 	eventually(t, 3*time.Minute, "all done", func() bool {
 		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'done'`) == n

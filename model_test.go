@@ -192,6 +192,8 @@ func TestModelOneInstance(t *testing.T) {
 		}
 		require.NoError(t, flag.Set("rapid.checks", strconv.Itoa(n)))
 	}
+	// In parallel with the others once the flag is set: no other test of the package uses rapid.
+	t.Parallel()
 	e := newEnv(t)
 	fsm := modelFSM()
 	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{fsm}, Lease: time.Minute,

@@ -16,6 +16,7 @@ import (
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/durabletest"
+	"github.com/gendurable/gendurable/internal/chaos/oracle"
 	"github.com/stretchr/testify/require"
 )
 
@@ -205,7 +206,7 @@ type counted struct {
 func TestNoLostWakeupsUnderRacingSignals(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	const instances, perInstance = 1500, 4
+	instances, perInstance := oracle.Size(800, 3000), 4
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("GD_SEED"); s != "" {
 		seed, _ = strconv.ParseUint(s, 10, 64)

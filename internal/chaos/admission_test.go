@@ -48,7 +48,7 @@ func TestGateNeverOverAdmitsAcrossProcesses(t *testing.T) {
 		ungated = append(ungated, fmt.Sprint("solo", i))
 	}
 	keys := append(slices.Clone(gated), ungated...)
-	n := oracle.Size(800, 4000)
+	n := oracle.Size(400, 4000)
 	ins := e.client(t, &gendurable.Config{Name: "ins", Machines: stubMachines(e, "t3", 0, 0, seed)})
 	walk := stubMachines(e, "t3", 0, 0, seed)[0].(gendurable.FSM[walkState])
 	params := make([]gendurable.InsertManyParams, n)

@@ -63,7 +63,7 @@ func TestDeadlockMetricNegativeControl(t *testing.T) {
 	require.GreaterOrEqual(t, n-e.deadlocks, int64(1), "the deadlock count did not move")
 }
 
-// T6: a deadlock hunt. For 20 s (60 s with GD_CHAOS=full), all at once: 8 goroutines insert
+// T6: a deadlock hunt. For 10 s (60 s with GD_CHAOS=full), all at once: 8 goroutines insert
 // batches of 500 rows drawn from 2,000 correlation keys in shuffled order; parents spawn
 // children into the same keys; three worker processes pick rate-limited, partly gated rows
 // (multi-key buckets) with GC (retention = lease) and reapers running, and one of them is
@@ -78,7 +78,7 @@ func TestDeadlockHunt(t *testing.T) {
 	seed, _ := oracle.Seed(t)
 	e, dsn := privateEnv(t, 14)
 	ctx := context.Background()
-	run := 20 * time.Second
+	run := 10 * time.Second
 	if oracle.Full() {
 		run = 60 * time.Second
 	}
@@ -247,7 +247,7 @@ func TestSettlingJoinsOfManyParentsDoesNotDeadlock(t *testing.T) {
 	type famState struct {
 		N int `json:"n"`
 	}
-	parents, children := oracle.Size(30, 100), 60
+	parents, children := oracle.Size(15, 100), 60
 	fam := gendurable.FSM[famState]{Name: "fam", Start: "spawn", Queue: "fam", Steps: map[string]gendurable.StepFunc[famState]{
 		"spawn": func(ctx *gendurable.Ctx, f famState) (gendurable.Outcome, error) {
 			kids := make([]gendurable.Child, children)

@@ -29,7 +29,7 @@ func TestKillLoopLosesNothing(t *testing.T) {
 	t.Parallel()
 	e, ctx, deadlocksBefore := oracleEnv(t)
 	seed, rng := oracle.Seed(t)
-	n, baseN := oracle.Size(1000, 10000), oracle.Size(200, 1000)
+	n, baseN := oracle.Size(600, 10000), oracle.Size(200, 1000)
 	began := time.Now()
 	c := newCrew(t, e, 3, nil, e.t1Cfg(""))
 

@@ -50,7 +50,7 @@ func TestSchedulesFireOncePerFireTimeUnderKills(t *testing.T) {
 	t.Parallel()
 	e, _, deadlocksBefore := oracleEnv(t)
 	seed, rng := oracle.Seed(t)
-	run := oracle.Size(15*time.Second, 60*time.Second)
+	run := oracle.Size(8*time.Second, 60*time.Second)
 	began := time.Now()
 	c := newCrew(t, e, 3, nil, e.t1Cfg("", func(c *workerCfg) {
 		c.OwnSchedules, c.SharedSchedules, c.ScheduleEveryMS, c.ScheduleCatchUpMS = 2, []string{"shared"}, 1000, 60_000

@@ -357,13 +357,13 @@ func (l *openLoad) stop() (int, error) {
 // a window's throughput is back to 90% of the baseline and the backlog back to its baseline
 // (plus one second of arrivals); then I1-I8.
 //
-// CI: windows of 5s, 3 of baseline, a 30s snapshot, 150 instances/s. GD_CHAOS=full: windows of
+// CI: windows of 5s, 3 of baseline, a 20s snapshot, 150 instances/s. GD_CHAOS=full: windows of
 // 30s, 4 of baseline, the plan's 5 minutes, 500 instances/s (the plan's load).
 func TestLongSnapshotDuringSoak(t *testing.T) {
 	seed, _ := oracle.Seed(t)
 	began := time.Now()
 	ctx := context.Background()
-	window, baseWindows, hold, rate := 5*time.Second, 3, 30*time.Second, 150.0
+	window, baseWindows, hold, rate := 5*time.Second, 3, 20*time.Second, 150.0
 	lease, retention := 2*time.Second, 5*time.Second
 	if oracle.Full() {
 		window, baseWindows, hold, rate = 30*time.Second, 4, 5*time.Minute, 500

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/chaos/oracle"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
@@ -93,10 +94,11 @@ func docMachine(version int, pool *pgxpool.Pool, schema string, pid int) gendura
 }
 
 func TestRollingDeployOfAMachineVersion(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, 8)
 	ctx := context.Background()
 	e.exec(t, `CREATE TABLE {schema}.t_doc_steps (id bigint, step text, code int, pid int, at timestamptz DEFAULT clock_timestamp())`)
-	const n = 5000
+	n := oracle.Size(2500, 5000)
 	v1 := docMachine(1, nil, e.schema, 0)
 	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{v1}})
 	params := make([]gendurable.InsertManyParams, n)

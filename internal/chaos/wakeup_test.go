@@ -32,7 +32,7 @@ func TestNoLostWakeupsUnderLoad(t *testing.T) {
 		Reaper: &gendurable.ReaperConfig{Disabled: true}, GC: &gendurable.GCConfig{Disabled: true},
 		Queues: map[string]gendurable.QueueConfig{"park": {Concurrency: 32}}})
 	start(t, cl)
-	per, rounds := 2000, oracle.Size(3, 20)
+	per, rounds := 2000, oracle.Size(2, 20)
 	total := 0
 	for round := range rounds {
 		began := time.Now()

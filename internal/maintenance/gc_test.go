@@ -15,6 +15,7 @@ import (
 
 	"github.com/gendurable/gendurable/durabledbtest"
 	"github.com/gendurable/gendurable/durabletype"
+	"github.com/gendurable/gendurable/internal/chaos/oracle"
 	"github.com/gendurable/gendurable/internal/store"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -131,18 +132,15 @@ func explainGeneric(t *testing.T, e *gcEnv) []byte {
 	return raw
 }
 
-// A million finished rows: every batch reads them through the finalized index, the last batch
-// costs what the first did, and nothing young, live or still needed by a live parent's join is
-// deleted. Inboxes of deleted instances go with them.
-func TestGCOneMillionFinishedRows(t *testing.T) {
-	if testing.Short() {
-		t.Skip("inserts a million rows")
-	}
-	const million = 1_000_000
+// A large history (300,000 finished rows; a million with GD_CHAOS=full): every batch reads them
+// through the finalized index, the last batch costs what the first did, and nothing young, live
+// or still needed by a live parent's join is deleted. Inboxes of deleted instances go with them.
+func TestGCOfALargeHistoryCostsTheSamePerBatch(t *testing.T) {
+	history := oracle.Size(300_000, 1_000_000)
 	e := newGCEnv(t)
 	ctx := context.Background()
 	began := time.Now()
-	e.exec(t, oldFinished, million)
+	e.exec(t, oldFinished, history)
 	// Young finished rows, live rows (with signals) and a fan-out: a live parent on its second
 	// wave, a finished parent, and children whose parent row is gone.
 	e.exec(t, `INSERT INTO {schema}.instances (machine, step, queue, status, max_attempts, state, finalized_at)
@@ -169,7 +167,7 @@ func TestGCOneMillionFinishedRows(t *testing.T) {
 	e.exec(t, `ANALYZE {schema}.signals`)
 	total := e.count(t, `SELECT count(*) FROM {schema}.instances`)
 	keptChildren := 5 // the live parent's second wave
-	doomed := million + 1 + 3*2*5 - keptChildren
+	doomed := history + 1 + 3*2*5 - keptChildren
 	t.Logf("set-up: %d rows in %v", total, time.Since(began))
 
 	requireIndexPlan(t, explainGeneric(t, e))
@@ -195,7 +193,7 @@ func TestGCOneMillionFinishedRows(t *testing.T) {
 		require.NoError(t, e.pool.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+e.st.Statement("gc_instances"),
 			e.st.GCInstancesArgs(machine, time.Hour, 1000, from)).Scan(&raw))
 		requireIndexPlan(t, raw)
-		if machine != "m" { // the million's machine; the others' few rows take a batch each
+		if machine != "m" { // the history's machine; the others' few rows take a batch each
 			return
 		}
 		i := mPlans
@@ -222,7 +220,7 @@ func TestGCOneMillionFinishedRows(t *testing.T) {
 	require.Equal(t, doomed, res.Instances)
 	// Machine m: full batches, then the short one that ends its sweep; child and parent: one
 	// short batch each.
-	require.Equal(t, million/1000+1+2, res.Batches)
+	require.Equal(t, history/1000+1+2, res.Batches)
 	require.Equal(t, res.Batches, plans, "every batch's plan was checked")
 	require.Equal(t, durabletype.EventGCSwept, swept.Name)
 	require.Equal(t, doomed, swept.Count)
