@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"runtime/pprof"
+	"strconv"
 
 	"github.com/gendurable/gendurable/internal/bench"
 )
@@ -26,6 +28,8 @@ func runBench(ctx context.Context, args []string, out io.Writer) error {
 	n := fs.Int("n", 0, "size of each scenario (default: the scenario's own)")
 	conc := fs.Int("concurrency", 100, "queue concurrency of the benchmarked client")
 	clients := fs.Int("clients", 1, "clients (nodes) working the queue together in jobs, chain, gated and rated")
+	processes := fs.Int("processes", 0, "jobs and chain: worker processes (each a client on a pool of its own) instead of in-process clients; adds the database's transactions and statement time per job")
+	worker := fs.String("worker", "", "run as one worker process of --processes for this scenario (internal)")
 	preload := fs.Int("preload", 0, "finished rows to insert before each scenario (a large table)")
 	preloadLive := fs.Int("preload-live", 0, "live rows no scenario runs (parked, scheduled a day ahead) to insert before each scenario")
 	duration := fs.Duration("duration", 0, "soak: how long the load runs (default 1h)")
@@ -48,14 +52,26 @@ func runBench(ctx context.Context, args []string, out io.Writer) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	pool, closeDB, err := db.open(ctx, true, os.Stderr)
+	pool, closeDB, err := db.open(ctx, *worker == "", os.Stderr)
 	if err != nil {
 		return err
 	}
 	defer closeDB()
+	if *worker != "" {
+		return bench.Work(ctx, pool, db.schema, *worker, *conc, quietLogger(), os.Stdin, out)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	url := pool.Config().ConnString()
+	workerCmd := func(scenario string) *exec.Cmd {
+		return exec.CommandContext(ctx, exe, "bench", "--worker", scenario, "--database-url", url, "--schema", db.schema,
+			"--concurrency", strconv.Itoa(*conc))
+	}
 	var results []bench.Result
 	err = bench.Run(ctx, pool, bench.Options{Schema: db.schema, Scenarios: scenarios, N: *n, Concurrency: *conc,
-		Clients: *clients, Preload: *preload, PreloadLive: *preloadLive, Duration: *duration, Rate: *rate, Window: *window, Retention: *retention,
+		Clients: *clients, Processes: *processes, Worker: workerCmd, Preload: *preload, PreloadLive: *preloadLive, Duration: *duration, Rate: *rate, Window: *window, Retention: *retention,
 		Logger: quietLogger()},
 		func(r bench.Result) {
 			if r.Partial {

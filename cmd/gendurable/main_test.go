@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 
@@ -13,7 +14,14 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func TestMain(m *testing.M) { durabledbtest.Main(m) }
+// TestMain runs the tests, or, with GD_CLI_AS_MAIN=1, the command itself: bench --processes
+// starts worker processes of its own executable, which under go test is this test binary.
+func TestMain(m *testing.M) {
+	if os.Getenv("GD_CLI_AS_MAIN") == "1" {
+		os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+	}
+	durabledbtest.Main(m)
+}
 
 func runCLI(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
@@ -89,6 +97,29 @@ func TestBenchSmoke(t *testing.T) {
 		require.NotEmpty(t, r["postgres"])
 		require.NotEmpty(t, r["synchronous_commit"])
 	}
+}
+
+// jobs and chain worked by two worker processes (this test binary, run as the command): every
+// instance is done, and the results carry the database's transactions and time per job.
+func TestBenchWorkerProcesses(t *testing.T) {
+	t.Setenv("GD_CLI_AS_MAIN", "1")
+	code, out, errOut := runCLI(t, "bench", "--database-url", durabledbtest.URL(t), "--schema", "t_cli_bench_procs",
+		"--scenario", "jobs", "--scenario", "chain", "--processes", "2", "--n", "500", "--json")
+	require.Equal(t, 0, code, errOut)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 2)
+	for i, name := range []string{"jobs", "chain"} {
+		var r map[string]any
+		require.NoError(t, json.Unmarshal([]byte(lines[i]), &r))
+		require.Equal(t, name, r["scenario"])
+		require.Equal(t, float64(2), r["processes"])
+		for _, f := range []string{"seconds", "db_ms_per_job", "xacts_per_job"} {
+			require.Greater(t, r[f].(float64), 0.0, "%s.%s", name, f)
+		}
+	}
+	code, _, errOut = runCLI(t, "bench", "--database-url", durabledbtest.URL(t), "--processes", "-1")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "must be positive")
 }
 
 // The long scenarios, which run only when named, at a small size: the soak reports each window

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os/exec"
 	"runtime"
 	"runtime/metrics"
 	"sort"
@@ -37,6 +38,12 @@ type Options struct {
 	// Clients is how many clients (nodes) work the queue together in jobs, chain, gated and rated
 	// (default 1).
 	Clients int
+	// Processes, when positive, has jobs and chain worked by that many worker processes (each a
+	// client on a pool of its own, started by Worker) instead of in-process clients, and reports
+	// the database's transactions and statement time per worked job.
+	Processes int
+	// Worker builds the command that starts one worker process for a scenario (see Work).
+	Worker func(scenario string) *exec.Cmd
 	// Preload inserts this many finished rows before each scenario, to measure the cost of a
 	// large table; PreloadLive this many live rows no scenario runs (half parked on a signal,
 	// half scheduled a day ahead, in the scenario's queue).
@@ -70,6 +77,10 @@ type Result struct {
 	P99ms      *float64 `json:"p99_ms,omitempty"`
 	// DBmsPerFire is the database's statement time per schedule fire (cron).
 	DBmsPerFire *float64 `json:"db_ms_per_fire,omitempty"`
+	// DBmsPerJob and XactsPerJob are the database's statement time and committed transactions
+	// per worked job (or chain step) over the work, with --processes.
+	DBmsPerJob  *float64 `json:"db_ms_per_job,omitempty"`
+	XactsPerJob *float64 `json:"xacts_per_job,omitempty"`
 	// PeakHeapMB is the largest live Go heap seen during the scenario; MaxRSSMB the process's
 	// peak resident set so far.
 	PeakHeapMB float64 `json:"peak_heap_mb"`
@@ -77,8 +88,9 @@ type Result struct {
 	// Window is a soak's window (Partial: a report while it runs) or its last one (the summary).
 	Window  *SoakWindow `json:"window,omitempty"`
 	Partial bool        `json:"partial,omitempty"`
-	// Clients, Preload and PreloadLive repeat the run's options.
+	// Clients, Processes, Preload and PreloadLive repeat the run's options.
 	Clients     int `json:"clients"`
+	Processes   int `json:"processes,omitempty"`
 	Preload     int `json:"preload"`
 	PreloadLive int `json:"preload_live"`
 	Conditions
@@ -154,9 +166,12 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options, emit func(Result
 	if opts.Clients == 0 {
 		opts.Clients = 1
 	}
-	if opts.Concurrency < 0 || opts.N < 0 || opts.Clients < 0 || opts.Preload < 0 || opts.PreloadLive < 0 || opts.Duration < 0 || opts.Rate < 0 ||
-		opts.Window < 0 || opts.Retention < 0 {
-		return fmt.Errorf("--n, --concurrency, --clients, --preload, --duration, --rate, --window and --retention must be positive")
+	if opts.Concurrency < 0 || opts.N < 0 || opts.Clients < 0 || opts.Processes < 0 || opts.Preload < 0 || opts.PreloadLive < 0 ||
+		opts.Duration < 0 || opts.Rate < 0 || opts.Window < 0 || opts.Retention < 0 {
+		return fmt.Errorf("--n, --concurrency, --clients, --processes, --preload, --duration, --rate, --window and --retention must be positive")
+	}
+	if opts.Processes > 0 && opts.Worker == nil {
+		return fmt.Errorf("--processes needs a way to start worker processes")
 	}
 	opts.durationSet = opts.Duration > 0
 	if opts.Duration == 0 {
@@ -226,7 +241,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options, emit func(Result
 			return dropErr
 		}
 		res.Scenario, res.N, res.Conditions = s.name, n, cond
-		res.Clients, res.Preload, res.PreloadLive = opts.Clients, opts.Preload, opts.PreloadLive
+		res.Clients, res.Processes, res.Preload, res.PreloadLive = opts.Clients, opts.Processes, opts.Preload, opts.PreloadLive
 		res.MaxRSSMB = maxRSSMB()
 		emit(res)
 	}
@@ -358,9 +373,14 @@ func runRated(ctx context.Context, r *runner, n int) (Result, error) {
 	return jobs(ctx, r, n, &gendurable.InsertOpts{RateLimit: "rate:bench"})
 }
 
+// noopJob is the jobs scenario's machine.
+func noopJob() gendurable.Job[noArgs] {
+	return gendurable.Job[noArgs]{Name: "noop", Queue: "bench", Perform: func(*gendurable.Ctx, noArgs) error { return nil }}
+}
+
 // jobs inserts n no-op jobs with opts and works them.
 func jobs(ctx context.Context, r *runner, n int, opts *gendurable.InsertOpts) (Result, error) {
-	job := gendurable.Job[noArgs]{Name: "noop", Queue: "bench", Perform: func(*gendurable.Ctx, noArgs) error { return nil }}
+	job := noopJob()
 	var finished atomic.Int64
 	cs, err := r.cluster([]gendurable.Machine{job}, finishedCounter(&finished))
 	if err != nil {
@@ -378,6 +398,14 @@ func jobs(ctx context.Context, r *runner, n int, opts *gendurable.InsertOpts) (R
 		}
 	}
 	insert := time.Since(t0)
+	if r.opts.Processes > 0 {
+		pr, err := r.workProcesses(ctx, "jobs", int64(n))
+		if err != nil {
+			return Result{}, err
+		}
+		return Result{Seconds: round(insert.Seconds() + pr.work.Seconds()), InsertPerS: rate(n, insert),
+			WorkPerS: rate(n, pr.work), DBmsPerJob: per(pr.dbMS, n), XactsPerJob: per(float64(pr.xacts), n)}, nil
+	}
 	// The figure that matters is the heap of a client working a backlog, not of the batch the
 	// benchmark built to insert it (dead by now: params is not used again).
 	r.heap.reset()
@@ -400,8 +428,12 @@ type chainState struct {
 	I int `json:"i"`
 }
 
-func runChain(ctx context.Context, r *runner, n int) (Result, error) {
-	const length = 5
+// chainLength is the number of steps of the chain scenario's machine.
+const chainLength = 5
+
+// chainFSM is the chain scenario's machine: chainLength no-op steps.
+func chainFSM() gendurable.FSM[chainState] {
+	const length = chainLength
 	steps := map[string]gendurable.StepFunc[chainState]{}
 	for i := range length {
 		name := fmt.Sprint("s", i)
@@ -413,7 +445,12 @@ func runChain(ctx context.Context, r *runner, n int) (Result, error) {
 			return gendurable.Next(next, chainState{I: s.I + 1}), nil
 		}
 	}
-	fsm := gendurable.FSM[chainState]{Name: "chain", Start: "s0", Queue: "bench", Steps: steps}
+	return gendurable.FSM[chainState]{Name: "chain", Start: "s0", Queue: "bench", Steps: steps}
+}
+
+func runChain(ctx context.Context, r *runner, n int) (Result, error) {
+	const length = chainLength
+	fsm := chainFSM()
 	var finished atomic.Int64
 	cs, err := r.cluster([]gendurable.Machine{fsm}, finishedCounter(&finished))
 	if err != nil {
@@ -427,6 +464,14 @@ func runChain(ctx context.Context, r *runner, n int) (Result, error) {
 	}
 	if _, err := cl.InsertMany(ctx, params); err != nil {
 		return Result{}, err
+	}
+	if r.opts.Processes > 0 {
+		pr, err := r.workProcesses(ctx, "chain", int64(chains))
+		if err != nil {
+			return Result{}, err
+		}
+		return Result{Seconds: round(pr.work.Seconds()), StepsPerS: rate(chains*length, pr.work),
+			DBmsPerJob: per(pr.dbMS, chains*length), XactsPerJob: per(float64(pr.xacts), chains*length)}, nil
 	}
 	r.heap.reset()
 	t0 := time.Now()

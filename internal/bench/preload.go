@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/gendurable/gendurable/internal/ident"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -34,7 +35,23 @@ func preload(ctx context.Context, pool *pgxpool.Pool, schema string, finished, l
 		return err
 	}
 	if finished > 0 {
-		if _, err := pool.Exec(ctx, ident.Expand(preloadStatement("preload_finished"), s), finished, machine, queue); err != nil {
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			for _, st := range []struct {
+				name string
+				args []any
+			}{
+				{"preload_finished_off", nil},
+				{"preload_finished", []any{finished, machine, queue}},
+				{"preload_finished_count", []any{finished, queue}},
+				{"preload_finished_on", nil},
+			} {
+				if _, err := tx.Exec(ctx, ident.Expand(preloadStatement(st.name), s), st.args...); err != nil {
+					return fmt.Errorf("%s: %w", st.name, err)
+				}
+			}
+			return nil
+		})
+		if err != nil {
 			return fmt.Errorf("preload %d finished rows: %w", finished, err)
 		}
 	}
