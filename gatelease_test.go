@@ -198,7 +198,7 @@ func TestGateLeaseLostMidRunLeavesTheGateExact(t *testing.T) {
 	start(t, maint)
 	stop := make(chan struct{})
 	s, wg := sampleGates(t, e, stop)
-	const n = 3000
+	n := oracle.Size(1500, 3000)
 	insertUnder(t, worker, job, n, "tenant:a")
 	eventually(t, time.Minute, "a lease", func() bool {
 		return e.count(t, `SELECT count(*) FROM {schema}.gate_leases`) > 0

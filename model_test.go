@@ -181,12 +181,12 @@ type modelEnv struct {
 // TestModelOneInstance is docs/reliability.md T18: random action sequences on the instances of one
 // machine and one correlation key (Insert, Signal, DrainOne, FireTimeouts, CrashReclaim,
 // StaleCommit, GC, and the operator's Cancel and Retry), run on the real engine in inline Drain
-// mode against Postgres, compared with the pure model after every action. 200 checks by default;
+// mode against Postgres, compared with the pure model after every action. 100 checks by default;
 // GD_CHAOS=full runs 10,000 (or set -rapid.checks / RAPID_CHECKS). rapid shrinks a failure to its
 // shortest action list and prints how to replay it (-rapid.seed, -rapid.failfile).
 func TestModelOneInstance(t *testing.T) {
 	if !rapidChecksSet() {
-		n := 200
+		n := 100
 		if os.Getenv("GD_CHAOS") == "full" {
 			n = 10000
 		}

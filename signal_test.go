@@ -303,7 +303,7 @@ func TestSignalByKeyRacingTheInstancesEnd(t *testing.T) {
 		Queues: map[string]gendurable.QueueConfig{"brief": {Concurrency: 16}}})
 	start(t, cl)
 	ctx := context.Background()
-	const n = 300
+	n := oracle.Size(150, 300)
 	var delivered, noTarget atomic.Int64
 	var wg sync.WaitGroup
 	for i := range n {

@@ -30,6 +30,9 @@ func viaProxy(t *testing.T, dbURL string) (*faultproxy.Proxy, string) {
 // gd-…) are terminated with pg_terminate_backend, during a run of 2,000 steps (CI; 10,000 with
 // GD_CHAOS=full) by two worker processes. Pass: all done within 2 minutes, I1-I8.
 func TestSessionKills(t *testing.T) {
+	// A cluster of its own, offered a fixed load it carries with room to spare: it runs beside
+	// the others (make chaos runs one test at a time).
+	t.Parallel()
 	seed, _ := oracle.Seed(t)
 	began := time.Now()
 	ctx := context.Background()
@@ -74,7 +77,7 @@ func TestSessionKills(t *testing.T) {
 }
 
 // T9b e1 of the reliability plan: two worker processes reach Postgres through the fault proxy,
-// which resets every connection every U(50, 500)ms for 15s (CI; 60s with GD_CHAOS=full) while
+// which resets every connection every U(50, 500)ms for 10s (CI; 60s with GD_CHAOS=full) while
 // instances keep arriving. Resets land during COMMITs whose acknowledgement is lost: the worker
 // cannot know whether its outcome committed (pgconn.SafeToRetry false). Pass: I1-I8 hold (the
 // retry of a commit that did land finds its rows fenced and reports them stale), and at least
@@ -84,7 +87,7 @@ func TestConnectionResetsLoseCommitAcks(t *testing.T) {
 	began := time.Now()
 	cluster, db := privateCluster(t, nil)
 	proxy, via := viaProxy(t, cluster.URL)
-	faultFor := time.Duration(oracle.Size(15, 60)) * time.Second
+	faultFor := time.Duration(oracle.Size(10, 60)) * time.Second
 	cfg := func(name string) workerCfg {
 		return chaosCfg(via, cluster.URL, db.schema, name, func(c *workerCfg) {
 			c.StepMS, c.Conc, c.Seed, c.Quiet, c.App = 10, 8, seed, true, "gd-t9b-"+name

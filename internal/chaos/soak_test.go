@@ -134,6 +134,9 @@ func insertSoak(ctx context.Context, cl *gendurable.Client, n int) error {
 // CI: 10 windows of 5s, retention 5s. GD_CHAOS=full: windows of 60s, retention 60s, until
 // 1,000,000 instances completed (the plan's size; about 34 minutes at 500/s), at most 40.
 func TestBloatSoak(t *testing.T) {
+	// A cluster of its own, offered a fixed load it carries with room to spare: it runs beside
+	// the others (make chaos runs one test at a time).
+	t.Parallel()
 	seed, _ := oracle.Seed(t)
 	began := time.Now()
 	ctx := context.Background()
@@ -360,6 +363,9 @@ func (l *openLoad) stop() (int, error) {
 // CI: windows of 5s, 3 of baseline, a 20s snapshot, 150 instances/s. GD_CHAOS=full: windows of
 // 30s, 4 of baseline, the plan's 5 minutes, 500 instances/s (the plan's load).
 func TestLongSnapshotDuringSoak(t *testing.T) {
+	// A cluster of its own, offered a fixed load it carries with room to spare: it runs beside
+	// the others (make chaos runs one test at a time).
+	t.Parallel()
 	seed, _ := oracle.Seed(t)
 	began := time.Now()
 	ctx := context.Background()

@@ -165,7 +165,7 @@ func TestChaosStaleWorkerCannotOverwrite(t *testing.T) {
 	x := newT2(t, e, []gendurable.Machine{linear5(e, "q", "a", nil)}, func(by string, _ <-chan struct{}) []gendurable.Machine {
 		return []gendurable.Machine{linear5(e, "q", by, holdB)}
 	})
-	n := oracle.Size(100, 100)
+	n := oracle.Size(40, 100)
 	for i := range n {
 		h := x.beforeOutcome.arm()
 		res, err := x.a.Insert(ctx, linear5(e, "q", "a", nil).With(path{}), nil)
