@@ -215,6 +215,37 @@ func (a *awaiter) finalRead(w *waiter) {
 	}
 }
 
+// want lists, for a commit to read back in its own transaction (store.ProbeReq), the rows of outs
+// that have waiters here and whose outcome may settle them (done, failed, or parked on
+// signals), with their probe flags as batch gives them. Empty when nobody waits.
+func (a *awaiter) want(outs []store.Outcome) store.ProbeReq {
+	var req store.ProbeReq
+	if a.n.Load() == 0 {
+		return req
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for i := range outs {
+		o := &outs[i]
+		if o.Kind != store.KindDone && o.Kind != store.KindFailed && o.Kind != store.KindAwait {
+			continue
+		}
+		ws, ok := a.waiters[o.Claim.ID]
+		if !ok {
+			continue
+		}
+		p, f := false, false
+		for _, w := range ws {
+			p = p || w.parked
+			f = f || w.final || w.fresh
+		}
+		req.IDs = append(req.IDs, o.Claim.ID)
+		req.Parked = append(req.Parked, p)
+		req.Whole = append(req.Whole, f)
+	}
+	return req
+}
+
 // push asks for an immediate probe of id if someone waits on it: this node just committed an
 // outcome that may have settled it (or a waiter just registered).
 func (a *awaiter) push(id int64) {

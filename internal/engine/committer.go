@@ -269,9 +269,12 @@ func (c *committer) commit(batch []*commitReq, stopping bool) {
 	backoff := 50 * time.Millisecond
 	for try := 1; ; try++ {
 		ctx, cancel := context.WithTimeout(context.Background(), StatementTimeout(e.cfg.Lease))
-		applied, woken, err := e.store.ApplyOutcomes(ctx, e.pool, outs)
+		// The rows this node's Await callers wait on are read back in the commit's round trip:
+		// they are answered as it returns, without a read of their own.
+		applied, woken, probes, err := e.store.ApplyOutcomesProbing(ctx, e.pool, outs, e.awaits.want(outs))
 		cancel()
 		if err == nil {
+			e.awaits.answer(probes)
 			for _, r := range batch {
 				_, ok := applied[r.out.Claim]
 				e.finish(r.flight, &r.out, ok, nil)

@@ -25,6 +25,11 @@ func (s *Store) AwaitProbe(ctx context.Context, db DB, ids []int64, parked, whol
 	if err != nil {
 		return nil, err
 	}
+	return scanProbes(rows)
+}
+
+// scanProbes reads await_probe's rows and closes them.
+func scanProbes(rows pgx.Rows) ([]Probe, error) {
 	defer rows.Close()
 	var out []Probe
 	for rows.Next() {

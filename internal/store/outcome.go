@@ -164,6 +164,22 @@ type Claim struct {
 // plain UPDATE. After it, in the same implicit transaction, come the statements that need a fresh
 // snapshot: clearing finished rows' inboxes, re-checking parked rows, recounting spawns.
 func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []Outcome) (map[Claim]struct{}, []Woken, error) {
+	applied, woken, _, err := s.ApplyOutcomesProbing(ctx, db, outs, ProbeReq{})
+	return applied, woken, err
+}
+
+// ProbeReq names rows a commit reads back for this node's Await callers (await_probe's ids and
+// flags), so that they are answered without a read of their own.
+type ProbeReq struct {
+	IDs           []int64
+	Parked, Whole []bool
+}
+
+// ApplyOutcomesProbing is ApplyOutcomes that also reads the rows of probe, with await_probe, last
+// in the same implicit transaction (so as the outcomes left them) and in the same round trip.
+// The probes are valid once the call returns without error: the transaction has committed. A
+// chaos build that sends a park's statements one by one reads no probe.
+func (s *Store) ApplyOutcomesProbing(ctx context.Context, db DB, outs []Outcome, probe ProbeReq) (map[Claim]struct{}, []Woken, []Probe, error) {
 	n := len(outs)
 	ids := make([]int64, n)
 	owners := make([]string, n)
@@ -285,6 +301,7 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []Outcome) (map[C
 	}
 
 	applied := make(map[Claim]struct{}, n)
+	var probes []Probe
 	var woken []Woken
 	var late []int64 // finished rows whose first signal arrived while their step ran
 	scanOutcomes := func(rows pgx.Rows) error {
@@ -327,7 +344,7 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []Outcome) (map[C
 				continue
 			}
 			if err := fault.PointFor(fault.GateBeforeCredit, *k); err != nil {
-				return nil, nil, err
+				return nil, nil, nil, err
 			}
 		}
 	}
@@ -338,15 +355,15 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []Outcome) (map[C
 		// statement takes its own snapshot; locks are held to the commit), so the protocol is
 		// the same; only the window between them can be held open.
 		if err := s.applyParkedStepwise(ctx, db, outs, parked, purge, spawners, stmt, args, scanOutcomes, scanWoken); err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
-	} else if len(purge) == 0 && len(parked) == 0 && len(spawners) == 0 {
+	} else if len(purge) == 0 && len(parked) == 0 && len(spawners) == 0 && len(probe.IDs) == 0 {
 		rows, err := db.Query(ctx, stmt, args)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		if err := scanOutcomes(rows); err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 	} else {
 		b := &pgx.Batch{}
@@ -359,6 +376,9 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []Outcome) (map[C
 		}
 		if len(spawners) > 0 {
 			b.Queue(s.sql("recount_spawned"), spawners)
+		}
+		if len(probe.IDs) > 0 {
+			b.Queue(s.sql("await_probe"), probe.IDs, probe.Parked, probe.Whole)
 		}
 		br := db.SendBatch(ctx, b)
 		err := func() error {
@@ -386,13 +406,22 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []Outcome) (map[C
 					return err
 				}
 			}
+			if len(probe.IDs) > 0 {
+				rows, err := br.Query()
+				if err != nil {
+					return err
+				}
+				if probes, err = scanProbes(rows); err != nil {
+					return err
+				}
+			}
 			return nil
 		}()
 		if cerr := br.Close(); err == nil {
 			err = cerr
 		}
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 	}
 	if len(late) > 0 {
@@ -400,10 +429,10 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []Outcome) (map[C
 		// finished and stored nothing. (Should the process die right here, the instance's
 		// deletion by GC removes them.)
 		if _, err := db.Exec(ctx, s.sql("purge_terminal_inboxes"), late); err != nil {
-			return applied, woken, fmt.Errorf("clear the inboxes of finished instances: %w", err)
+			return applied, woken, nil, fmt.Errorf("clear the inboxes of finished instances: %w", err)
 		}
 	}
-	return applied, woken, nil
+	return applied, woken, probes, nil
 }
 
 // applyParkedStepwise is the outcome batch of ApplyOutcomes for a chaos build when the batch
