@@ -58,6 +58,9 @@ WITH input AS (
 --
 -- Locks: none beyond the inserted row. (The test for rows ahead reads the pick index without
 -- locking: an insert racing with it can at worst start before an older row of its priority.)
+-- The test probes the pick index once per priority up to $5, with the priority fixed: so the
+-- scheduled time bounds each probe, and rows scheduled for later are never read. (A range on the
+-- priority would leave the time as a mere filter, and read every delayed row of the queue.)
 --
 -- $1 machine, $2 step, $3 state JSON text, $4 queue, $5 priority, $6 max attempts, $7 the claim
 -- token, $8 the lease in ms, $9 the machine's version.
@@ -70,9 +73,11 @@ SELECT $1::text, $2::text, $3::text::jsonb, $4::text, $5::smallint, $6::integer,
        CASE WHEN a.clear THEN $7::text END,
        CASE WHEN a.clear THEN now() + $8::bigint * interval '1 millisecond' END,
        $9::integer
-FROM (SELECT NOT EXISTS (SELECT 1 FROM {schema}.instances AS x
-                         WHERE x.status = 'available' AND x.queue = $4::text AND x.priority <= $5::smallint
-                           AND x.scheduled_at <= now())) AS a(clear)
+FROM (SELECT NOT EXISTS (SELECT 1 FROM generate_series(1, $5::integer) AS p(priority),
+                         LATERAL (SELECT 1 FROM {schema}.instances AS x
+                                  WHERE x.status = 'available' AND x.queue = $4::text
+                                    AND x.priority = p.priority::smallint AND x.scheduled_at <= now()
+                                  LIMIT 1) AS ahead)) AS a(clear)
 RETURNING id, status = 'executing', state, inserted_at;
 
 -- fragment: insert_rows

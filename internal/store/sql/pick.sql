@@ -117,22 +117,33 @@ RETURNING i.id, i.machine, i.step, i.state, i.attempt, i.max_attempts, i.priorit
           i.concurrency_key, i.concurrency_shard, i.rate_limit, i.machine_version,
           (SELECT count(*) FROM candidates), (SELECT n FROM refused), (SELECT denied FROM refused)
 
--- The candidate scan. No join here: the scan must stay in the pick index's order so that LIMIT
--- stops it early. Its filters (the predicates below) go between its two halves, each as
--- "AND <filter>".
-
+-- The candidate scan. Its filters (the predicates below) go between its two halves, each as
+-- "AND <filter>". No other join: the scan must stay in the pick index's order so that LIMIT
+-- stops it early. It walks the pick index one priority at a time (1 to 9, the column's range), each with
+-- the priority fixed, so that the scheduled time bounds each walk: rows scheduled for later are
+-- never read. (Ordered by priority and time in one walk, the time would be a mere filter, and an
+-- idle pick would read every delayed row of the queue.) The walks run in priority order and only
+-- as far as the outer LIMIT pulls: a priority with a full batch due ends the scan, and rows are
+-- locked only as they are taken.
+--
 -- fragment: scan_begin
 candidates AS MATERIALIZED (
-  SELECT i.id, i.concurrency_key AS ckey, i.rate_limit AS rkey, i.weight, i.priority, i.scheduled_at
-  FROM {schema}.instances AS i
-  WHERE i.status = 'available'
-    AND i.queue = @queue
-    AND i.scheduled_at <= now() + @horizon::bigint * interval '1 millisecond'
+  SELECT c.id, c.ckey, c.rkey, c.weight, c.priority, c.scheduled_at
+  FROM generate_series(1, 9) AS p(priority),
+  LATERAL (
+    SELECT i.id, i.concurrency_key AS ckey, i.rate_limit AS rkey, i.weight, i.priority, i.scheduled_at
+    FROM {schema}.instances AS i
+    WHERE i.status = 'available'
+      AND i.queue = @queue
+      AND i.priority = p.priority::smallint
+      AND i.scheduled_at <= now() + @horizon::bigint * interval '1 millisecond'
 
 -- fragment: scan_end
-  ORDER BY i.priority, i.scheduled_at, i.id
+    ORDER BY i.scheduled_at, i.id
+    LIMIT @limit
+    FOR NO KEY UPDATE OF i SKIP LOCKED
+  ) AS c
   LIMIT @limit
-  FOR NO KEY UPDATE OF i SKIP LOCKED
 )
 
 -- Filter: the row's machine version is one this node knows: version 1 (every machine's first),
