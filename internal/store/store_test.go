@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -232,4 +233,74 @@ func TestHotStatementsKeepTheirCachedPlan(t *testing.T) {
 			require.Zero(t, p[1], "%s: %d custom plans", name, p[1])
 		}
 	}
+}
+
+// Rows scheduled for later cost a pick nothing: with 100,000 delayed rows in the queue, at the
+// due rows' priority and at a more urgent one, a pick that cannot fill its batch (three rows
+// due) and the insert-claim test for rows ahead each read a few pages of the pick index (a
+// descent per priority: every walk has the priority fixed, so the scheduled time bounds it),
+// not the hundreds that hold the delayed rows' entries.
+func TestPicksNeverReadDelayedRows(t *testing.T) {
+	pool := durabledbtest.Pool(t, 2)
+	schema := durabledbtest.Schema(t, pool)
+	s, err := New(schema)
+	require.NoError(t, err)
+	ctx := context.Background()
+	_, err = pool.Exec(ctx, `INSERT INTO "`+schema+`".instances (machine, step, queue, priority, state, max_attempts, scheduled_at)
+		SELECT 'm', 's', 'q', CASE WHEN g % 2 = 0 THEN 1 ELSE 5 END, '{}', 1, now() + interval '1 day'
+		FROM generate_series(1, 100000) AS g`)
+	require.NoError(t, err)
+	rows := make([]InsertRow, 3)
+	for i := range rows {
+		rows[i] = InsertRow{Machine: "m", Step: "s", State: "{}", Queue: "q", Priority: 5, MaxAttempts: 1}
+	}
+	_, err = s.InsertMany(ctx, pool, rows)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `VACUUM ANALYZE "`+schema+`".instances`)
+	require.NoError(t, err)
+	var indexPages int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT relpages FROM pg_class WHERE oid = $1::regclass`,
+		`"`+schema+`".instances_pick`).Scan(&indexPages))
+	require.Greater(t, indexPages, 200, "the delayed rows fill the pick index")
+
+	// pages sums the buffers the plan's walks of the pick index touched.
+	buffers := regexp.MustCompile(`Buffers: shared (?:hit=(\d+))?\s*(?:read=(\d+))?`)
+	pages := func(explain string) int {
+		lines := strings.Split(explain, "\n")
+		n, walks := 0, 0
+		for i, line := range lines {
+			if !strings.Contains(line, "using instances_pick") {
+				continue
+			}
+			walks++
+			for _, next := range lines[i+1:] {
+				if strings.Contains(next, "->") {
+					break
+				}
+				if m := buffers.FindStringSubmatch(next); m != nil {
+					hit, _ := strconv.Atoi(m[1])
+					rd, _ := strconv.Atoi(m[2])
+					n += hit + rd
+				}
+			}
+		}
+		require.Positive(t, walks, "no walk of the pick index:\n%s", explain)
+		return n
+	}
+	explain := func(stmt string, args ...any) string {
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		lines, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) "+s.sql(stmt), args...)
+		require.NoError(t, err)
+		out, err := pgx.CollectRows(lines, pgx.RowTo[string])
+		require.NoError(t, err)
+		return strings.Join(out, "\n")
+	}
+	plan := explain("pick", pgx.NamedArgs{"queue": "q", "limit": 100, "owner": "o#1", "lease": time.Minute.Milliseconds(),
+		"horizon": int64(0), "mv_names": []string{}, "mv_versions": []int32{}})
+	require.Contains(t, plan, "Update on instances i (actual", "the pick ran:\n%s", plan)
+	require.Less(t, pages(plan), 60, "the pick read the delayed rows' pages:\n%s", plan)
+	claim := explain("insert_claim", "m", "s", "{}", "q", int16(9), 1, "o#1", int64(60000), 1)
+	require.Less(t, pages(claim), 60, "the test for rows ahead read the delayed rows' pages:\n%s", claim)
 }

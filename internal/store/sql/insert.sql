@@ -60,7 +60,9 @@ WITH input AS (
 -- locking: an insert racing with it can at worst start before an older row of its priority.)
 -- The test probes the pick index once per priority up to $5, with the priority fixed: so the
 -- scheduled time bounds each probe, and rows scheduled for later are never read. (A range on the
--- priority would leave the time as a mere filter, and read every delayed row of the queue.)
+-- priority would leave the time as a mere filter, and read every delayed row of the queue.) OFFSET
+-- 0 keeps the test one subquery, run once: pulled up, it would run for each of the four columns
+-- that read its answer.
 --
 -- $1 machine, $2 step, $3 state JSON text, $4 queue, $5 priority, $6 max attempts, $7 the claim
 -- token, $8 the lease in ms, $9 the machine's version.
@@ -77,7 +79,8 @@ FROM (SELECT NOT EXISTS (SELECT 1 FROM generate_series(1, $5::integer) AS p(prio
                          LATERAL (SELECT 1 FROM {schema}.instances AS x
                                   WHERE x.status = 'available' AND x.queue = $4::text
                                     AND x.priority = p.priority::smallint AND x.scheduled_at <= now()
-                                  LIMIT 1) AS ahead)) AS a(clear)
+                                  LIMIT 1) AS ahead)
+      OFFSET 0) AS a(clear)
 RETURNING id, status = 'executing', state, inserted_at;
 
 -- fragment: insert_rows
