@@ -20,11 +20,17 @@ func TestMain(m *testing.M) { durabledbtest.Main(m) }
 // explainPick runs a pick under EXPLAIN ANALYZE in a transaction that is rolled back.
 func explainPick(t *testing.T, s *Store, db DB, stmt string, args pgx.NamedArgs) string {
 	t.Helper()
+	return explainAnalyze(t, db, "ANALYZE, COSTS OFF", s.sql(stmt), args)
+}
+
+// explainAnalyze runs sql under EXPLAIN (options) in a transaction that is rolled back.
+func explainAnalyze(t *testing.T, db DB, options, sql string, args ...any) string {
+	t.Helper()
 	ctx := context.Background()
 	tx, err := db.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF) "+s.sql(stmt), args)
+	rows, err := tx.Query(ctx, "EXPLAIN ("+options+") "+sql, args...)
 	require.NoError(t, err)
 	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
@@ -288,14 +294,7 @@ func TestPicksNeverReadDelayedRows(t *testing.T) {
 		return n
 	}
 	explain := func(stmt string, args ...any) string {
-		tx, err := pool.Begin(ctx)
-		require.NoError(t, err)
-		defer func() { _ = tx.Rollback(ctx) }()
-		lines, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) "+s.sql(stmt), args...)
-		require.NoError(t, err)
-		out, err := pgx.CollectRows(lines, pgx.RowTo[string])
-		require.NoError(t, err)
-		return strings.Join(out, "\n")
+		return explainAnalyze(t, pool, "ANALYZE, BUFFERS, COSTS OFF", s.sql(stmt), args...)
 	}
 	plan := explain("pick", pgx.NamedArgs{"queue": "q", "limit": 100, "owner": "o#1", "lease": time.Minute.Milliseconds(),
 		"horizon": int64(0), "mv_names": []string{}, "mv_versions": []int32{}})
