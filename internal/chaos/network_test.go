@@ -151,6 +151,11 @@ func TestPartitionedWorkerIsFencedOut(t *testing.T) {
 		c.App, c.Conc = "gd-t9b-b", 16
 	}))
 	db.waitProgress(t, n, 0.5, 2*time.Minute)
+	// A's rows go back to available between its steps (every outcome here is a Next) until its
+	// next pick: cut it off while it holds claims, not in such a gap.
+	eventually(t, 30*time.Second, "A holding claims", func() bool {
+		return db.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'executing' AND starts_with(locked_by, 'A:')`) > 0
+	})
 
 	var dbT0 time.Time
 	require.NoError(t, db.pool.QueryRow(ctx, `SELECT now()`).Scan(&dbT0))
