@@ -12,13 +12,14 @@ TESTFLAGS ?=
 # nothing else on the cores): they measure milliseconds or seconds (the await bridge's p95, poke
 # and poll-floor latencies, a partitioned worker's takeover, the bad-input canary), or need the
 # machine's full throughput for their fault to land (connection resets during commits). Then, at
-# once, vet and lint, and the tests that run a Postgres cluster of their own (the soaks and the
-# session kills, together): each offers a fixed load well under what its cluster can do (a soak
-# offers 40% of the capacity it measured) and judges its cluster against itself, so neighbours
-# slow nothing it measures. Then two jobs at once: the packages' tests one package at a time, and
+# once, vet and lint, the contrib modules' tests, and the tests that run a Postgres cluster of
+# their own (the soaks and the session kills, together): each of those offers a fixed load well
+# under what its cluster can do (a soak offers 40% of the capacity it measured) and judges its
+# cluster against itself, so neighbours slow nothing it measures, and they leave most of the
+# cores idle. Then two jobs at once: the packages' tests one package at a time, and
 # internal/chaos's fault tests at their CI size followed by the deterministic race tests (-tags
-# chaos) and the contrib modules; within a package, tests run as many at once as there are
-# cores, each in a schema of its own. LATENCY and CLUSTER are go test -run regexps over the root
+# chaos); within a package, tests run as many at once as there are cores, each in a schema of
+# its own. LATENCY and CLUSTER are go test -run regexps over the root
 # package's and internal/chaos's tests; every other run skips them.
 LATENCY := ^(TestAwait.*|TestSecurity.*|TestSaturatedKeyDoesNotStarveTheWorkBehindIt|TestRateLimitConservesTokensAcrossEightClients|TestPoke.*|TestLostPokesCostAtMostAPoll|TestSignalPokesTheParkedInstancesNode|TestFanOutRoundTripWithoutPolling|TestBadInput|TestPostgresRestartMidRun|TestSmokeSuite.*|TestPartitionedWorkerIsFencedOut|TestConnectionResetsLoseCommitAcks)$$
 CLUSTER := ^(TestBloatSoak|TestLongSnapshotDuringSoak|TestSessionKills)$$
@@ -39,11 +40,10 @@ demo: ## run the demo: an order-processing workflow over a few thousand instance
 
 test: ## vet, lint and every test (contrib modules included) against a real Postgres
 	@$(MAKE) --no-print-directory test/latency
-	@$(MAKE) --no-print-directory -j2 --output-sync=target vet test/cluster
+	@$(MAKE) --no-print-directory -j3 --output-sync=target vet test/cluster test/contrib
 	@$(MAKE) --no-print-directory -j2 --output-sync=target test/packages test/faults
 
-vet: ## go vet (also with -tags chaos), then lint
-	$(GO) vet ./...
+vet: ## go vet with -tags chaos (lint vets the rest), then lint
 	$(GO) vet -tags chaos ./...
 	@$(MAKE) --no-print-directory lint
 
@@ -56,9 +56,9 @@ test/cluster: ## the fault tests that run a Postgres cluster of their own (soaks
 test/packages: ## every package's tests but internal/chaos's, one package at a time
 	$(GO) test -p 1 -count=1 -timeout 10m -skip '$(LATENCY)' $(TESTFLAGS) $$($(GO) list ./... | grep -v '/internal/chaos$$')
 
-test/faults: ## internal/chaos's fault tests at their CI size, but the latency-bound and own-cluster ones; then test/tagged and test/contrib
+test/faults: ## internal/chaos's fault tests at their CI size, but the latency-bound and own-cluster ones; then test/tagged
 	$(GO) test -count=1 -timeout 10m -skip '$(LATENCY)|$(CLUSTER)' $(TESTFLAGS) ./internal/chaos/
-	@$(MAKE) --no-print-directory test/tagged test/contrib
+	@$(MAKE) --no-print-directory test/tagged
 
 test/tagged: ## the deterministic race tests, which drive the engine's fault points (-tags chaos)
 	$(GO) test -count=1 -tags chaos -run '^TestChaos' -timeout 10m $(TESTFLAGS) ./internal/fault/ ./internal/chaos/
