@@ -18,11 +18,15 @@ TESTFLAGS ?=
 # cluster against itself, so neighbours slow nothing it measures, and they leave most of the
 # cores idle. Then two jobs at once: the packages' tests one package at a time, and
 # internal/chaos's fault tests at their CI size followed by the deterministic race tests (-tags
-# chaos); within a package, tests run as many at once as there are cores, each in a schema of
+# chaos) and the SIDE packages' tests; within a package, tests run as many at once as there are cores, each in a schema of
 # its own. LATENCY and CLUSTER are go test -run regexps over the root
 # package's and internal/chaos's tests; every other run skips them.
 LATENCY := ^(TestAwait.*|TestSecurity.*|TestSaturatedKeyDoesNotStarveTheWorkBehindIt|TestRateLimitConservesTokensAcrossEightClients|TestPoke.*|TestLostPokesCostAtMostAPoll|TestSignalPokesTheParkedInstancesNode|TestFanOutRoundTripWithoutPolling|TestBadInput|TestPostgresRestartMidRun|TestSmokeSuite.*|TestPartitionedWorkerIsFencedOut|TestConnectionResetsLoseCommitAcks)$$
 CLUSTER := ^(TestBloatSoak|TestLongSnapshotDuringSoak|TestSessionKills)$$
+# SIDE: packages whose tests the fault job runs after its own (test/side), not the packages job,
+# so that make test's two last jobs take about as long; SIDE_RE matches them in go list's output.
+SIDE    := ./cmd/gendurable ./internal/store ./internal/maintenance
+SIDE_RE := /(cmd/gendurable|internal/store|internal/maintenance)$$
 # make chaos: RUN picks the tests (a go test -run regexp; default all), CHAOSFLAGS how they run
 # (default one package and one test at a time, so that no fault test's figures are another's
 # load), CHAOSLOG where the verbose output goes. See docs/reliability.md.
@@ -30,7 +34,7 @@ RUN        ?= .
 CHAOSFLAGS ?= -p 1 -parallel 1 -timeout 90m
 CHAOSLOG   ?= chaos.log
 
-.PHONY: help demo test test/latency test/packages test/faults test/cluster test/tagged test/contrib test/race vet lint bench chaos fuzz tidy
+.PHONY: help demo test test/latency test/packages test/faults test/side test/cluster test/tagged test/contrib test/race vet lint bench chaos fuzz tidy
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -53,12 +57,15 @@ test/latency: ## the latency-bound tests, alone
 test/cluster: ## the fault tests that run a Postgres cluster of their own (soaks, session kills), together
 	$(GO) test -count=1 -parallel 3 -timeout 10m -run '$(CLUSTER)' $(TESTFLAGS) ./internal/chaos/
 
-test/packages: ## every package's tests but internal/chaos's, one package at a time
-	$(GO) test -p 1 -count=1 -timeout 10m -skip '$(LATENCY)' $(TESTFLAGS) $$($(GO) list ./... | grep -v '/internal/chaos$$')
+test/packages: ## every package's tests but internal/chaos's and SIDE's, one package at a time
+	$(GO) test -p 1 -count=1 -timeout 10m -skip '$(LATENCY)' $(TESTFLAGS) $$($(GO) list ./... | grep -v -E '/internal/chaos$$|$(SIDE_RE)')
 
-test/faults: ## internal/chaos's fault tests at their CI size, but the latency-bound and own-cluster ones; then test/tagged
+test/faults: ## internal/chaos's fault tests at their CI size, but the latency-bound and own-cluster ones; then test/tagged and test/side
 	$(GO) test -count=1 -timeout 10m -skip '$(LATENCY)|$(CLUSTER)' $(TESTFLAGS) ./internal/chaos/
-	@$(MAKE) --no-print-directory test/tagged
+	@$(MAKE) --no-print-directory test/tagged test/side
+
+test/side: ## the packages in SIDE, which test/faults runs after its own so that the two jobs of make test end together
+	$(GO) test -p 1 -count=1 -timeout 10m $(TESTFLAGS) $(SIDE)
 
 test/tagged: ## the deterministic race tests, which drive the engine's fault points (-tags chaos)
 	$(GO) test -count=1 -tags chaos -run '^TestChaos' -timeout 10m $(TESTFLAGS) ./internal/fault/ ./internal/chaos/
