@@ -12,6 +12,7 @@ import (
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/durabletest"
+	"github.com/gendurable/gendurable/internal/chaos/oracle"
 	"github.com/stretchr/testify/require"
 )
 
@@ -352,7 +353,7 @@ func TestConcurrentChildrenSettleEachParentExactlyOnce(t *testing.T) {
 	}
 	ins := e.client(t, &gendurable.Config{Name: "inserter", Machines: machines})
 	ctx := context.Background()
-	const parents, kids = 40, 60
+	parents, kids := oracle.Size(20, 40), 60
 	params := make([]gendurable.InsertManyParams, parents)
 	for i := range params {
 		params[i] = gendurable.InsertManyParams{Input: order.With(basket{Lines: lines(kids, 7), Waves: 1})}

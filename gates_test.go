@@ -10,6 +10,7 @@ import (
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/durabletest"
+	"github.com/gendurable/gendurable/internal/chaos/oracle"
 	"github.com/stretchr/testify/require"
 )
 
@@ -88,7 +89,7 @@ func TestGateNeverOverAdmitsAcrossEightClients(t *testing.T) {
 		start(t, cl)
 	}
 	ins := e.client(t, &gendurable.Config{Name: "ins", Machines: []gendurable.Machine{job}, ConcurrencyLimits: limits})
-	m, samples := runKeyed(t, e, ins, job, 1200, func(i int) string { return fmt.Sprintf("tenant:%d", i%20) })
+	m, samples := runKeyed(t, e, ins, job, oracle.Size(600, 1200), func(i int) string { return fmt.Sprintf("tenant:%d", i%20) })
 	t.Logf("%d samples, most executing per key %d", samples, m)
 	require.Greater(t, samples, 30)
 	require.LessOrEqual(t, m, 3, "a key had more than Limit executing rows")
@@ -125,7 +126,7 @@ func TestConcurrencyKeyIsMutualExclusion(t *testing.T) {
 	}
 	ins := e.client(t, &gendurable.Config{Name: "ins", Machines: []gendurable.Machine{job}})
 	deadlocksBefore := deadlocks(t, e)
-	m, _ := runKeyed(t, e, ins, job, 600, func(i int) string { return fmt.Sprint("acct-", i%6) })
+	m, _ := runKeyed(t, e, ins, job, oracle.Size(300, 600), func(i int) string { return fmt.Sprint("acct-", i%6) })
 	require.Equal(t, 1, m)
 	require.Zero(t, overs.Load())
 	t.Logf("contended picks: %d", contended.Load())

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/chaos/oracle"
 	"github.com/stretchr/testify/require"
 )
 
@@ -244,7 +245,8 @@ func TestRacingOverlappingBatchesDoNotDeadlock(t *testing.T) {
 	ctx := context.Background()
 	var deadlocksBefore int
 	require.NoError(t, e.pool.QueryRow(ctx, `SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()`).Scan(&deadlocksBefore))
-	const rounds, workers, batch, keyspace = 10, 6, 500, 1500
+	rounds := oracle.Size(5, 10)
+	const workers, batch, keyspace = 6, 500, 1500
 	for round := range rounds {
 		var wg sync.WaitGroup
 		for w := range workers {
