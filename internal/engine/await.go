@@ -215,6 +215,16 @@ func (a *awaiter) finalRead(w *waiter) {
 	}
 }
 
+// probeFlags are the await_probe flags for an id's waiters: parked if any of them counts a park
+// as an answer, whole if any wants the row whatever its status (a first or a last read).
+func probeFlags(ws []*waiter) (parked, whole bool) {
+	for _, w := range ws {
+		parked = parked || w.parked
+		whole = whole || w.final || w.fresh
+	}
+	return parked, whole
+}
+
 // want lists, for a commit to read back in its own transaction (store.ProbeReq), the rows of outs
 // that have waiters here and whose outcome may settle them (done, failed, or parked on
 // signals), with their probe flags as batch gives them. Empty when nobody waits.
@@ -234,10 +244,9 @@ func (a *awaiter) want(outs []store.Outcome) store.ProbeReq {
 		if !ok {
 			continue
 		}
-		p, f := false, false
-		for _, w := range ws {
-			p = p || w.parked
-			f = f || w.final || w.fresh
+		p, f := probeFlags(ws)
+		if o.Kind == store.KindAwait && !p && !f {
+			continue // a park answers none of them: the push's read is theirs, as before
 		}
 		req.IDs = append(req.IDs, o.Claim.ID)
 		req.Parked = append(req.Parked, p)
@@ -329,11 +338,7 @@ func (a *awaiter) batch(all bool) ([]int64, []bool, []bool) {
 	var ids []int64
 	var parked, whole []bool
 	add := func(id int64, ws []*waiter) {
-		p, f := false, false
-		for _, w := range ws {
-			p = p || w.parked
-			f = f || w.final || w.fresh
-		}
+		p, f := probeFlags(ws)
 		ids = append(ids, id)
 		parked = append(parked, p)
 		whole = append(whole, f)
