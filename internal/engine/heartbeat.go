@@ -11,8 +11,9 @@ import (
 
 // heartbeatLoop extends the leases of every claim in flight, once per interval, in one
 // statement; it cancels the steps whose claims are gone. A beat that failed at once is tried
-// again an eighth of an interval later, not a whole one: the leases are at stake. If it cannot reach the
-// database for a whole lease, every running step is cancelled: its claim is presumed lost.
+// again an eighth of an interval later, not a whole one: the leases are at stake; one that waits
+// (for a connection, say) may wait as long as the claims live. If it cannot reach the database
+// for a whole lease, every running step is cancelled: its claim is presumed lost.
 func (e *Engine) heartbeatLoop() {
 	defer e.bg.Done()
 	t := time.NewTicker(e.cfg.Heartbeat)
@@ -57,13 +58,17 @@ func (e *Engine) beat() bool {
 		// an error is a failed one.
 		if err := fault.PointFor(fault.Heartbeat, e.cfg.Name); err != nil {
 			e.log.Warn("gendurable: heartbeat failed", "client", e.cfg.Name, "claims", len(ids), "error", err)
-			if time.Since(e.lastBeat) > e.cfg.Lease {
+			if time.Since(e.lastBeat) >= e.cfg.Lease {
 				e.cancelAll(ids, owners)
 			}
 			return false
 		}
 	}
-	ctx, cancel := context.WithTimeout(e.baseCtx, e.cfg.Heartbeat)
+	// The beat may take as long as the claims it extends live (until the last beat plus a lease),
+	// and at least an interval: one that waits for a connection (a pool rebuilding every
+	// connection after a database restart, a server starting dozens of backends at once) is
+	// better served late than given up at the next tick, behind every other waiter again.
+	ctx, cancel := context.WithTimeout(e.baseCtx, max(e.cfg.Heartbeat, time.Until(e.lastBeat.Add(e.cfg.Lease))))
 	began := time.Now()
 	// Extending leases is idempotent: a beat whose connection was lost (a restarted database's
 	// stale pool connections) is sent again at once on another.
@@ -75,7 +80,7 @@ func (e *Engine) beat() bool {
 	cancel()
 	if err != nil {
 		e.log.Warn("gendurable: heartbeat failed", "client", e.cfg.Name, "claims", len(ids), "error", err)
-		if time.Since(e.lastBeat) > e.cfg.Lease {
+		if time.Since(e.lastBeat) >= e.cfg.Lease {
 			e.cancelAll(ids, owners)
 		}
 		return false
