@@ -20,8 +20,9 @@ import (
 // across both on instances that run last. Pass: I1-I8; all done within 60s of the second start
 // with no process restarted; every Await caller answered (done, busy or an error) by its
 // deadline plus one tick; every loop of each worker (picks, heartbeat, reaper, GC) ticks within
-// twice its interval of the second start (the heartbeat, which reports only beats that extend
-// claims, of the later of that and the worker's first pick); and pokes work again: 100 fresh inserts, each into an
+// twice its interval of the second start (a tick is when work that got through began; work in
+// flight at the second start ticks then; the heartbeat, which reports only beats that extend
+// claims, is judged from the worker's first busy stretch); and pokes work again: 100 fresh inserts, each into an
 // idle queue of its own (so only a poke can start it before the 5s poll), start with p95 < 100ms.
 func TestPostgresRestartMidRun(t *testing.T) {
 	seed, _ := oracle.Seed(t)

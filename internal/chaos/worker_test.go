@@ -145,10 +145,10 @@ type workerReport struct {
 	// seen in any event or log line.
 	Errors22P02 int `json:"errors_22p02"`
 	Prepared    int `json:"prepared"`
-	// Ticks (workerCfg.Ticks) holds, for each of the client's loops, when it began a piece of
-	// work it reported (unix milliseconds, at most one per 50ms): scheduler.picked,
-	// heartbeat.beat, reaper.swept, gc.swept.
-	Ticks map[string][]int64 `json:"ticks,omitempty"`
+	// Ticks (workerCfg.Ticks) holds, for each of the client's loops, when a piece of work it
+	// reported began and ended (unix milliseconds; of the pieces that ended within 50ms of each
+	// other, the first): scheduler.picked, heartbeat.beat, reaper.swept, gc.swept.
+	Ticks map[string][][2]int64 `json:"ticks,omitempty"`
 	// Busy (workerCfg.Ticks) holds the windows (unix milliseconds, from and to) in which the
 	// client ran steps without a break for at least two heartbeat intervals: every heartbeat
 	// tick inside one has claims to extend, so it must report a beat.
@@ -173,13 +173,17 @@ func (r workerReport) busyAfter(t time.Time, span time.Duration) (from time.Time
 	return time.Time{}, false
 }
 
-// firstTickAfter returns, for each loop, how long after t its first tick came (absent: none).
+// firstTickAfter returns, for each loop, how long after t its first tick came (absent: none). A
+// tick is when a piece of work that got through began, and a piece in flight at t ticks at t:
+// the loop was at work when t came and got through (t, the return of pg_ctl start -w, comes
+// after the server is ready by up to pg_ctl's polling interval, and work that began in between
+// is the loop coming back). How long the database then took is not the loop's lateness.
 func (r workerReport) firstTickAfter(t time.Time) map[string]time.Duration {
 	out := map[string]time.Duration{}
 	for name, ts := range r.Ticks {
-		for _, ms := range ts {
-			if at := time.UnixMilli(ms); !at.Before(t) {
-				out[name] = at.Sub(t)
+		for _, w := range ts { // in the order the pieces ended
+			if !time.UnixMilli(w[1]).Before(t) {
+				out[name] = max(time.UnixMilli(w[0]).Sub(t), 0)
 				break
 			}
 		}
@@ -240,14 +244,13 @@ func (c *tally) scanLog(s string) {
 }
 
 func (c *tally) hook(ev gendurable.Event) {
-	// A tick is when the loop began the work it reports (the event's time less the work's
-	// Duration), not when the hook got the event: hooks run behind the loops, on a goroutine of
-	// their own, and a sweep after a crash recovery may take a while.
+	// A piece of work began at the event's time less its Duration and ended at the event's time,
+	// not when the hook got the event: hooks run behind the loops, on a goroutine of their own.
 	at := ev.At
 	if at.IsZero() {
 		at = time.Now()
 	}
-	now := at.Add(-ev.Duration).UnixMilli()
+	work := [2]int64{at.Add(-ev.Duration).UnixMilli(), at.UnixMilli()}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.r.Events[string(ev.Name)]++
@@ -284,8 +287,9 @@ func (c *tally) hook(ev gendurable.Event) {
 		}
 	case gendurable.EventSchedulerPicked, gendurable.EventHeartbeatBeat, gendurable.EventReaperSwept, gendurable.EventGCSwept:
 		if c.ticks {
-			if ts := c.r.Ticks[string(ev.Name)]; len(ts) == 0 || now-ts[len(ts)-1] >= 50 {
-				c.r.Ticks[string(ev.Name)] = append(ts, now)
+			// Dropping a later piece that ended in the same 50ms only makes a first tick later.
+			if ts := c.r.Ticks[string(ev.Name)]; len(ts) == 0 || work[1]-ts[len(ts)-1][1] >= 50 {
+				c.r.Ticks[string(ev.Name)] = append(ts, work)
 			}
 		}
 	}
@@ -391,7 +395,7 @@ func workerMain(cfgJSON string) int {
 	counts := &tally{r: workerReport{Events: map[string]int{}}, ticks: cfg.Ticks, marks: cfg.Marks,
 		busyMin: 2 * int64(cfg.HeartbeatMS)}
 	if cfg.Ticks {
-		counts.r.Ticks = map[string][]int64{}
+		counts.r.Ticks = map[string][][2]int64{}
 	}
 	logs := &scanHandler{scan: counts.scanLog, next: slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})}
 	if cfg.Quiet {
