@@ -79,6 +79,20 @@ func (c *Client) QueueStats(ctx context.Context, opts *QueueStatsOpts) ([]QueueS
 	if err != nil {
 		return nil, fmt.Errorf("gendurable: queue stats: %w", err)
 	}
+	pauses, err := c.store.Pauses(ctx, c.pool)
+	if err != nil {
+		return nil, fmt.Errorf("gendurable: queue stats: %w", err)
+	}
+	for _, p := range pauses {
+		if p.Kind != store.PauseQueue {
+			continue
+		}
+		for i := range out {
+			if out[i].Queue == p.Name {
+				out[i].Paused = true
+			}
+		}
+	}
 	return out, nil
 }
 

@@ -22,6 +22,9 @@ type ListOpts struct {
 	// Since keeps instances inserted at or after this time (within Postgres's range: 4714 BC to
 	// 294276 AD).
 	Since time.Time
+	// Paused keeps only the instances paused one by one (Client.Pause with an Instance), by an
+	// index of their own.
+	Paused bool
 	// Before is the paging cursor: instances with a smaller id (ListPage.Next of the previous
 	// page). 0 starts from the newest.
 	Before int64
@@ -54,7 +57,7 @@ func (c *Client) List(ctx context.Context, opts *ListOpts) (*ListPage, error) {
 		return &InputError{Index: -1, Field: field, Reason: fmt.Sprintf(format, args...)}
 	}
 	f := store.ListFilter{Queue: opts.Queue, Machine: opts.Machine, Statuses: opts.Statuses, Key: opts.CorrelationKey,
-		Since: opts.Since, Before: opts.Before, Limit: opts.Limit}
+		Since: opts.Since, Paused: opts.Paused, Before: opts.Before, Limit: opts.Limit}
 	if f.Limit == 0 {
 		f.Limit = DefaultListLimit
 	}

@@ -80,6 +80,7 @@ var (
 	ErrCancelled         = durabletype.ErrCancelled
 	ErrWrongStatus       = durabletype.ErrWrongStatus
 	ErrUnknownSchedule   = durabletype.ErrUnknownSchedule
+	ErrUnknownQueue      = durabletype.ErrUnknownQueue
 	ErrScheduleOwned     = durabletype.ErrScheduleOwned
 )
 

@@ -82,7 +82,7 @@ func TestMigrateIsIdempotentAndSafeConcurrently(t *testing.T) {
 	require.NoError(t, durablemigrate.Migrate(ctx, pool, schema))
 	var tables int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = $1`, schema).Scan(&tables))
-	require.Equal(t, 11, tables) // instances, signals, gates, gate_leases, buckets, meta, nodes, upgrade_requests, schedules, retention, finished_counts
+	require.Equal(t, 12, tables) // instances, signals, gates, gate_leases, buckets, meta, nodes, upgrade_requests, schedules, retention, finished_counts, pauses
 }
 
 func TestMigrateRefusesASchemaBuiltFromOtherDDL(t *testing.T) {

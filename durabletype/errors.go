@@ -19,6 +19,9 @@ var (
 	ErrInvalidPayload = errors.New("gendurable: invalid payload")
 	// ErrUnknownMachine: no registered machine has that name.
 	ErrUnknownMachine = errors.New("gendurable: unknown machine")
+	// ErrUnknownQueue: no client of the schema works or inserts into a queue of that name (as
+	// far as this client and the node registry know).
+	ErrUnknownQueue = errors.New("gendurable: unknown queue")
 	// ErrUnknownSchedule: no schedule has that name.
 	ErrUnknownSchedule = errors.New("gendurable: unknown schedule")
 	// ErrScheduleOwned: the schedule is declared by a service's Config (Config.Service), and

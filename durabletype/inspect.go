@@ -15,6 +15,8 @@ type QueueStats struct {
 	// OldestRunnable is how long the longest-waiting due row has been due (now() minus its
 	// scheduled time, by the database clock): the queue's lag. Zero when nothing is due.
 	OldestRunnable time.Duration
+	// Paused says the queue is paused (Client.Pause): no node claims its rows.
+	Paused bool
 }
 
 // StuckKind says why a group of instances cannot make progress on its own.
@@ -100,6 +102,8 @@ type InstanceDetail struct {
 	// Blocked says why no running node can run the instance, as the node registry says (see
 	// StuckBlocked); empty if one can, if it is finished, or if no node runs at all.
 	Blocked string
+	// PausedAt is when the instance itself was paused (Client.Pause); nil if it is not.
+	PausedAt *time.Time
 }
 
 // QueueThroughput is how many instances of one queue finished within a recent window, by how

@@ -131,6 +131,8 @@ type Engine struct {
 	retentionsSet bool
 	committer     *committer
 	lastBeat      time.Time
+	// paused is what this node last read of the pauses table (nil before Start's read).
+	paused atomic.Pointer[pauseSet]
 
 	baseCtx    context.Context
 	baseCancel context.CancelCauseFunc
@@ -231,6 +233,10 @@ func (e *Engine) Start(ctx context.Context) error {
 		e.abortStart()
 		return err
 	}
+	if err := e.loadPauses(ctx); err != nil {
+		e.abortStart()
+		return err
+	}
 	if e.cfg.OpenPoke != nil {
 		pc, err := e.cfg.OpenPoke(ctx, e.Origin(), e.queueNames(), e.Wake)
 		if err != nil {
@@ -255,6 +261,10 @@ func (e *Engine) Start(ctx context.Context) error {
 	go e.heartbeatLoop()
 	e.bg.Add(1)
 	go e.registryLoop()
+	if len(e.runners) > 0 {
+		e.bg.Add(1)
+		go e.pauseLoop()
+	}
 	if e.cfg.ReaperInterval > 0 {
 		reaper := &maintenance.Reaper{
 			Store: e.store, DB: e.pool, Interval: e.cfg.ReaperInterval, Timeout: StatementTimeout(e.cfg.Lease), Logger: e.log,

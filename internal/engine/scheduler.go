@@ -174,6 +174,12 @@ func (r *runner) loop() {
 		if !want {
 			continue
 		}
+		if r.e.QueuePaused(r.queue) {
+			// Resuming wakes the runner; the poll timer is the floor if that wake is missed.
+			want, backlog = false, false
+			resetTimer(timer, r.poll)
+			continue
+		}
 		free := r.free()
 		if free <= 0 || (backlog && !urgent && free < r.minDemand) {
 			continue // a freed slot brings us back
@@ -316,7 +322,7 @@ const pickContentionRetries = 10
 func (e *Engine) pickOnce(ctx context.Context, db store.DB, queue string, n int, owner string, horizon time.Duration, hint store.Hint, lane store.Lane) ([]store.Claimed, error) {
 	for try := 1; ; try++ {
 		res, err := e.store.Pick(ctx, db, queue, n, owner, store.PickOpts{Lease: e.cfg.Lease, Horizon: horizon,
-			Gates: e.cfg.Gates, Rates: e.cfg.Rates, Versions: e.versions, Hint: hint, Lane: lane})
+			Gates: e.cfg.Gates, Rates: e.cfg.Rates, Versions: e.versions, PausedMachines: e.pausedMachines(), Hint: hint, Lane: lane})
 		if err != nil {
 			if store.GateContention(err) && try <= pickContentionRetries {
 				e.Emit(durabletype.Event{Name: durabletype.EventConcurrencyContended, Queue: queue, Err: err})
@@ -363,11 +369,13 @@ func (r *runner) dispatch(rows []store.Claimed, gl *gateLease) {
 
 // ReserveInsert takes an executor slot of queue for an Insert that this client claims as it
 // inserts the row (store.InsertClaim), and returns the claim token for it. ok is false when the
-// client is not running, does not work the queue or know the machine, or has no free slot; the
+// client is not running, does not work the queue or know the machine, the queue or machine is
+// paused, or the client has no free slot; the
 // Insert then goes the ordinary way. Every reservation ends in RunInserted.
 func (e *Engine) ReserveInsert(queue, machine string) (owner string, ok bool) {
 	r, found := e.runners[queue]
-	if !found || e.Machine(machine) == nil || !e.Running() || !r.reserve() {
+	if !found || e.Machine(machine) == nil || !e.Running() || e.paused.Load().queuePaused(queue) ||
+		e.paused.Load().machinePaused(machine) || !r.reserve() {
 		return "", false
 	}
 	return r.workerID + "#" + strconv.FormatUint(r.seq.Add(1), 10), true

@@ -215,17 +215,18 @@ type Page struct {
 func (s *Store) Inspect(ctx context.Context, db DB, id int64, inbox, children Page) (*durabletype.InstanceDetail, error) {
 	var inboxSize int64
 	var inboxJSON, countsJSON, childrenJSON []byte
+	var pausedAt *time.Time
 	in, err := scanInstance(db.QueryRow(ctx, s.sql("inspect_instance"), pgx.NamedArgs{
 		"id": id, "inbox_after": inbox.After, "inbox_limit": inbox.Limit,
 		"children_after": children.After, "children_limit": children.Limit,
-	}), nil, &inboxSize, &inboxJSON, &countsJSON, &childrenJSON)
+	}), nil, &inboxSize, &inboxJSON, &countsJSON, &childrenJSON, &pausedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%w: id %d", durabletype.ErrNotFound, id)
 	}
 	if err != nil {
 		return nil, err
 	}
-	d := &durabletype.InstanceDetail{Instance: *in, InboxSize: inboxSize}
+	d := &durabletype.InstanceDetail{Instance: *in, InboxSize: inboxSize, PausedAt: pausedAt}
 	var sigs []SignalRow
 	if err := json.Unmarshal(inboxJSON, &sigs); err != nil {
 		return nil, fmt.Errorf("decode inbox of %d: %w", id, err)

@@ -16,6 +16,7 @@ type ListFilter struct {
 	Statuses []durabletype.Status
 	Key      string
 	Since    time.Time
+	Paused   bool  // only paused instances
 	Before   int64 // keyset cursor: ids below it
 	Limit    int
 }
@@ -75,6 +76,10 @@ func (s *Store) listQuery(f ListFilter) (string, pgx.NamedArgs) {
 	}
 	if !f.Since.IsZero() {
 		add("list_since", "since", f.Since)
+	}
+	if f.Paused {
+		b.WriteString("\n")
+		b.WriteString(s.frag("list_paused"))
 	}
 	if f.Before > 0 {
 		add("list_before", "before", f.Before)

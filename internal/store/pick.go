@@ -118,27 +118,27 @@ type pickVariant struct {
 var pickVariants = map[string]pickVariant{
 	// No gates or rate limits configured: every key is K = 1.
 	"pick": {
-		filters: []string{"version_known", "key_runnable", "no_rate_limit"},
+		filters: []string{"version_known", "not_paused", "key_runnable", "no_rate_limit"},
 		chosen:  "chosen_first_of_key(candidates)", refused: "refused_none",
 	},
 	// Gates, no rate limits.
 	"pick_gated": {
 		config:  []string{"gate_config"},
-		filters: []string{"version_known", "gate_has_room", "no_rate_limit"},
+		filters: []string{"version_known", "not_paused", "gate_has_room", "no_rate_limit"},
 		admit:   []string{"admit_all"},
 		chosen:  "chosen_gate_debit", refused: "refused_none",
 	},
 	// Rate limits, no gates.
 	"pick_rated": {
 		config:  []string{"rate_config"},
-		filters: []string{"version_known", "key_runnable", "rate_has_token"},
+		filters: []string{"version_known", "not_paused", "key_runnable", "rate_has_token"},
 		admit:   []string{"eligible_ungated", "rate_grants", "bucket_debit", "rate_admitted"},
 		chosen:  "chosen_first_of_key(admitted)", refused: "refused_count",
 	},
 	// Gates and rate limits.
 	"pick_admitted": {
 		config:  []string{"gate_config", "rate_config"},
-		filters: []string{"version_known", "gate_has_room", "rate_has_token"},
+		filters: []string{"version_known", "not_paused", "gate_has_room", "rate_has_token"},
 		admit:   []string{"eligible_gated", "rate_grants", "bucket_debit", "rate_admitted"},
 		chosen:  "chosen_gate_debit", refused: "refused_count",
 	},
@@ -146,13 +146,13 @@ var pickVariants = map[string]pickVariant{
 	// slots; no counter is read or written for them.
 	"pick_leased": {
 		config:  []string{"gate_config", "lease_held"},
-		filters: []string{"version_known", "lease_key OR gate_has_room", "no_rate_limit"},
+		filters: []string{"version_known", "not_paused", "lease_key OR gate_has_room", "no_rate_limit"},
 		chosen:  "chosen_lease", refused: "refused_none",
 	},
 	// On a rate lane (Lane.Rate): the lane's rows pass untested and are granted in one debit.
 	"pick_rate_lane": {
 		config:  []string{"rate_config"},
-		filters: []string{"version_known", "key_runnable", "lane_limit OR rate_has_token"},
+		filters: []string{"version_known", "not_paused", "key_runnable", "lane_limit OR rate_has_token"},
 		admit:   []string{"lane_grant", "bucket_debit"},
 		chosen:  "chosen_lane", refused: "refused_none",
 	},
@@ -270,6 +270,8 @@ type PickOpts struct {
 	Rates *Rates
 	// Versions are the client's machine versions (nil: every machine at version 1).
 	Versions *Versions
+	// PausedMachines are the machines whose rows the pick must leave alone.
+	PausedMachines []string
 	// Hint only makes an admission pick cheaper (see Hint); Lane makes it leaner still for a
 	// batch like the last one (see Lane).
 	Hint Hint
@@ -279,7 +281,11 @@ type PickOpts struct {
 // Pick claims up to limit due rows of queue for the claim token owner.
 func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner string, o PickOpts) (PickResult, error) {
 	args := pgx.NamedArgs{"queue": queue, "limit": limit, "owner": owner, "lease": o.Lease.Milliseconds(),
-		"horizon": o.Horizon.Milliseconds(), "mv_names": []string{}, "mv_versions": []int32{}}
+		"horizon": o.Horizon.Milliseconds(), "mv_names": []string{}, "mv_versions": []int32{},
+		"paused_machines": o.PausedMachines}
+	if o.PausedMachines == nil {
+		args["paused_machines"] = []string{}
+	}
 	if o.Versions != nil {
 		args["mv_names"], args["mv_versions"] = o.Versions.Names, o.Versions.Versions
 	}

@@ -110,11 +110,11 @@ func everyPickClaimsByPrimaryKey(t *testing.T, size int) {
 		"g_names": []string{"g"}, "g_limits": []int32{100000}, "g_shards": []int32{8},
 		"r_names": []string{"r"}, "r_rates": []float64{1e7}, "r_bursts": []float64{1e7},
 		"g_hint": []string{"g:x"}, "r_hint": []string{"r"}, "l_key": "g:x", "l_shard": int16(0), "l_owner": "o", "lr_key": "r",
-		"mv_names": []string{"m"}, "mv_versions": []int32{2}}
+		"mv_names": []string{"m"}, "mv_versions": []int32{2}, "paused_machines": []string{"other"}}
 	literal := map[string]string{"queue": "'q'", "limit": "100", "owner": "'o#1'", "lease": "60000", "horizon": "0",
 		"g_names": "'{g}'", "g_limits": "'{100000}'", "g_shards": "'{8}'", "r_names": "'{r}'", "r_rates": "'{1e7}'",
 		"r_bursts": "'{1e7}'", "g_hint": "'{g:x}'", "r_hint": "'{r}'", "l_key": "'g:x'", "l_shard": "0", "l_owner": "'o'", "lr_key": "'r'",
-		"mv_names": "'{m}'", "mv_versions": "'{2}'"}
+		"mv_names": "'{m}'", "mv_versions": "'{2}'", "paused_machines": "'{other}'"}
 	explain := func(settings, query string, args ...any) string {
 		t.Helper()
 		tx, err := pool.Begin(ctx)

@@ -148,7 +148,8 @@ SELECT i.id, i.machine, i.step, i.queue, i.status::text, i.priority, i.attempt, 
               FROM {schema}.instances AS c
               WHERE c.parent_id = i.id AND c.id > @children_after
               ORDER BY c.id
-              LIMIT @children_limit) AS p)
+              LIMIT @children_limit) AS p),
+       i.paused_at
 FROM {schema}.instances AS i
 WHERE i.id = @id;
 

@@ -7,7 +7,7 @@
 -- Cost: the primary key walked backwards, stopping after the page is full, so dense filters
 -- (a queue, a machine, done rows) are cheap at any depth. Sparse ones have their own index:
 -- failed or cancelled (instances_problems), awaiting or joining (instances_parked), a machine's
--- correlation key (instances_correlation), executing (instances_executing). A filter on
+-- correlation key (instances_correlation), executing (instances_executing), paused (instances_paused). A filter on
 -- inserted_at alone is not indexed: it prunes the walk, it does not shorten it.
 
 -- fragment: list_base
@@ -30,6 +30,9 @@ WHERE true
 
 -- fragment: list_since
   AND inserted_at >= @since
+
+-- fragment: list_paused
+  AND paused_at IS NOT NULL
 
 -- fragment: list_before
   AND id < @before

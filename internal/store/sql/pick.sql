@@ -156,6 +156,13 @@ candidates AS MATERIALIZED (
  OR i.machine_version <= (SELECT m.version FROM unnest(@mv_names::text[], @mv_versions::integer[]) AS m(name, version)
                           WHERE m.name = i.machine))
 
+-- Filter: the row is not paused, nor is its machine (@paused_machines: the machines paused as
+-- the client last read the pauses table; a paused queue is not picked at all). A paused row stays
+-- in the pick index, and the scan reads past it.
+
+-- fragment: not_paused
+(i.paused_at IS NULL AND i.machine <> ALL (coalesce(@paused_machines::text[], '{}')))
+
 -- The K = 1 rule, between transactions: no execution of row i's key runs (an execution that
 -- holds a gate slot is not one of a K = 1 key).
 
