@@ -5,11 +5,14 @@
 //	gendurable demo    [--n N] [--keep]
 //	gendurable bench   [--scenario NAME]... [--n N] [--json]
 //	gendurable queues  [--live-only] [--json]
-//	gendurable list    [--queue Q] [--machine M] [--status S,..] [--key K] [--since 1h] [--before ID] [--json]
+//	gendurable list    [--queue Q] [--machine M] [--status S,..] [--key K] [--since 1h] [--paused] [--before ID] [--json]
 //	gendurable show    ID | --machine M KEY [--json]
 //	gendurable signal  ID|--machine M KEY NAME [JSON]
 //	gendurable retry   ID|--machine M KEY [--step S]
 //	gendurable cancel  ID|--machine M KEY [--reason R]
+//	gendurable pause   queue Q | machine M | ID | --machine M KEY [--reason R]
+//	gendurable resume  queue Q | machine M | ID | --machine M KEY
+//	gendurable pauses  [--json]
 //	gendurable upgrade --machine M [--no-wait] [--timeout 10m]
 //	gendurable schedules [list] [--json] | schedules pause|resume|trigger|remove NAME
 //	gendurable ui      [--addr 127.0.0.1:8080] [--read-only] [--token T]
@@ -45,11 +48,14 @@ func commands() []command {
 		{"demo", "demo [--n N] [--keep]", "run an order-processing workflow over a few thousand instances", runDemo},
 		{"bench", "bench [--scenario NAME]... [--n N] [--concurrency C] [--clients K] [--preload N] [--json]", "run the benchmark suite", runBench},
 		{"queues", "queues [--live-only] [--json]", "instances by queue and status, and each queue's lag", runQueues},
-		{"list", "list [--queue Q] [--machine M] [--status S,..] [--key K] [--since 1h] [--limit N] [--before ID] [--json]", "list instances, newest first", runList},
+		{"list", "list [--queue Q] [--machine M] [--status S,..] [--key K] [--since 1h] [--paused] [--limit N] [--before ID] [--json]", "list instances, newest first", runList},
 		{"show", "show ID | show --machine M KEY [--json]", "one instance: state, path, errors, inbox, children", runShow},
 		{"signal", "signal ID|--machine M KEY NAME [JSON]", "send a signal", runSignal},
 		{"retry", "retry ID|--machine M KEY [--step S]", "make a failed or cancelled instance runnable again", runRetry},
 		{"cancel", "cancel ID|--machine M KEY [--reason R]", "cancel a live instance", runCancel},
+		{"pause", "pause queue Q | machine M | ID | --machine M KEY [--reason R]", "stop every node claiming a queue's, a machine's or one instance's rows", func(ctx context.Context, args []string, out io.Writer) error { return runPause(ctx, args, out, true) }},
+		{"resume", "resume queue Q | machine M | ID | --machine M KEY", "undo a pause", func(ctx context.Context, args []string, out io.Writer) error { return runPause(ctx, args, out, false) }},
+		{"pauses", "pauses [--json]", "list the paused queues and machines", runPauses},
 		{"upgrade", "upgrade --machine M [--no-wait] [--timeout 10m]", "bring a machine's parked instances forward to its newest version, in bulk", runUpgrade},
 		{"schedules", "schedules [list] [--json] | schedules pause|resume|trigger|remove NAME", "list the schedules (next fire, last fire and its instance), or act on one", runSchedules},
 		{"ui", "ui [--addr 127.0.0.1:8080] [--read-only] [--token T]", "serve the web dashboard of a schema", runUI},

@@ -107,10 +107,11 @@ func runQueues(ctx context.Context, args []string, out io.Writer) error {
 			Counts           map[gendurable.Status]int64 `json:"counts"`
 			Runnable         int64                       `json:"runnable"`
 			OldestRunnableMS int64                       `json:"oldest_runnable_ms"`
+			Paused           bool                        `json:"paused,omitempty"`
 		}
 		rows := make([]row, len(stats))
 		for i, s := range stats {
-			rows[i] = row{s.Queue, s.Counts, s.Runnable, s.OldestRunnable.Milliseconds()}
+			rows[i] = row{s.Queue, s.Counts, s.Runnable, s.OldestRunnable.Milliseconds(), s.Paused}
 		}
 		return writeJSON(out, rows)
 	}
@@ -130,7 +131,11 @@ func runQueues(ctx context.Context, args []string, out io.Writer) error {
 	header = append(header, "oldest runnable")
 	fmt.Fprintln(tw, strings.Join(header, "\t")+"\t")
 	for _, s := range stats {
-		cells := []string{s.Queue, strconv.FormatInt(s.Runnable, 10)}
+		name := s.Queue
+		if s.Paused {
+			name += " (paused)"
+		}
+		cells := []string{name, strconv.FormatInt(s.Runnable, 10)}
 		for _, st := range shown {
 			cells = append(cells, strconv.FormatInt(s.Counts[st], 10))
 		}
@@ -163,13 +168,14 @@ func runList(ctx context.Context, args []string, out io.Writer) error {
 	statuses := fs.String("status", "", "only these statuses, comma-separated (available,executing,awaiting,joining,done,failed,cancelled)")
 	key := fs.String("key", "", "only this correlation key (with --machine: an index lookup)")
 	since := fs.String("since", "", "only instances inserted since: a duration (1h) or an RFC 3339 time")
+	paused := fs.Bool("paused", false, "only instances paused one by one (pause ID)")
 	before := fs.Int64("before", 0, "page cursor: instances with a smaller id (printed after each page)")
 	limit := fs.Int("limit", gendurable.DefaultListLimit, "page size (at most 1000)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	if _, err := parseInterspersed(fs, args); err != nil {
 		return err
 	}
-	opts := &gendurable.ListOpts{Queue: *queue, Machine: *machine, CorrelationKey: *key, Before: *before, Limit: *limit}
+	opts := &gendurable.ListOpts{Queue: *queue, Machine: *machine, CorrelationKey: *key, Paused: *paused, Before: *before, Limit: *limit}
 	if *statuses != "" {
 		for _, s := range strings.Split(*statuses, ",") {
 			opts.Statuses = append(opts.Statuses, gendurable.Status(strings.TrimSpace(s)))
@@ -280,7 +286,7 @@ func runShow(ctx context.Context, args []string, out io.Writer) error {
 			"parent_id": in.ParentID, "path": in.Path, "inserted_at": in.InsertedAt, "updated_at": in.UpdatedAt,
 			"finalized_at": in.FinalizedAt, "inbox": inbox, "inbox_size": d.InboxSize, "children": d.Children,
 			"child_counts": d.ChildCounts, "machine_version": in.MachineVersion, "upgrades": in.Upgrades,
-			"blocked": d.Blocked,
+			"blocked": d.Blocked, "paused_at": d.PausedAt,
 		})
 	}
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
@@ -290,6 +296,9 @@ func runShow(ctx context.Context, args []string, out io.Writer) error {
 	kv("status", in.Status)
 	if d.Blocked != "" {
 		kv("blocked", d.Blocked)
+	}
+	if d.PausedAt != nil {
+		kv("paused", "since "+d.PausedAt.UTC().Format(time.RFC3339)+" (resume ID)")
 	}
 	kv("step", fmt.Sprintf("%s (attempt %d of %d)", in.Step, in.Attempt, in.MaxAttempts))
 	path := slices.Clone(in.Path)
