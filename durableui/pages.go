@@ -33,15 +33,21 @@ type queueRow struct {
 	Counts map[gendurable.Status]int64
 	// Finished in the throughput window, per minute.
 	DonePerMin, FailedPerMin, CancelledPerMin float64
+	// Paused says no node claims the queue's rows (Client.Pause).
+	Paused bool
 }
 
 type queuesPage struct {
-	Queues    []queueRow
-	Total     queueRow
-	Window    time.Duration
-	Counted   bool
-	CountedAt time.Time
-	Slow      []gendurable.Status
+	// Pauses are the paused queues and machines.
+	Pauses []gendurable.PauseInfo
+	// What the pause or resume that brought the browser here did, if any.
+	Done, DoneQueue, DoneMachine string
+	Queues                       []queueRow
+	Total                        queueRow
+	Window                       time.Duration
+	Counted                      bool
+	CountedAt                    time.Time
+	Slow                         []gendurable.Status
 }
 
 func (h *handler) queues(w http.ResponseWriter, r *http.Request) {
@@ -74,6 +80,16 @@ func (h *handler) queues(w http.ResponseWriter, r *http.Request) {
 		q.Available, q.Runnable, q.Executing, q.Lag = s.Counts[gendurable.StatusAvailable], s.Runnable,
 			s.Counts[gendurable.StatusExecuting], s.OldestRunnable
 	}
+	pauses, err := h.client.Pauses(ctx)
+	if err != nil {
+		h.failErr(w, r, "pauses", err)
+		return
+	}
+	for _, p := range pauses {
+		if p.Kind == "queue" {
+			row(p.Name).Paused = true // listed even while it holds no row
+		}
+	}
 	for _, s := range slow {
 		row(s.Queue).Counts = s.Counts
 	}
@@ -83,7 +99,10 @@ func (h *handler) queues(w http.ResponseWriter, r *http.Request) {
 		q.DonePerMin, q.FailedPerMin, q.CancelledPerMin = perMin(t.Done), perMin(t.Failed), perMin(t.Cancelled)
 	}
 	page := queuesPage{Window: h.opts.ThroughputWindow, Counted: !countedAt.IsZero(), CountedAt: countedAt,
-		Slow: slowStatuses, Total: queueRow{Counts: map[gendurable.Status]int64{}}}
+		Slow: slowStatuses, Total: queueRow{Counts: map[gendurable.Status]int64{}}, Pauses: pauses}
+	if q := r.URL.Query(); q.Get("done") == "pause" || q.Get("done") == "resume" {
+		page.Done, page.DoneQueue, page.DoneMachine = q.Get("done"), q.Get("queue"), q.Get("machine")
+	}
 	for _, q := range rows {
 		page.Queues = append(page.Queues, *q)
 		t := &page.Total
@@ -365,7 +384,7 @@ func (h *handler) instance(w http.ResponseWriter, r *http.Request) {
 	if len(d.Children) == gendurable.DefaultInspectLimit {
 		p.Kids = fmt.Sprintf("%s?children_after=%d", base, d.Children[len(d.Children)-1].ID)
 	}
-	if done := q.Get("done"); done == "signal" || done == "retry" || done == "cancel" {
+	if done := q.Get("done"); done == "signal" || done == "retry" || done == "cancel" || done == "pause" || done == "resume" {
 		p.Done, p.Woke = done, q.Get("woke") == "1"
 		if n, err := strconv.ParseInt(q.Get("signal"), 10, 64); err == nil && n > 0 {
 			p.Signal = strconv.FormatInt(n, 10)

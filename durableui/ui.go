@@ -2,7 +2,8 @@
 // (live counts, lag, throughput), lists instances with the filters and keyset paging of
 // Client.List, shows one instance (state, result, the steps it took, inbox, children, errors),
 // lists stuck instances and the schedules with their fire history, and lets an operator signal,
-// retry or cancel an instance and pause, resume, trigger or remove a schedule.
+// retry, cancel, pause or resume an instance, pause or resume a queue or a machine, and pause,
+// resume, trigger or remove a schedule.
 //
 // It is server-rendered HTML from html/template with its stylesheet and a few lines of script
 // embedded: no external network, no CDN. Mount it in your own server (see Options.Prefix) or run
@@ -210,6 +211,10 @@ func (h *handler) routes() {
 	m.HandleFunc("POST "+p+"instances/{id}/signal", h.action(h.signal))
 	m.HandleFunc("POST "+p+"instances/{id}/retry", h.action(h.retry))
 	m.HandleFunc("POST "+p+"instances/{id}/cancel", h.action(h.cancel))
+	m.HandleFunc("POST "+p+"instances/{id}/pause", h.action(h.pauseInstance))
+	m.HandleFunc("POST "+p+"instances/{id}/resume", h.action(h.resumeInstance))
+	m.HandleFunc("POST "+p+"pause", h.pauseAction(true))
+	m.HandleFunc("POST "+p+"resume", h.pauseAction(false))
 	m.HandleFunc("GET "+p+"schedules", h.schedules)
 	// The schedule is a form field, not a path segment: a name may hold "/" or be "..".
 	m.HandleFunc("POST "+p+"schedules/pause", h.scheduleAction(h.pauseSchedule))
@@ -297,6 +302,11 @@ func (h *handler) toInstance(id int64) backLink {
 }
 
 // toSchedules is the link back to the schedules page.
+// toQueues is the link back to the queues page.
+func (h *handler) toQueues() backLink {
+	return backLink{h.prefix, "Back to the queues"}
+}
+
 func (h *handler) toSchedules() backLink {
 	return backLink{h.prefix + "schedules", "Back to the schedules"}
 }
@@ -334,7 +344,8 @@ func statusOf(err error) int {
 		return fe.status
 	}
 	switch {
-	case errors.Is(err, gendurable.ErrNotFound), errors.Is(err, gendurable.ErrUnknownSchedule):
+	case errors.Is(err, gendurable.ErrNotFound), errors.Is(err, gendurable.ErrUnknownSchedule),
+		errors.Is(err, gendurable.ErrUnknownQueue), errors.Is(err, gendurable.ErrUnknownMachine):
 		return http.StatusNotFound
 	case errors.Is(err, gendurable.ErrWrongStatus), errors.Is(err, gendurable.ErrNoTarget),
 		errors.Is(err, gendurable.ErrScheduleOwned):

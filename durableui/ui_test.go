@@ -256,7 +256,7 @@ func TestQueuesPageCountsAndThroughput(t *testing.T) {
 	code, body := b.get(t, "/")
 	require.Equal(t, http.StatusOK, code)
 	require.NotContains(t, body, `http-equiv="refresh"`)
-	row := regexp.MustCompile(`(?s)<td><a href="/instances\?queue=orders">orders</a></td>(.*?)</tr>`).FindStringSubmatch(body)
+	row := regexp.MustCompile(`(?s)<td data-queue="orders"><a href="/instances\?queue=orders">orders</a></td>(.*?)</tr>`).FindStringSubmatch(body)
 	require.NotNil(t, row, body)
 	cells := regexp.MustCompile(`<td class="num[^"]*">(?:<a [^>]*>)?([^<]*)`).FindAllStringSubmatch(row[1], -1)
 	var got []string
@@ -859,4 +859,48 @@ func TestScheduleFormsWithTokenAndPrefix(t *testing.T) {
 	require.Equal(t, http.StatusSeeOther, code)
 	require.Equal(t, "/ops/durable/schedules?done=pause&schedule=nightly", hdr.Get("Location"))
 	require.True(t, e.schedule(t, "nightly").Paused)
+}
+
+func TestPauseActions(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	b := e.serve(t, nil)
+	e.insert(t, "", nil)
+	tok := b.csrf(t, "/")
+	pauses := func() int {
+		list, err := e.client.Pauses(context.Background())
+		require.NoError(t, err)
+		return len(list)
+	}
+	// A form must name one queue or one machine.
+	code, body, _ := b.post(t, "/pause", url.Values{"csrf": {tok}}, nil)
+	require.Equal(t, http.StatusBadRequest, code)
+	require.Contains(t, body, "must name one queue or one machine")
+	code, _, _ = b.post(t, "/pause", url.Values{"csrf": {tok}, "queue": {"orders"}, "machine": {"order"}}, nil)
+	require.Equal(t, http.StatusBadRequest, code)
+	code, body, _ = b.post(t, "/pause", url.Values{"csrf": {tok}, "queue": {"nosuch"}}, nil)
+	require.Equal(t, http.StatusNotFound, code)
+	require.Contains(t, body, "There is no queue &#34;nosuch&#34;")
+	require.Zero(t, pauses())
+	// Without the CSRF token nothing happens.
+	code, _, _ = b.post(t, "/pause", url.Values{"queue": {"orders"}}, nil)
+	require.Equal(t, http.StatusForbidden, code)
+	require.Zero(t, pauses())
+
+	code, _, hdr := b.post(t, "/pause", url.Values{"csrf": {tok}, "queue": {"orders"}, "reason": {"deploy"}}, nil)
+	require.Equal(t, http.StatusSeeOther, code)
+	require.Equal(t, "/?done=pause&queue=orders", hdr.Get("Location"))
+	require.Equal(t, 1, pauses())
+	_, body = b.get(t, "/?done=pause&queue=orders")
+	require.Contains(t, body, "Queue <strong>orders</strong> paused")
+	require.Contains(t, body, `data-paused="queue:orders"`)
+	code, _, _ = b.post(t, "/resume", url.Values{"csrf": {tok}, "queue": {"orders"}}, nil)
+	require.Equal(t, http.StatusSeeOther, code)
+	require.Zero(t, pauses())
+
+	// A read-only dashboard refuses.
+	ro := e.serve(t, &durableui.Options{ReadOnly: true})
+	code, _, _ = ro.post(t, "/pause", url.Values{"queue": {"orders"}}, nil)
+	require.Equal(t, http.StatusForbidden, code)
+	require.Zero(t, pauses())
 }

@@ -420,3 +420,92 @@ func TestPauseTriggerAndRemoveASchedule(t *testing.T) {
 	require.Equal(t, http.StatusOK, load(t, ctx, chromedp.Click(chromedp.CSS(`main a[href="/schedules"]`))))
 	require.Equal(t, "Schedules", strings.TrimSpace(get(t, ctx, chromedp.Text(chromedp.CSS("h1")))))
 }
+
+func TestPauseAndResumeAQueueAMachineAndAnInstance(t *testing.T) {
+	s := newSite(t)
+	ctx := newBrowser(t)
+	dialogs := make(chan string, 4)
+	events := chromedp.Events(ctx, page.JavascriptDialogOpening)
+	go func() {
+		for ev, err := range events {
+			if err != nil {
+				return
+			}
+			dialogs <- ev.Message
+			_, _ = chromedp.Call(ctx, page.HandleJavaScriptDialog, page.HandleJavaScriptDialogParams{Accept: true})
+		}
+	}()
+	asked := func(want string) {
+		t.Helper()
+		select {
+		case msg := <-dialogs:
+			require.Contains(t, msg, want)
+		default:
+			t.Fatalf("no confirmation dialog (%q): the page's script did not run", want)
+		}
+	}
+	flash := func() string {
+		t.Helper()
+		do(t, ctx, chromedp.WaitVisible(chromedp.CSS(".flash")))
+		return get(t, ctx, chromedp.Text(chromedp.CSS(".flash")))
+	}
+	pauses := func() []string {
+		t.Helper()
+		list, err := s.client.Pauses(context.Background())
+		require.NoError(t, err)
+		var out []string
+		for _, p := range list {
+			out = append(out, p.Kind+":"+p.Name)
+		}
+		return out
+	}
+
+	// A queue: confirmed, stored, shown paused with a Resume button.
+	do(t, ctx, chromedp.Navigate(s.url+"/"), chromedp.WaitVisible(chromedp.CSS("table.queues")))
+	require.Equal(t, http.StatusOK, load(t, ctx, chromedp.Click(chromedp.CSS(`tr:has(td[data-queue="mail"]) form[data-action="pause"] button`))))
+	asked("Pause queue mail?")
+	require.Contains(t, flash(), "Queue mail paused")
+	require.Equal(t, []string{"queue:mail"}, pauses())
+	require.Contains(t, get(t, ctx, chromedp.Text(chromedp.CSS(`td[data-queue="mail"]`))), "paused")
+
+	// A machine, by name; then one nobody knows: refused, named, nothing changed.
+	do(t, ctx, chromedp.SendKeys(chromedp.CSS(`form.pause-machine input[name="machine"]`), "checkout"),
+		chromedp.SendKeys(chromedp.CSS(`form.pause-machine input[name="reason"]`), "psp outage"))
+	require.Equal(t, http.StatusOK, load(t, ctx, chromedp.Click(chromedp.CSS(`form.pause-machine button`))))
+	require.Contains(t, flash(), "Machine checkout paused")
+	require.Equal(t, []string{"machine:checkout", "queue:mail"}, pauses())
+	require.Contains(t, get(t, ctx, chromedp.Text(chromedp.CSS(`li[data-paused="machine:checkout"]`))), "psp outage")
+	do(t, ctx, shoot(t, "dashboard-queues-paused"))
+	do(t, ctx, chromedp.SendKeys(chromedp.CSS(`form.pause-machine input[name="machine"]`), "nosuch"))
+	require.Equal(t, http.StatusNotFound, load(t, ctx, chromedp.Click(chromedp.CSS(`form.pause-machine button`))))
+	require.Contains(t, get(t, ctx, chromedp.Text(chromedp.CSS(".message"))), `There is no machine "nosuch"`)
+	do(t, ctx, shoot(t, "dashboard-pause-unknown-machine"))
+	require.Equal(t, []string{"machine:checkout", "queue:mail"}, pauses())
+
+	// Both resumed from the list of pauses.
+	do(t, ctx, chromedp.Navigate(s.url+"/"), chromedp.WaitVisible(chromedp.CSS("section.pauses")))
+	require.Equal(t, http.StatusOK, load(t, ctx, chromedp.Click(chromedp.CSS(`li[data-paused="machine:checkout"] button`))))
+	require.Contains(t, flash(), "Machine checkout resumed")
+	require.Equal(t, http.StatusOK, load(t, ctx, chromedp.Click(chromedp.CSS(`li[data-paused="queue:mail"] button`))))
+	require.Contains(t, flash(), "Queue mail resumed")
+	require.Empty(t, pauses())
+	gone := get(t, ctx, chromedp.Evaluate[bool](`document.querySelector("section.pauses") === null`))
+	require.True(t, gone)
+
+	// One instance: paused (confirmed), shown, resumed.
+	id := s.awaiting[1]
+	do(t, ctx, chromedp.Navigate(fmt.Sprintf("%s/instances/%d", s.url, id)), chromedp.WaitVisible(chromedp.CSS("#pause-form")))
+	require.Equal(t, http.StatusOK, load(t, ctx, chromedp.Click(chromedp.CSS("#pause-form button"))))
+	asked(fmt.Sprintf("Pause instance %d?", id))
+	require.Contains(t, flash(), "Paused")
+	require.Contains(t, get(t, ctx, chromedp.Text(chromedp.CSS("#paused"))), "since")
+	d, err := s.client.Inspect(context.Background(), id, nil)
+	require.NoError(t, err)
+	require.NotNil(t, d.PausedAt)
+	do(t, ctx, shoot(t, "dashboard-instance-paused"))
+	require.Equal(t, http.StatusOK, load(t, ctx, chromedp.Click(chromedp.CSS("#resume-form button"))))
+	require.Contains(t, flash(), "Resumed")
+	d, err = s.client.Inspect(context.Background(), id, nil)
+	require.NoError(t, err)
+	require.Nil(t, d.PausedAt)
+}
