@@ -301,6 +301,8 @@ func (h *handler) pathID(w http.ResponseWriter, r *http.Request) (int64, bool) {
 
 type instancePage struct {
 	D *gendurable.InstanceDetail
+	// Why says why a live instance is not running now (Client.Explain); nil once it finished.
+	Why *gendurable.Explanation
 	// Path is the steps taken, then the current one unless the instance finished there.
 	Path    []pathStep
 	Errors  []gendurable.ErrorEntry // newest first
@@ -359,6 +361,12 @@ func (h *handler) instance(w http.ResponseWriter, r *http.Request) {
 	in := &d.Instance
 	p := instancePage{D: d, Live: !in.Status.Terminal(), Parked: in.Status == gendurable.StatusAwaiting,
 		Retry: in.Status == gendurable.StatusFailed || in.Status == gendurable.StatusCancelled}
+	if p.Live {
+		if p.Why, err = h.client.Explain(r.Context(), id); err != nil {
+			h.failErr(w, r, "explain", err)
+			return
+		}
+	}
 	for _, s := range in.Path {
 		p.Path = append(p.Path, pathStep{Step: s})
 	}

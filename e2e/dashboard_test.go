@@ -264,6 +264,9 @@ func TestOpenAnInstanceAndCancelIt(t *testing.T) {
 	require.Equal(t, http.StatusOK, load(t, ctx, chromedp.Click(chromedp.CSS(fmt.Sprintf(`table.instances a[href="/instances/%d"]`, victim)))))
 	h1 := get(t, ctx, chromedp.Text(chromedp.CSS("h1")))
 	require.Contains(t, h1, fmt.Sprintf("Instance %d", victim))
+	// Why it is not running: it waits for its signal, until its timeout.
+	require.Equal(t, "awaiting", get(t, ctx, chromedp.AttributeValue(chromedp.CSS("#why"), "data-reason")).Value)
+	require.Contains(t, get(t, ctx, chromedp.Text(chromedp.CSS("#why"))), `It waits for a signal named "shipped", or its timeout at`)
 	do(t, ctx, chromedp.SendKeys(chromedp.CSS(`#cancel-form input[name="reason"]`), "duplicate order"))
 	require.Equal(t, http.StatusOK, load(t, ctx, chromedp.Click(chromedp.CSS(`#cancel-form button[type="submit"]`))),
 		"the redirect after the POST lands on the instance")
@@ -280,6 +283,8 @@ func TestOpenAnInstanceAndCancelIt(t *testing.T) {
 	require.NotNil(t, in.FinalizedAt)
 	require.Equal(t, "duplicate order", in.Errors[len(in.Errors)-1].Error)
 	require.Equal(t, "cancel", in.Errors[len(in.Errors)-1].Kind)
+	gone := get(t, ctx, chromedp.Evaluate[bool](`document.querySelector("#why") === null`))
+	require.True(t, gone, "a finished instance has nothing to explain")
 }
 
 func TestForgedPostsAreRefused(t *testing.T) {

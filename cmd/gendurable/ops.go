@@ -265,6 +265,10 @@ func runShow(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	why, err := cl.Explain(ctx, id)
+	if err != nil {
+		return err
+	}
 	in := &d.Instance
 	if *asJSON {
 		type signal struct {
@@ -286,7 +290,7 @@ func runShow(ctx context.Context, args []string, out io.Writer) error {
 			"parent_id": in.ParentID, "path": in.Path, "inserted_at": in.InsertedAt, "updated_at": in.UpdatedAt,
 			"finalized_at": in.FinalizedAt, "inbox": inbox, "inbox_size": d.InboxSize, "children": d.Children,
 			"child_counts": d.ChildCounts, "machine_version": in.MachineVersion, "upgrades": in.Upgrades,
-			"blocked": d.Blocked, "paused_at": d.PausedAt,
+			"blocked": d.Blocked, "paused_at": d.PausedAt, "why": why,
 		})
 	}
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
@@ -294,7 +298,8 @@ func runShow(ctx context.Context, args []string, out io.Writer) error {
 	kv("id", in.ID)
 	kv("machine", fmt.Sprintf("%s (version %d)", in.Machine, in.MachineVersion))
 	kv("status", in.Status)
-	if d.Blocked != "" {
+	kv("why", why.Text)
+	if d.Blocked != "" && why.Reason != gendurable.ExplainBlocked {
 		kv("blocked", d.Blocked)
 	}
 	if d.PausedAt != nil {

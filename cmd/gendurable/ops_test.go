@@ -86,6 +86,7 @@ func TestOperatorCommands(t *testing.T) {
 	code, out, _ = cli("show", strconv.FormatInt(ids[2], 10))
 	require.Equal(t, 0, code)
 	require.Contains(t, out, "paused")
+	require.Regexp(t, `why\s+It waits for a signal named "approve", before step finish; it is paused too`, out)
 	for _, args := range [][]string{{"resume", "queue", "orders"}, {"resume", strconv.FormatInt(ids[2], 10)}} {
 		code, _, errOut = cli(args...)
 		require.Equal(t, 0, code, errOut)
