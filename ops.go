@@ -53,7 +53,25 @@ func (c *Client) Retry(ctx context.Context, id int64, opts *RetryOpts) error {
 			return &InputError{Index: -1, Field: "Step", Reason: err.Error()}
 		}
 	}
-	check := func(r store.OpRow) error {
+	var row store.OpRow
+	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		var err error
+		row, err = c.store.Retry(ctx, tx, id, step, c.retryCheck(id, step))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("gendurable: retry %d: %w", id, err)
+	}
+	c.eng.Retried(id, row.Queue, row.Machine, row.Step)
+	c.eng.Poke(row.Queue)
+	return nil
+}
+
+// retryCheck is what Retry checks of the locked row of instance id before retrying it at step
+// ("": the step it stopped at): not a child a live parent's join has counted, and a step the
+// registered machine has.
+func (c *Client) retryCheck(id int64, step string) func(store.OpRow) error {
+	return func(r store.OpRow) error {
 		if r.Parent != nil && r.ParentStatus != "" && !r.ParentStatus.Terminal() {
 			return fmt.Errorf("%w: instance %d is a child of the live instance %d, whose join has already counted it; retry the parent's step instead",
 				ErrWrongStatus, id, *r.Parent)
@@ -68,16 +86,4 @@ func (c *Client) Retry(ctx context.Context, id int64, opts *RetryOpts) error {
 		}
 		return nil
 	}
-	var row store.OpRow
-	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
-		var err error
-		row, err = c.store.Retry(ctx, tx, id, step, check)
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("gendurable: retry %d: %w", id, err)
-	}
-	c.eng.Retried(id, row.Queue, row.Machine, row.Step)
-	c.eng.Poke(row.Queue)
-	return nil
 }

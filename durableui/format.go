@@ -32,6 +32,7 @@ var funcs = template.FuncMap{
 	"cond":    func(a, b gendurable.Status) bool { return a == b },
 	"statusN": func(m map[gendurable.Status]int64, s gendurable.Status) int64 { return m[s] },
 	"kind":    kindText,
+	"int64":   func(n int) int64 { return int64(n) },
 	"plural": func(n int64, one, many string) string {
 		if n == 1 {
 			return one

@@ -148,12 +148,16 @@ type filters struct {
 }
 
 type instancesPage struct {
-	F         filters
-	Statuses  []gendurable.Status
-	Instances []gendurable.InstanceSummary
-	Paged     bool   // this is not the first page
-	First     string // the first page's URL
-	Next      string // the next page's URL, or ""
+	// The list's status filter and its since bound (RFC 3339, fixed at the first page), for
+	// the bulk form.
+	BulkStatuses []gendurable.Status
+	SinceAt      string
+	F            filters
+	Statuses     []gendurable.Status
+	Instances    []gendurable.InstanceSummary
+	Paged        bool   // this is not the first page
+	First        string // the first page's URL
+	Next         string // the next page's URL, or ""
 }
 
 // badFilter is a filter the list cannot use; the message names it.
@@ -281,7 +285,10 @@ func (h *handler) instances(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := instancesPage{F: f, Statuses: statuses, Instances: page.Instances, Paged: f.opts.Before > 0,
-		First: h.prefix + "instances?" + f.query(0)}
+		First: h.prefix + "instances?" + f.query(0), BulkStatuses: f.opts.Statuses}
+	if !f.opts.Since.IsZero() {
+		p.SinceAt = f.opts.Since.UTC().Format(time.RFC3339Nano)
+	}
 	if page.Next > 0 {
 		p.Next = h.prefix + "instances?" + f.query(page.Next)
 	}

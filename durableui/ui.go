@@ -191,7 +191,7 @@ func (h *handler) parse() error {
 	}
 	h.version = hex.EncodeToString(sum.Sum(nil))[:12]
 	h.pages = map[string]*template.Template{}
-	for _, page := range []string{"queues", "instances", "instance", "stuck", "schedules", "error"} {
+	for _, page := range []string{"queues", "instances", "instance", "stuck", "schedules", "bulk", "error"} {
 		t, err := template.New(page).Funcs(funcs).ParseFS(files, "templates/layout.html", "templates/"+page+".html")
 		if err != nil {
 			return fmt.Errorf("durableui: template %s: %w", page, err)
@@ -213,6 +213,7 @@ func (h *handler) routes() {
 	m.HandleFunc("POST "+p+"instances/{id}/cancel", h.action(h.cancel))
 	m.HandleFunc("POST "+p+"instances/{id}/pause", h.action(h.pauseInstance))
 	m.HandleFunc("POST "+p+"instances/{id}/resume", h.action(h.resumeInstance))
+	m.HandleFunc("POST "+p+"bulk", h.bulk)
 	m.HandleFunc("POST "+p+"pause", h.pauseAction(true))
 	m.HandleFunc("POST "+p+"resume", h.pauseAction(false))
 	m.HandleFunc("GET "+p+"schedules", h.schedules)

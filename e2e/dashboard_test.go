@@ -80,6 +80,7 @@ type site struct {
 	// a failed one, and every parked one.
 	parked, failed int64
 	awaiting       []int64
+	failedIDs      []int64 // the six failed checkouts
 	// fired is the instance the "nightly-reconcile" schedule fired.
 	fired int64
 }
@@ -148,7 +149,7 @@ func newSite(t *testing.T) *site {
 	             errors = jsonb_build_array(jsonb_build_object('at', now(), 'step', 'perform', 'attempt', 20, 'kind', 'error',
 	               'error', 'smtp: 550 mailbox unavailable'))
 	           WHERE id = $1`, emails[15])
-	s.parked, s.failed, s.awaiting = checkouts[40], checkouts[30], checkouts[40:45]
+	s.parked, s.failed, s.awaiting, s.failedIDs = checkouts[40], checkouts[30], checkouts[40:45], checkouts[30:36]
 	s.exec(t, `UPDATE {schema}.instances SET parent_id = $2, parent_wave = 1 WHERE id = ANY($1)`, emails[:3], s.parked)
 	_, err = cl.Signal(ctx, gendurable.ByID(s.parked), "address-changed", map[string]string{"city": "Lyon", "zip": "69002"})
 	require.NoError(t, err)
@@ -513,4 +514,50 @@ func TestPauseAndResumeAQueueAMachineAndAnInstance(t *testing.T) {
 	d, err = s.client.Inspect(context.Background(), id, nil)
 	require.NoError(t, err)
 	require.Nil(t, d.PausedAt)
+}
+
+func TestBulkRetryWithItsConfirmationAndARefusedBulkAction(t *testing.T) {
+	s := newSite(t)
+	ctx := newBrowser(t)
+	count := func(q string, args ...any) int {
+		t.Helper()
+		var n int
+		require.NoError(t, s.pool.QueryRow(context.Background(), strings.ReplaceAll(q, "{schema}", `"`+s.schema+`"`), args...).Scan(&n))
+		return n
+	}
+	// The failed checkouts, filtered in the list; the bulk form carries the filter.
+	do(t, ctx, chromedp.Navigate(s.url+"/instances?machine=checkout&status=failed"), chromedp.WaitVisible(chromedp.CSS("table.instances")),
+		chromedp.Click(chromedp.CSS("details.bulk summary")), chromedp.WaitVisible(chromedp.CSS("#bulk-form")),
+		chromedp.SetValue(chromedp.CSS(`#bulk-form select[name="action"]`), "retry"),
+		chromedp.SendKeys(chromedp.CSS(`#bulk-form input[name="error"]`), "INSUFFICIENT funds"))
+	require.Equal(t, http.StatusOK, load(t, ctx, chromedp.Click(chromedp.CSS("#bulk-form button"))))
+	// The confirmation states the count; nothing has changed yet.
+	require.Contains(t, get(t, ctx, chromedp.Text(chromedp.CSS("#bulk-count"))), "This will retry 6 instances")
+	require.Contains(t, get(t, ctx, chromedp.Text(chromedp.CSS("p.sub"))), `last error containing "INSUFFICIENT funds"`)
+	require.Equal(t, 6, count(`SELECT count(*) FROM {schema}.instances WHERE status = 'failed' AND machine = 'checkout'`))
+	do(t, ctx, shoot(t, "dashboard-bulk-confirm"))
+	require.Equal(t, http.StatusOK, load(t, ctx, chromedp.Click(chromedp.CSS("#bulk-confirm button"))))
+	require.Contains(t, get(t, ctx, chromedp.Text(chromedp.CSS("#bulk-result"))), "retry: 6 instances changed, 0 skipped")
+	require.Zero(t, count(`SELECT count(*) FROM {schema}.instances WHERE status = 'failed' AND machine = 'checkout'`))
+	require.Equal(t, 6, count(`SELECT count(*) FROM {schema}.instances WHERE id = ANY($1) AND status = 'available'`, s.failedIDs))
+
+	// Refused: a retry of awaiting instances (a retry applies to failed and cancelled ones only).
+	do(t, ctx, chromedp.Navigate(s.url+"/instances?status=awaiting"), chromedp.WaitVisible(chromedp.CSS("table.instances")),
+		chromedp.Click(chromedp.CSS("details.bulk summary")), chromedp.WaitVisible(chromedp.CSS("#bulk-form")),
+		chromedp.SetValue(chromedp.CSS(`#bulk-form select[name="action"]`), "retry"))
+	require.Equal(t, http.StatusBadRequest, load(t, ctx, chromedp.Click(chromedp.CSS("#bulk-form button"))))
+	require.Contains(t, get(t, ctx, chromedp.Text(chromedp.CSS(".message"))), "retry applies to")
+	do(t, ctx, shoot(t, "dashboard-bulk-refused"))
+	require.Equal(t, 5, count(`SELECT count(*) FROM {schema}.instances WHERE status = 'awaiting'`))
+
+	// A filter that matches everything: the confirmation asks for an explicit checkbox.
+	do(t, ctx, chromedp.Navigate(s.url+"/instances"), chromedp.WaitVisible(chromedp.CSS("table.instances")),
+		chromedp.Click(chromedp.CSS("details.bulk summary")), chromedp.WaitVisible(chromedp.CSS("#bulk-form")),
+		chromedp.SetValue(chromedp.CSS(`#bulk-form select[name="action"]`), "cancel"))
+	require.Equal(t, http.StatusOK, load(t, ctx, chromedp.Click(chromedp.CSS("#bulk-form button"))))
+	require.Contains(t, get(t, ctx, chromedp.Text(chromedp.CSS("p.sub"))), "it matches every instance")
+	required := get(t, ctx, chromedp.Evaluate[bool](`document.querySelector('#bulk-confirm input[name="all"]').required`))
+	require.True(t, required)
+	live := count(`SELECT count(*) FROM {schema}.instances WHERE status IN ('available', 'executing', 'awaiting', 'joining')`)
+	require.Contains(t, get(t, ctx, chromedp.Text(chromedp.CSS("#bulk-count"))), fmt.Sprintf("This will cancel %d instances", live))
 }

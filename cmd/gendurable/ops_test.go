@@ -173,4 +173,23 @@ func TestOperatorCommands(t *testing.T) {
 	var signals int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM "`+schema+`".signals`).Scan(&signals))
 	require.Zero(t, signals)
+
+	// Bulk: a count first; --yes applies; a filter that matches everything needs --all.
+	code, out, errOut = cli("bulk", "delete", "--machine", "order", "--error", "DECLINED")
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, "1 instances match: delete them with --yes\n", out)
+	code, out, errOut = cli("bulk", "delete", "--machine", "order", "--error", "DECLINED", "--yes")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "delete: 1 changed, 0 skipped")
+	_, err = cl.Get(ctx, ids[1])
+	require.ErrorIs(t, err, gendurable.ErrNotFound)
+	code, _, errOut = cli("bulk", "cancel")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "set All")
+	code, out, errOut = cli("bulk", "cancel", "--all")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "instances match: cancel them with --yes")
+	code, _, errOut = cli("bulk", "explode", "--machine", "order")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, `"explode" is not a bulk action`)
 }

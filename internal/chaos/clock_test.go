@@ -39,6 +39,11 @@ func TestEveryTimeComparisonUsesTheDatabaseClock(t *testing.T) {
 		// CLI from its own clock. It selects rows to show, never decides a lease, a due time or
 		// a deadline; a skewed CLI clock shifts the window it shows.
 		"list.sql: AND inserted_at >= @since": "operator filter",
+		// The bulk actions' time range: bounds the operator gives, as for the list.
+		"bulk.sql: AND inserted_at >= @since": "operator filter",
+		"bulk.sql: AND inserted_at < @until":  "operator filter",
+		// Explain's count of the rows ahead of one: row against row, no clock.
+		"explain.sql: AND (a.priority, a.scheduled_at, a.id) < (me.priority, me.scheduled_at, me.id)": "row order",
 		// Urgency order between two candidate rows of one pick: row against row, no clock.
 		"pick.sql: WHERE d.ckey = c.ckey AND (d.priority, d.scheduled_at, d.id) < (c.priority, c.scheduled_at, c.id))": "row order",
 	}

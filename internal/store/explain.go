@@ -90,8 +90,7 @@ func (s *Store) Explain(ctx context.Context, db TxBeginner, id int64) (*ExplainR
 				return err
 			}
 		}
-		return tx.QueryRow(ctx, s.sql("explain_ahead"), pgx.NamedArgs{"queue": r.Queue, "priority": r.Priority,
-			"scheduled_at": r.ScheduledAt, "id": id}).Scan(&r.Ahead)
+		return tx.QueryRow(ctx, s.sql("explain_ahead"), pgx.NamedArgs{"id": id}).Scan(&r.Ahead)
 	})
 	if err != nil {
 		return nil, err

@@ -40,8 +40,8 @@ FROM {schema}.buckets WHERE key = @key;
 -- instances_pick).
 -- name: explain_ahead
 SELECT count(*) FROM (
-  SELECT 1 FROM {schema}.instances
-  WHERE status = 'available' AND queue = @queue AND scheduled_at <= now()
-    AND (priority, scheduled_at, id) < (@priority::smallint, @scheduled_at::timestamptz, @id::bigint)
-    AND paused_at IS NULL
+  SELECT 1 FROM {schema}.instances AS a, {schema}.instances AS me
+  WHERE me.id = @id AND a.status = 'available' AND a.queue = me.queue AND a.scheduled_at <= now()
+    AND (a.priority, a.scheduled_at, a.id) < (me.priority, me.scheduled_at, me.id)
+    AND a.paused_at IS NULL
   LIMIT 10000) AS ahead;
