@@ -38,6 +38,10 @@ type queueRow struct {
 }
 
 type queuesPage struct {
+	// Charts are each queue's pictures of the last hour; ChartsTo the end of the throughput
+	// charts (the current minute), LagSince when the lag was first sampled.
+	Charts             []queueCharts
+	ChartsTo, LagSince time.Time
 	// Pauses are the paused queues and machines.
 	Pauses []gendurable.PauseInfo
 	// What the pause or resume that brought the browser here did, if any.
@@ -118,6 +122,15 @@ func (h *handler) queues(w http.ResponseWriter, r *http.Request) {
 		t.CancelledPerMin += q.CancelledPerMin
 	}
 	slices.SortFunc(page.Queues, func(a, b queueRow) int { return strings.Compare(a.Queue, b.Queue) })
+	lags := map[string]time.Duration{}
+	for _, q := range page.Queues {
+		lags[q.Queue] = q.Lag
+	}
+	if err := h.hist.refresh(ctx, h.client, lags); err != nil {
+		h.failErr(w, r, "charts", err)
+		return
+	}
+	page.Charts, page.ChartsTo, page.LagSince = h.hist.charts()
 	h.render(w, r, http.StatusOK, "queues", "Queues", "queues", page)
 }
 

@@ -111,6 +111,8 @@ type handler struct {
 	countMu sync.Mutex // held while counting, so that concurrent viewers share one count
 	counted time.Time
 	counts  []gendurable.QueueStats
+	// hist is what the queues page's charts draw, shared by every viewer.
+	hist history
 }
 
 // New returns the dashboard of client's schema. The client need not be started; if it is, its
@@ -191,7 +193,7 @@ func (h *handler) parse() error {
 	}
 	h.version = hex.EncodeToString(sum.Sum(nil))[:12]
 	h.pages = map[string]*template.Template{}
-	for _, page := range []string{"queues", "instances", "instance", "stuck", "schedules", "bulk", "error"} {
+	for _, page := range []string{"queues", "instances", "instance", "stuck", "schedules", "bulk", "machines", "machine", "error"} {
 		t, err := template.New(page).Funcs(funcs).ParseFS(files, "templates/layout.html", "templates/"+page+".html")
 		if err != nil {
 			return fmt.Errorf("durableui: template %s: %w", page, err)
@@ -217,6 +219,8 @@ func (h *handler) routes() {
 	m.HandleFunc("POST "+p+"pause", h.pauseAction(true))
 	m.HandleFunc("POST "+p+"resume", h.pauseAction(false))
 	m.HandleFunc("GET "+p+"schedules", h.schedules)
+	m.HandleFunc("GET "+p+"machines", h.machines)
+	m.HandleFunc("GET "+p+"machines/{name}", h.machine)
 	// The schedule is a form field, not a path segment: a name may hold "/" or be "..".
 	m.HandleFunc("POST "+p+"schedules/pause", h.scheduleAction(h.pauseSchedule))
 	m.HandleFunc("POST "+p+"schedules/resume", h.scheduleAction(h.resumeSchedule))

@@ -904,3 +904,19 @@ func TestPauseActions(t *testing.T) {
 	require.Equal(t, http.StatusForbidden, code)
 	require.Zero(t, pauses())
 }
+
+// The machine page's graph is SVG written by hand: every name in it is escaped.
+func TestMachineGraphEscapesNames(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	b := e.serve(t, nil)
+	id := e.insert(t, gendurable.StatusDone, nil)
+	e.exec(t, `UPDATE {schema}.instances SET path = ARRAY['reserve', '<img src=x onerror=alert(1)>'] WHERE id = $1`, id)
+	code, body := b.get(t, "/machines/order")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, `data-step="reserve"`)
+	require.NotContains(t, body, "<img src=x")
+	require.Contains(t, body, "&lt;img src=x onerror=alert(1)&gt;")
+	code, _ = b.get(t, "/machines/nosuch")
+	require.Equal(t, http.StatusNotFound, code)
+}

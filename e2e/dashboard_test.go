@@ -201,6 +201,9 @@ func TestPagesLoad(t *testing.T) {
 		{fmt.Sprintf("/instances/%d", s.failed), "dashboard-instance-failed", fmt.Sprintf("Instance %d", s.failed), http.StatusOK},
 		{"/stuck", "dashboard-stuck", "Stuck instances", http.StatusOK},
 		{"/schedules", "dashboard-schedules", "Schedules", http.StatusOK},
+		{"/machines", "dashboard-machines", "Machines", http.StatusOK},
+		{"/machines/checkout", "dashboard-machine", "Machine checkout", http.StatusOK},
+		{"/machines/nosuch", "dashboard-machine-unknown", "404 Not Found", http.StatusNotFound},
 		{"/instances/999999999", "dashboard-not-found", "404 Not Found", http.StatusNotFound},
 	} {
 		resp := get(t, ctx, chromedp.NavigateResponse(s.url+p.path))
@@ -560,4 +563,39 @@ func TestBulkRetryWithItsConfirmationAndARefusedBulkAction(t *testing.T) {
 	require.True(t, required)
 	live := count(`SELECT count(*) FROM {schema}.instances WHERE status IN ('available', 'executing', 'awaiting', 'joining')`)
 	require.Contains(t, get(t, ctx, chromedp.Text(chromedp.CSS("#bulk-count"))), fmt.Sprintf("This will cancel %d instances", live))
+}
+
+func TestMachineGraphAndQueueCharts(t *testing.T) {
+	s := newSite(t)
+	ctx := newBrowser(t)
+	// The machine's page: a box per step with its live instances, an arrow per transition.
+	do(t, ctx, chromedp.Navigate(s.url+"/machines"), chromedp.WaitVisible(chromedp.CSS("ul.machines")))
+	require.Equal(t, http.StatusOK, load(t, ctx, chromedp.Click(chromedp.CSS(`ul.machines a[href="/machines/checkout"]`))))
+	steps := get(t, ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("svg.graph g.step")].map(e => e.dataset.step)`))
+	require.Equal(t, []string{"reserve", "charge", "ship", "notify"}, steps)
+	// 30 done paths and 5 parked ones went reserve → charge → ship; the 5 parked wait at notify.
+	text := func(sel string) string { // SVG elements have no innerText: their textContent
+		return strings.TrimSpace(get(t, ctx, chromedp.Evaluate[string](fmt.Sprintf(`document.querySelector(%q).textContent`, sel))))
+	}
+	edge := func(from, to string) string {
+		return text(fmt.Sprintf(`svg.graph g.edge[data-from=%q][data-to=%q] text`, from, to))
+	}
+	require.Equal(t, "35", edge("charge", "ship"))
+	require.Equal(t, "35", edge("ship", "notify"))
+	notify := text(`svg.graph g.step[data-step="notify"] text.live`)
+	require.Contains(t, notify, "5 awaiting")
+	do(t, ctx, shoot(t, "dashboard-machine-graph"))
+	// A live count links to those instances.
+	require.Equal(t, http.StatusOK, load(t, ctx, chromedp.Click(chromedp.CSS(`svg.graph g.step[data-step="notify"] a`))))
+	rows := get(t, ctx, chromedp.Evaluate[int](`document.querySelectorAll("table.instances tbody tr").length`))
+	require.Equal(t, 5, rows)
+
+	// The queues page's charts: finished per minute and the lag, one row per queue.
+	do(t, ctx, chromedp.Navigate(s.url+"/"), chromedp.WaitVisible(chromedp.CSS("section.charts")))
+	charts := get(t, ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("table.charts tr")].map(e => e.dataset.chart)`))
+	require.Equal(t, []string{"default", "mail", "payments"}, charts)
+	svgs := get(t, ctx, chromedp.Evaluate[int](`document.querySelectorAll("table.charts svg.chart").length`))
+	require.Equal(t, 6, svgs)
+	require.Contains(t, get(t, ctx, chromedp.Text(chromedp.CSS(`tr[data-chart="default"] td:last-child`))), "lag now")
+	do(t, ctx, shoot(t, "dashboard-queues-charts"))
 }

@@ -11,6 +11,7 @@
 //	gendurable retry   ID|--machine M KEY [--step S]
 //	gendurable cancel  ID|--machine M KEY [--reason R]
 //	gendurable bulk    retry|cancel|delete [--machine M] [--step S] [--status S,..] [--error TEXT] [--since T] [--until T] [--key-prefix P] [--all] [--yes]
+//	gendurable machine [NAME] [--sample N] [--json]
 //	gendurable pause   queue Q | machine M | ID | --machine M KEY [--reason R]
 //	gendurable resume  queue Q | machine M | ID | --machine M KEY
 //	gendurable pauses  [--json]
@@ -55,6 +56,7 @@ func commands() []command {
 		{"retry", "retry ID|--machine M KEY [--step S]", "make a failed or cancelled instance runnable again", runRetry},
 		{"cancel", "cancel ID|--machine M KEY [--reason R]", "cancel a live instance", runCancel},
 		{"bulk", "bulk retry|cancel|delete [--machine M] [--queue Q] [--step S] [--status S,..] [--error TEXT] [--since T] [--until T] [--key-prefix P] [--all] [--yes]", "count, then retry, cancel or delete the instances a filter matches, in batches", runBulk},
+		{"machine", "machine [NAME] [--sample N] [--json]", "list the machines, or draw one as the graph of its steps: live instances per step, transitions taken", runMachine},
 		{"pause", "pause queue Q | machine M | ID | --machine M KEY [--reason R]", "stop every node claiming a queue's, a machine's or one instance's rows", func(ctx context.Context, args []string, out io.Writer) error { return runPause(ctx, args, out, true) }},
 		{"resume", "resume queue Q | machine M | ID | --machine M KEY", "undo a pause", func(ctx context.Context, args []string, out io.Writer) error { return runPause(ctx, args, out, false) }},
 		{"pauses", "pauses [--json]", "list the paused queues and machines", runPauses},

@@ -174,6 +174,18 @@ func TestOperatorCommands(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM "`+schema+`".signals`).Scan(&signals))
 	require.Zero(t, signals)
 
+	// The machine as a graph, in text.
+	code, out, errOut = cli("machine")
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, "order\n", out)
+	code, out, errOut = cli("machine", "order")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "machine order: 2 steps")
+	require.Regexp(t, `\[go\s*\]\s+no live instance\s+\(start of \d+\)\n\s+─→ finish\s+\d+`, out)
+	code, _, errOut = cli("machine", "nosuch")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "unknown machine")
+
 	// Bulk: a count first; --yes applies; a filter that matches everything needs --all.
 	code, out, errOut = cli("bulk", "delete", "--machine", "order", "--error", "DECLINED")
 	require.Equal(t, 0, code, errOut)
