@@ -40,8 +40,9 @@ type RetryOpts struct {
 // Retry makes a failed or cancelled instance runnable again, at the step it stopped at or at
 // opts.Step, with fresh attempts; its state and error history stay. A child whose parent is still
 // live cannot be retried (its parent has already counted it as finished): retry the parent's
-// step instead. A live instance, or one whose correlation key a live instance of its machine has
-// taken since it finished: ErrWrongStatus; no instance: ErrNotFound; a step the registered
+// step instead. A live instance, a parent whose children are still live (its join would read
+// them unfinished), or one whose correlation key a live instance of its machine has taken since
+// it finished: ErrWrongStatus; no instance: ErrNotFound; a step the registered
 // machine lacks: ErrUnknownStep.
 func (c *Client) Retry(ctx context.Context, id int64, opts *RetryOpts) error {
 	step := ""

@@ -103,6 +103,14 @@ func (s *Store) Retry(ctx context.Context, tx pgx.Tx, id int64, step string, che
 	if step == "" {
 		step = row.Step
 	}
+	var live int64
+	if err := tx.QueryRow(ctx, s.sql("op_live_children"), id).Scan(&live); err != nil {
+		return row, err
+	}
+	if live > 0 {
+		return row, fmt.Errorf("%w: instance %d has %d children still live, which its join would read unfinished; retry it once they have finished, or cancel them first",
+			durabletype.ErrWrongStatus, id, live)
+	}
 	var holder int64
 	err = tx.QueryRow(ctx, s.sql("op_key_holder"), id).Scan(&holder)
 	switch {

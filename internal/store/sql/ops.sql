@@ -79,6 +79,14 @@ SET status        = 'available',
 WHERE id = $1
   AND status IN ('failed', 'cancelled');
 
+-- Retry's other conflict: children of the instance still live. A parent cancelled (or failed)
+-- while it joined would run its join step at once if retried, reading those children
+-- unfinished, and they would settle nothing when they finish. Read-only (instances_parent).
+-- $1 id. Returns how many.
+-- name: op_live_children
+SELECT count(*) FROM {schema}.instances
+WHERE parent_id = $1 AND status IN ('available', 'executing', 'awaiting', 'joining');
+
 -- Retry's conflict: a live instance of the same machine that holds the retried instance's
 -- correlation key (inserted after it finished). Retrying would make two live instances with one
 -- key, which the unique index refuses. Read-only.
