@@ -173,6 +173,13 @@ func TestExplainSaysWhyAnInstanceIsNotRunning(t *testing.T) {
 	require.Equal(t, gendurable.ExplainBlocked, x.Reason)
 	require.Contains(t, x.Blocked, `no running node works queue "kids"`)
 
+	// Blocked: a row at a version newer than any running node's (no node claims it).
+	newer := insert(holder.With(st{}), &gendurable.InsertOpts{In: time.Hour})
+	e.exec(t, `UPDATE {schema}.instances SET machine_version = 7, scheduled_at = now() WHERE id = $1`, newer)
+	x = explain(newer)
+	require.Equal(t, gendurable.ExplainBlocked, x.Reason)
+	require.Contains(t, x.Blocked, "version 7")
+
 	// Waiting for a free slot: queue "one" has one slot, held; two due instances ahead.
 	busy := insert(single.With(st{}), nil)
 	eventually(t, 10*time.Second, "the single slot is taken", status(busy, gendurable.StatusExecuting))
@@ -185,6 +192,13 @@ func TestExplainSaysWhyAnInstanceIsNotRunning(t *testing.T) {
 	require.Equal(t, int64(2), x.Ahead)
 	x = explain(queued[0])
 	require.Equal(t, int64(0), x.Ahead)
+	// Blocked: a row at a step no running node's machine has, in the queue whose one slot is
+	// held (so that no pick hands it back meanwhile), behind the others (priority 9).
+	ghost := insert(single.With(st{}), &gendurable.InsertOpts{In: time.Hour, Priority: 9})
+	e.exec(t, `UPDATE {schema}.instances SET step = 'ghost', scheduled_at = now() WHERE id = $1`, ghost)
+	x = explain(ghost)
+	require.Equal(t, gendurable.ExplainBlocked, x.Reason)
+	require.Contains(t, x.Blocked, `no step "ghost"`)
 
 	// Paused: the instance; then its queue (the instance's own pause is said first).
 	require.NoError(t, w.Pause(ctx, gendurable.PauseTarget{Instance: queued[1]}, ""))
