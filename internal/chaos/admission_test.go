@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -225,29 +226,35 @@ func TestRateLimitConservationAcrossProcesses(t *testing.T) {
 	}
 	// Grants: claims of rate-limited rows, at the time of their pick's transaction: the clock the
 	// bucket counts in (its refill is rate × (now() - updated_at)).
-	rows, err := e.side.Query(ctx, e.q(`SELECT extract(epoch FROM tx_at)::float8 FROM {schema}.t_grants ORDER BY tx_at`))
+	// In whole microseconds since the first grant (the database's resolution), so that the bound
+	// below is computed exactly: in float seconds since the epoch, rate × time carries a rounding
+	// of about 1e-5 tokens, as large as the excess it must find.
+	rows, err := e.side.Query(ctx, e.q(`SELECT ((extract(epoch FROM tx_at - min(tx_at) OVER ()) * 1000000))::bigint
+		FROM {schema}.t_grants ORDER BY tx_at`))
 	require.NoError(t, err)
-	var at []float64
+	var at []int64
 	for rows.Next() {
-		var x float64
+		var x int64
 		require.NoError(t, rows.Scan(&x))
 		at = append(at, x)
 	}
 	require.NoError(t, rows.Err())
 	require.NotEmpty(t, at)
-	// For every window [at[i], at[j]]: j - i + 1 ≤ burst + rate × (at[j] - at[i]). The worst
-	// window ending at j starts where rate × at[i] - i is largest: a running maximum. (Grants
-	// of one pick share its time; the window over all of them is the one that counts.)
-	worst, best := -1e18, -1e18
+	// For every window [at[i], at[j]]: j - i + 1 ≤ burst + allowed × (at[j] - at[i]) / P, with P
+	// the period in microseconds; in integers: (j + 1 - burst)·P - allowed·at[j] ≤ i·P - allowed·at[i].
+	// The worst window ending at j starts where the right side is smallest: a running minimum.
+	// (Grants of one pick share its time; the window over all of them is the one that counts.)
+	p := int64(periodMS) * 1000
+	least, worst := int64(math.MaxInt64), int64(math.MinInt64)
 	for j := range at {
-		best = max(best, rate*at[j]-float64(j))
-		excess := float64(j+1) - rate*at[j] + best - float64(burst)
+		least = min(least, int64(j)*p-int64(allowed)*at[j])
+		excess := (int64(j+1)-int64(burst))*p - int64(allowed)*at[j] - least
 		worst = max(worst, excess)
-		require.LessOrEqual(t, excess, 1e-6, "grants up to %d overdraw the bucket by %.4f tokens", j, excess)
+		require.LessOrEqual(t, excess, int64(0), "grants up to %d overdraw the bucket by %.6f tokens", j, float64(excess)/float64(p))
 	}
-	span := at[len(at)-1] - at[0]
+	span := float64(at[len(at)-1]-at[0]) / 1e6
 	allowedGrants := float64(burst) + rate*span
-	t.Logf("%d grants in %.2fs (allowed %.0f); worst window excess %.2f tokens", len(at), span, allowedGrants, worst)
+	t.Logf("%d grants in %.2fs (allowed %.0f); worst window excess %.2f tokens", len(at), span, allowedGrants, float64(worst)/float64(p))
 	require.GreaterOrEqual(t, float64(len(at)), 0.9*allowedGrants-1, "the limit was not used")
 	require.Less(t, len(at), backlog, "the backlog outlasted the run")
 
