@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -136,7 +137,7 @@ func sharedRedis(t *testing.T) string {
 		return addr
 	}
 	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Skip("redispoke: no Redis for the tests: 127.0.0.1:6379 does not answer and redis-server is not installed")
+		skipOrFail(t, "redispoke: no Redis for the tests: 127.0.0.1:6379 does not answer and redis-server is not installed")
 	}
 	return ownRedis(t).addr
 }
@@ -165,7 +166,7 @@ type redisServer struct {
 func ownRedis(t *testing.T) *redisServer {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Skip("redispoke: this test restarts a Redis of its own and needs redis-server on the PATH")
+		skipOrFail(t, "redispoke: this test restarts a Redis of its own and needs redis-server on the PATH")
 	}
 	port := freePort(t)
 	r := &redisServer{t: t, port: port, addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port))}
@@ -369,4 +370,14 @@ func (s *silencer) close() {
 	s.mu.Unlock()
 	_ = s.l.Close()
 	s.wg.Wait()
+}
+
+// skipOrFail skips a test whose service is missing, except under CI=true, where a missing
+// service is a failure of the run (.ci/run installs and starts Redis).
+func skipOrFail(t *testing.T, why string) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatal(why + " (CI=true: .ci/run must provide it)")
+	}
+	t.Skip(why)
 }
