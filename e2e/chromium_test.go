@@ -11,7 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
+	"github.com/stretchr/testify/require"
 )
 
 // chromiumPath finds the browser: $GD_CHROMIUM, else Debian's chromium (or another Chromium or
@@ -161,4 +163,29 @@ func load(t *testing.T, ctx context.Context, actions ...chromedp.Action[chromedp
 		t.Fatal(err)
 	}
 	return int(resp.Status)
+}
+
+// acceptDialogs accepts every confirmation dialog the page opens (ui.js asks before the actions
+// that need it) and returns a check that the next one was asked and said want.
+func acceptDialogs(t *testing.T, ctx context.Context) func(want string) {
+	dialogs := make(chan string, 4)
+	events := chromedp.Events(ctx, page.JavascriptDialogOpening)
+	go func() {
+		for ev, err := range events {
+			if err != nil {
+				return
+			}
+			dialogs <- ev.Message
+			_, _ = chromedp.Call(ctx, page.HandleJavaScriptDialog, page.HandleJavaScriptDialogParams{Accept: true})
+		}
+	}()
+	return func(want string) {
+		t.Helper()
+		select {
+		case msg := <-dialogs:
+			require.Contains(t, msg, want)
+		default:
+			t.Fatalf("no confirmation dialog (%q): the page's script did not run", want)
+		}
+	}
 }

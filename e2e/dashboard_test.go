@@ -344,26 +344,7 @@ func TestPauseTriggerAndRemoveASchedule(t *testing.T) {
 	s := newSite(t)
 	ctx := newBrowser(t)
 	// Trigger and remove ask for a confirmation (ui.js): accept it, and note what was asked.
-	dialogs := make(chan string, 4)
-	events := chromedp.Events(ctx, page.JavascriptDialogOpening)
-	go func() {
-		for ev, err := range events {
-			if err != nil {
-				return
-			}
-			dialogs <- ev.Message
-			_, _ = chromedp.Call(ctx, page.HandleJavaScriptDialog, page.HandleJavaScriptDialogParams{Accept: true})
-		}
-	}()
-	asked := func(want string) {
-		t.Helper()
-		select {
-		case msg := <-dialogs:
-			require.Contains(t, msg, want)
-		default:
-			t.Fatalf("no confirmation dialog (%q): the page's script did not run", want)
-		}
-	}
+	asked := acceptDialogs(t, ctx)
 	schedule := func(name string) *gendurable.ScheduleInfo {
 		t.Helper()
 		info, err := s.client.GetSchedule(context.Background(), name)
@@ -433,26 +414,7 @@ func TestPauseTriggerAndRemoveASchedule(t *testing.T) {
 func TestPauseAndResumeAQueueAMachineAndAnInstance(t *testing.T) {
 	s := newSite(t)
 	ctx := newBrowser(t)
-	dialogs := make(chan string, 4)
-	events := chromedp.Events(ctx, page.JavascriptDialogOpening)
-	go func() {
-		for ev, err := range events {
-			if err != nil {
-				return
-			}
-			dialogs <- ev.Message
-			_, _ = chromedp.Call(ctx, page.HandleJavaScriptDialog, page.HandleJavaScriptDialogParams{Accept: true})
-		}
-	}()
-	asked := func(want string) {
-		t.Helper()
-		select {
-		case msg := <-dialogs:
-			require.Contains(t, msg, want)
-		default:
-			t.Fatalf("no confirmation dialog (%q): the page's script did not run", want)
-		}
-	}
+	asked := acceptDialogs(t, ctx) // pausing asks for a confirmation (ui.js)
 	flash := func() string {
 		t.Helper()
 		do(t, ctx, chromedp.WaitVisible(chromedp.CSS(".flash")))
