@@ -211,11 +211,13 @@ func TestConcurrencyKeyAcrossTwoProcesses(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 16)
 	const n = 200
-	insertLinearKeyed(t, e, n, func(i int) string { return fmt.Sprint("acct-", i%5) })
-	stop := make(chan struct{})
-	maxSeen, wg := sampleMaxPerKey(t, e, stop)
+	// Both workers are up before there is work, so that both take part (one that started while
+	// the other had already done it all would leave nothing to race over).
 	a := startWorker(t, e.crashCfg("a", func(c *workerCfg) { c.StepMS = 3 }))
 	b := startWorker(t, e.crashCfg("b", func(c *workerCfg) { c.StepMS = 3 }))
+	stop := make(chan struct{})
+	maxSeen, wg := sampleMaxPerKey(t, e, stop)
+	insertLinearKeyed(t, e, n, func(i int) string { return fmt.Sprint("acct-", i%5) })
 	eventually(t, 2*time.Minute, "all done", func() bool {
 		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'done'`) == n
 	})

@@ -12,7 +12,7 @@ import (
 // heartbeatLoop extends the leases of every claim in flight, once per interval, in one
 // statement; it cancels the steps whose claims are gone. A beat that failed at once is tried
 // again an eighth of an interval later, not a whole one: the leases are at stake; one that waits
-// (for a connection, say) may wait as long as the claims live. If it cannot reach the database
+// (for a connection, say) may wait as long as the claims live, and at least half a lease. If it cannot reach the database
 // for a whole lease, every running step is cancelled: its claim is presumed lost.
 func (e *Engine) heartbeatLoop() {
 	defer e.bg.Done()
@@ -65,10 +65,11 @@ func (e *Engine) beat() bool {
 		}
 	}
 	// The beat may take as long as the claims it extends live (until the last beat plus a lease),
-	// and at least an interval: one that waits for a connection (a pool rebuilding every
+	// and at least half a lease: one that waits for a connection (a pool rebuilding every
 	// connection after a database restart, a server starting dozens of backends at once) is
-	// better served late than given up at the next tick, behind every other waiter again.
-	ctx, cancel := context.WithTimeout(e.baseCtx, max(e.cfg.Heartbeat, time.Until(e.lastBeat.Add(e.cfg.Lease))))
+	// better served late than given up at the next tick, behind every other waiter again. (A
+	// beat after the lease ran out still extends the claims no reaper has released yet.)
+	ctx, cancel := context.WithTimeout(e.baseCtx, max(e.cfg.Heartbeat, e.cfg.Lease/2, time.Until(e.lastBeat.Add(e.cfg.Lease))))
 	began := time.Now()
 	// Extending leases is idempotent: a beat whose connection was lost (a restarted database's
 	// stale pool connections) is sent again at once on another.
