@@ -445,9 +445,11 @@ func workerMain(cfgJSON string) int {
 	if err := cl.Start(ctx); err != nil {
 		return fail(err)
 	}
-	fmt.Println("ready")
+	// The handler is in place before "ready": a SIGTERM sent the moment the test reads it must
+	// drain the worker, not kill it without its report.
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	fmt.Println("ready")
 	<-sig
 	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

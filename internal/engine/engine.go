@@ -142,6 +142,10 @@ type Engine struct {
 	loops      sync.WaitGroup  // schedulers
 	bg         sync.WaitGroup  // heartbeat, reaper
 	bgStop     chan struct{}
+	// bgCtx is cancelled as Stop stops the background loops: a heartbeat still waiting then (for
+	// a connection, say) has nothing left to extend.
+	bgCtx    context.Context
+	bgCancel context.CancelFunc
 }
 
 // New builds an engine. It does nothing until Start.
@@ -218,6 +222,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	e.events.start()
 	e.stepParent = context.WithoutCancel(ctx)
 	e.baseCtx, e.baseCancel = context.WithCancelCause(e.stepParent)
+	e.bgCtx, e.bgCancel = context.WithCancel(e.baseCtx)
 	e.bgStop = make(chan struct{})
 	e.lastBeat = time.Now()
 	e.committer = newCommitter(e)
@@ -421,6 +426,7 @@ func (e *Engine) Stop(ctx context.Context) error {
 		}
 	}
 	close(e.bgStop)
+	e.bgCancel()
 	e.bg.Wait()
 	if p := e.poker.Swap(nil); p != nil {
 		if cerr := (*p).Close(); cerr != nil {

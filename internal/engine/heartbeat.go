@@ -69,7 +69,7 @@ func (e *Engine) beat() bool {
 	// connection after a database restart, a server starting dozens of backends at once) is
 	// better served late than given up at the next tick, behind every other waiter again. (A
 	// beat after the lease ran out still extends the claims no reaper has released yet.)
-	ctx, cancel := context.WithTimeout(e.baseCtx, max(e.cfg.Heartbeat, e.cfg.Lease/2, time.Until(e.lastBeat.Add(e.cfg.Lease))))
+	ctx, cancel := context.WithTimeout(e.bgCtx, max(e.cfg.Heartbeat, e.cfg.Lease/2, time.Until(e.lastBeat.Add(e.cfg.Lease))))
 	began := time.Now()
 	// Extending leases is idempotent: a beat whose connection was lost (a restarted database's
 	// stale pool connections) is sent again at once on another.
@@ -79,6 +79,9 @@ func (e *Engine) beat() bool {
 		return err
 	})
 	cancel()
+	if err != nil && e.bgCtx.Err() != nil {
+		return false // Stop cancelled it: nothing is left to extend
+	}
 	if err != nil {
 		e.log.Warn("gendurable: heartbeat failed", "client", e.cfg.Name, "claims", len(ids), "error", err)
 		if time.Since(e.lastBeat) >= e.cfg.Lease {
