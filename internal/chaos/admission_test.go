@@ -30,8 +30,8 @@ func stubMachines(e *env, queue string, stepMin, stepMax int, seed uint64) []gen
 // shards) and four ungated ones (K = 1); 10 % of transitions switch key, 5 % release it. One
 // worker is SIGKILLed mid-run (its claims leak until the reaper credits them back) and
 // restarted. Pass: at most 5 per gated key and 1 per ungated key in every sample, at both
-// levels; every gated key reaches 5 (the gate is live); counters back to 0; the oracle's
-// invariants.
+// levels, and in the exact peak the steps' rows give; some gated key's peak is 5 (the gate is
+// live); counters back to 0; the oracle's invariants.
 func TestGateNeverOverAdmitsAcrossProcesses(t *testing.T) {
 	t.Parallel()
 	heavy.Lock()
@@ -41,6 +41,23 @@ func TestGateNeverOverAdmitsAcrossProcesses(t *testing.T) {
 	e := newEnv(t, 8)
 	ctx := context.Background()
 	e.exec(t, `CREATE TABLE {schema}.t_inflight (key text, id bigint, pid int)`)
+	// The exact peak of steps in flight per key, from the rows rather than a sampler that a
+	// loaded machine makes miss moments: every insert into t_inflight counts its key's rows of
+	// live processes, its key's inserts serialized by a lock held to their commit, so that each
+	// counts every earlier one. (A step's row goes before its outcome commits, so before its slot
+	// can admit another: a row counted is an execution admitted.)
+	e.exec(t, `CREATE TABLE {schema}.t_dead (pid int PRIMARY KEY);
+		CREATE TABLE {schema}.t_peak (key text PRIMARY KEY, n int NOT NULL);
+		CREATE FUNCTION {schema}.t_count_peak() RETURNS trigger LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+		BEGIN
+		  PERFORM pg_advisory_xact_lock(hashtext(NEW.key));
+		  INSERT INTO `+e.q("{schema}")+`.t_peak
+		  SELECT NEW.key, count(*) FROM `+e.q("{schema}")+`.t_inflight AS f
+		  WHERE f.key = NEW.key AND NOT EXISTS (SELECT 1 FROM `+e.q("{schema}")+`.t_dead AS d WHERE d.pid = f.pid)
+		  ON CONFLICT (key) DO UPDATE SET n = greatest(t_peak.n, excluded.n);
+		  RETURN NULL;
+		END $fn$;
+		CREATE TRIGGER t_count_peak AFTER INSERT ON {schema}.t_inflight FOR EACH ROW EXECUTE FUNCTION {schema}.t_count_peak()`)
 	var gated, ungated []string
 	for i := range 8 {
 		gated = append(gated, fmt.Sprint("stripe:t", i))
@@ -133,6 +150,9 @@ func TestGateNeverOverAdmitsAcrossProcesses(t *testing.T) {
 	eventually(t, 3*time.Minute, "30 % done", func() bool { return done() >= n*3/10 })
 	victim := rng.IntN(len(workers))
 	workers[victim].kill()
+	// Its steps' rows stay in t_inflight, and their slots stay taken until the claims are
+	// reclaimed (a lease later): from now on they are not counted.
+	e.exec(t, `INSERT INTO {schema}.t_dead (pid) VALUES ($1)`, workers[victim].pid())
 	mu.Lock()
 	killed[workers[victim].pid()] = true
 	mu.Unlock()
@@ -158,9 +178,31 @@ func TestGateNeverOverAdmitsAcrossProcesses(t *testing.T) {
 		require.LessOrEqual(t, m, limit, "key %s: %d executing at once", k, m)
 		require.LessOrEqual(t, maxInflight[k], limit, "key %s: %d steps in flight at once", k, maxInflight[k])
 	}
-	for _, k := range gated {
-		require.Equal(t, 5, maxExec[k], "the gate is live: key %s reached its limit", k)
+	peak := map[string]int{}
+	rows, err := e.side.Query(ctx, e.q(`SELECT key, n FROM {schema}.t_peak`))
+	require.NoError(t, err)
+	for rows.Next() {
+		var k string
+		var n int
+		require.NoError(t, rows.Scan(&k, &n))
+		peak[k] = n
 	}
+	require.NoError(t, rows.Err())
+	t.Logf("peak in flight per key, from the rows: %v", peak)
+	for _, k := range ungated {
+		require.LessOrEqual(t, peak[k], 1, "key %s: %d steps in flight at once", k, peak[k])
+	}
+	// Whether a key ever has five of its rows running at once depends on the random walk (at CI
+	// size a key holds about 33 of the 400 instances): the gate is live when some key reached its
+	// limit, and none went past it.
+	live := 0
+	for _, k := range gated {
+		require.LessOrEqual(t, peak[k], 5, "key %s: %d steps in flight at once", k, peak[k])
+		if peak[k] == 5 {
+			live++
+		}
+	}
+	require.Positive(t, live, "the gate is live: some key reached its limit of 5")
 	require.Greater(t, samples, oracle.Size(1000, 10_000)/2)
 	e.check(t, oracle.Opts{N: n, Effects: true, Counter: true, Path: linearPath},
 		oracle.Summary{Seed: seed, Instances: n, Kills: 1})
