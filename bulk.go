@@ -59,7 +59,8 @@ type BulkFilter struct {
 	All bool
 }
 
-func (f *BulkFilter) empty() bool {
+// MatchesEverything reports whether f sets no field but All: it matches every instance.
+func (f *BulkFilter) MatchesEverything() bool {
 	return f.Queue == "" && f.Machine == "" && f.Step == "" && len(f.Statuses) == 0 && f.ErrorContains == "" &&
 		f.Since.IsZero() && f.Until.IsZero() && f.KeyPrefix == ""
 }
@@ -117,7 +118,7 @@ func (c *Client) Bulk(ctx context.Context, action BulkAction, f BulkFilter, opts
 	if statuses == nil {
 		return nil, bad("action", "%q is not a bulk action (retry, cancel or delete)", action)
 	}
-	if f.empty() && !f.All {
+	if f.MatchesEverything() && !f.All {
 		return nil, bad("BulkFilter", "it matches every instance: set All to %s them all", action)
 	}
 	if len(f.Statuses) > 0 {

@@ -69,7 +69,7 @@ func (h *handler) bulk(w http.ResponseWriter, r *http.Request) {
 	if reason != "" {
 		p.Fields.Set("reason", reason)
 	}
-	p.Filter, p.All = describeFilter(&f), isEverything(&f)
+	p.Filter, p.All = describeFilter(&f), f.MatchesEverything()
 	opts := &gendurable.BulkOpts{DryRun: form.Get("confirm") != "1", Reason: reason}
 	if reason == "" {
 		opts.Reason = "cancelled in bulk from the dashboard"
@@ -94,11 +94,6 @@ func (h *handler) bulk(w http.ResponseWriter, r *http.Request) {
 			"skipped", res.Skipped, "remote", r.RemoteAddr)
 	}
 	h.render(w, r, http.StatusOK, "bulk", "Bulk "+string(action), "instances", p)
-}
-
-func isEverything(f *gendurable.BulkFilter) bool {
-	return f.Queue == "" && f.Machine == "" && f.Step == "" && len(f.Statuses) == 0 && f.ErrorContains == "" &&
-		f.Since.IsZero() && f.Until.IsZero() && f.KeyPrefix == ""
 }
 
 // describeFilter says what a bulk filter matches, a clause per entry.

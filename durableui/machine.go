@@ -141,7 +141,7 @@ func machineSVG(prefix string, g *gendurable.MachineGraph) template.HTML {
 		}
 		fmt.Fprintf(&b, `<g class="step" data-step="%s"><rect x="%.1f" y="%.1f" width="%.0f" height="%.0f" rx="8"%s/>`,
 			esc(s.Name), p.x, p.y, boxW, boxH, map[bool]string{true: ` class="busy"`, false: ""}[total > 0])
-		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" class="name">%s</text>`, p.x+10, p.y+20, esc(trimRunes(s.Name, 22)))
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" class="name">%s</text>`, p.x+10, p.y+20, esc(trim(21, s.Name)))
 		var parts []string
 		for _, st := range order {
 			if n := s.Live[st]; n > 0 {
@@ -163,12 +163,4 @@ func machineSVG(prefix string, g *gendurable.MachineGraph) template.HTML {
 	}
 	b.WriteString(`</svg>`)
 	return template.HTML(b.String()) //nolint:gosec // every name in it is escaped above
-}
-
-func trimRunes(s string, n int) string {
-	r := []rune(s)
-	if len(r) <= n {
-		return s
-	}
-	return string(r[:n-1]) + "…"
 }
