@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -273,6 +274,7 @@ func (c *committer) commit(batch []*commitReq, stopping bool) {
 		// they are answered as it returns, without a read of their own.
 		applied, woken, probes, err := e.store.ApplyOutcomesProbing(ctx, e.pool, outs, e.awaits.want(outs))
 		cancel()
+		err = e.committed(err)
 		if err == nil {
 			e.awaits.answer(probes)
 			for _, r := range batch {
@@ -339,4 +341,50 @@ func splitKeyedSpawns(batch []*commitReq) (spawns, rest []*commitReq) {
 		return nil, batch
 	}
 	return spawns, rest
+}
+
+// committed sorts an error of an outcome statement applied to the pool: an
+// *store.InboxPurgeError says that the outcomes committed and only the follow-up clearing of some
+// finished instances' inboxes failed. Those outcomes are reported as applied (retrying them would
+// find them stale and lose their wakes), the clearing is retried in the background, and nil is
+// returned. Any other error is returned as it is.
+func (e *Engine) committed(err error) error {
+	var pe *store.InboxPurgeError
+	if !errors.As(err, &pe) {
+		return err
+	}
+	e.log.Warn("gendurable: outcomes committed; clearing the inboxes of finished instances failed",
+		"client", e.cfg.Name, "instances", len(pe.IDs), "error", pe.Err)
+	if e.bgCtx != nil && e.bgCtx.Err() == nil { // else a drain without Start, or stopping: left to GC
+		e.bg.Add(1)
+		go func() {
+			defer e.bg.Done()
+			e.purgeInboxes(pe.IDs)
+		}()
+	}
+	return nil
+}
+
+// purgeInboxes clears the inboxes of finished instances, retrying with backoff for about a
+// minute, or until the client stops. Should it give up, the signals stay in the inboxes of
+// finished instances, where nothing consumes them, until GC deletes the instances.
+func (e *Engine) purgeInboxes(ids []int64) {
+	backoff := 50 * time.Millisecond
+	var err error
+	for try := 0; try < 40; try++ {
+		ctx, cancel := context.WithTimeout(e.bgCtx, StatementTimeout(e.cfg.Lease))
+		err = e.store.PurgeTerminalInboxes(ctx, e.pool, ids)
+		cancel()
+		if err == nil || e.bgCtx.Err() != nil {
+			return
+		}
+		select {
+		case <-time.After(backoff):
+		case <-e.bgCtx.Done():
+			return
+		}
+		backoff = min(backoff*2, 2*time.Second)
+	}
+	e.log.Error("gendurable: could not clear the inboxes of finished instances; GC deletes them with the instances",
+		"client", e.cfg.Name, "instances", len(ids), "error", err)
 }

@@ -110,7 +110,7 @@ func (e *Engine) drainOne(ctx context.Context, db store.DB, queue string, c *sto
 		applied = ok
 	} else {
 		ok, _, err := e.store.ApplyOutcomes(ctx, db, []store.Outcome{out})
-		if err != nil {
+		if err = e.committed(err); err != nil {
 			return fmt.Errorf("gendurable: drain: commit instance %d: %w", c.ID, err)
 		}
 		_, applied = ok[out.Claim]

@@ -67,10 +67,15 @@ const (
 	// reach the window between them from the server side (a trigger on the buckets table). An
 	// error fails the pick.
 	BucketBeforeWriteback = "bucket_before_writeback"
+	// InboxPurge is reached before the statement that clears the inboxes of instances that
+	// finished while a signal arrived for them, which follows their outcomes' statement (subject:
+	// "tx" inside a step's transaction, else empty). An error fails that statement: on a pool the
+	// outcomes stand and the engine clears those inboxes later; in a transaction it aborts it.
+	InboxPurge = "inbox_purge"
 )
 
 // Names lists every named point.
 func Names() []string {
 	return []string{AfterClaimCommit, BeforeOutcome, AwaitBetweenStmts, DeliverBeforeWake, Heartbeat,
-		ReaperBetweenSelectUpdate, GCBetweenSelectDelete, GateBeforeCredit, BucketBeforeWriteback}
+		ReaperBetweenSelectUpdate, GCBetweenSelectDelete, GateBeforeCredit, BucketBeforeWriteback, InboxPurge}
 }

@@ -24,7 +24,8 @@ type Hook func(subject string) error
 
 // recovers says whether the callers of the point name recover from an error by themselves, soon
 // and with no help from another component: a failed heartbeat is retried at the next beat (a
-// lease outlasts three), a failed reaper or GC sweep at the next sweep. The random mode injects
+// lease outlasts three), a failed reaper or GC sweep at the next sweep, a failed inbox purge after
+// a committed outcome by the engine's retry of it. The random mode injects
 // errors only there; everywhere else it only delays. (A starting scheduler's reclaim reaches
 // the reaper's point too, with its worker-id prefix as the subject; an error there fails the
 // client's Start, so it is not injected.)
@@ -32,6 +33,8 @@ func recovers(name, subject string) bool {
 	switch name {
 	case Heartbeat, GCBetweenSelectDelete:
 		return true
+	case InboxPurge:
+		return subject == ""
 	case ReaperBetweenSelectUpdate:
 		return subject == ""
 	}

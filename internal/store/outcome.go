@@ -426,13 +426,49 @@ func (s *Store) ApplyOutcomesProbing(ctx context.Context, db DB, outs []Outcome,
 	}
 	if len(late) > 0 {
 		// A fresh statement sees those signals; a delivery after the outcome found the row
-		// finished and stored nothing. (Should the process die right here, the instance's
-		// deletion by GC removes them.)
-		if _, err := db.Exec(ctx, s.sql("purge_terminal_inboxes"), late); err != nil {
-			return applied, woken, nil, fmt.Errorf("clear the inboxes of finished instances: %w", err)
+		// finished and stored nothing. Run on a pool, this is after the outcomes committed: its
+		// failure is an *InboxPurgeError, and the outcomes stand.
+		if err := s.PurgeTerminalInboxes(ctx, db, late); err != nil {
+			if _, inTx := db.(pgx.Tx); inTx {
+				return nil, nil, nil, fmt.Errorf("clear the inboxes of finished instances: %w", err)
+			}
+			return applied, woken, probes, &InboxPurgeError{IDs: late, Err: err}
 		}
 	}
 	return applied, woken, probes, nil
+}
+
+// InboxPurgeError is ApplyOutcomes' error when the outcomes were applied but the statement that
+// follows them, clearing the inboxes of instances that finished while a signal arrived, failed.
+// Applied to a pool, the outcomes have committed: the caller treats them as applied and clears
+// IDs' inboxes later (PurgeTerminalInboxes; a signal left in a finished instance's inbox is never
+// consumed, and goes with the instance when GC deletes it). Applied in a transaction, the failure
+// aborts it, and is an ordinary error.
+type InboxPurgeError struct {
+	IDs []int64
+	Err error
+}
+
+func (e *InboxPurgeError) Error() string {
+	return fmt.Sprintf("clear the inboxes of %d finished instances: %v", len(e.IDs), e.Err)
+}
+
+func (e *InboxPurgeError) Unwrap() error { return e.Err }
+
+// PurgeTerminalInboxes deletes the signals in the inboxes of those of ids that are finished
+// (done, failed or cancelled); it is idempotent.
+func (s *Store) PurgeTerminalInboxes(ctx context.Context, db DB, ids []int64) error {
+	if fault.Enabled {
+		subject := ""
+		if _, inTx := db.(pgx.Tx); inTx {
+			subject = "tx"
+		}
+		if err := fault.PointFor(fault.InboxPurge, subject); err != nil {
+			return err
+		}
+	}
+	_, err := db.Exec(ctx, s.sql("purge_terminal_inboxes"), ids)
+	return err
 }
 
 // applyParkedStepwise is the outcome batch of ApplyOutcomes for a chaos build when the batch
