@@ -67,10 +67,10 @@ func TestInsertStartsTheStepWithoutAPick(t *testing.T) {
 }
 
 // Inserts racing with each other, with picks and with Stop never run more steps at once than
-// the queue's Concurrency, and never lose one: every instance inserted, whether claimed by its
-// insert, inserted while the client stopped, or claimed and then left behind by the stop, is
-// done exactly once in the end (a second client, whose reaper releases what the first left
-// claimed, finishes the rest).
+// the queue's Concurrency, and never lose one: Stop waits for the inserts that claim their own
+// row, so that when it returns no row is left claimed (executing) until its lease runs out; what
+// was inserted while the client stopped is left available, and a second client finishes it.
+// Every instance is done exactly once.
 func TestInsertsClaimedRacingStopLoseNothing(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -114,6 +114,9 @@ func TestInsertsClaimedRacingStopLoseNothing(t *testing.T) {
 	require.NoError(t, first.Stop(stopCtx))
 	wg.Wait()
 	require.LessOrEqual(t, steps.most.Load(), int64(conc), "more steps ran at once than the queue's Concurrency")
+	// No reaper runs now: a claim the stop left behind would still be here.
+	require.Zero(t, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'executing' OR locked_by IS NOT NULL`),
+		"the stopped client left instances claimed")
 	second := e.client(t, cfg)
 	start(t, second)
 	eventually(t, 30*time.Second, "every instance done", func() bool {
@@ -127,6 +130,79 @@ func TestInsertsClaimedRacingStopLoseNothing(t *testing.T) {
 		require.Equal(t, 1, k, "instance %d ran %d times", n, k)
 	}
 	require.LessOrEqual(t, steps.most.Load(), int64(conc))
+}
+
+// An Insert that claims its own row while the client stops: Stop waits for it, and the row runs
+// in the drain instead of staying claimed until its lease runs out; if Stop's context ends
+// first, the row is handed back (available, unclaimed) as the Insert returns. The insert is held
+// in flight by a lock on the instances table.
+func TestStopWaitsForAnInsertThatClaimsItsRow(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name    string
+		stopFor time.Duration
+		want    string
+	}{
+		{name: "drained", stopFor: 30 * time.Second, want: "done"},
+		{name: "handed back", stopFor: 300 * time.Millisecond, want: "available"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			ctx := context.Background()
+			job := gendurable.Job[counter]{Name: "late", Perform: func(*gendurable.Ctx, counter) error { return nil }}
+			cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{job}, PollInterval: time.Minute, Lease: time.Minute,
+				Reaper: &gendurable.ReaperConfig{Disabled: true},
+				Queues: map[string]gendurable.QueueConfig{"default": {Concurrency: 2}}})
+			require.NoError(t, cl.Start(ctx))
+			eng, _ := bridge.Engine(cl)
+			eventually(t, 30*time.Second, "an idle gap of a second", func() bool { return eng.QuietFor("default") >= time.Second })
+			tx, err := e.pool.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback(ctx) }()
+			_, err = tx.Exec(ctx, expand(`LOCK TABLE {schema}.instances IN SHARE MODE`, e.schema))
+			require.NoError(t, err)
+			inserted := make(chan error, 1)
+			var id atomic.Int64
+			go func() {
+				r, err := cl.Insert(ctx, job.With(counter{N: 1}), nil)
+				id.Store(r.ID)
+				inserted <- err
+			}()
+			eventually(t, 10*time.Second, "the insert waiting on the lock", func() bool {
+				return e.count(t, `SELECT count(*) FROM pg_catalog.pg_locks l JOIN pg_catalog.pg_class c ON c.oid = l.relation
+					JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+					WHERE NOT l.granted AND c.relname = 'instances' AND n.nspname = $1`, e.schema) > 0
+			})
+			stopped := make(chan error, 1)
+			go func() {
+				stopCtx, cancel := context.WithTimeout(ctx, c.stopFor)
+				defer cancel()
+				stopped <- cl.Stop(stopCtx)
+			}()
+			eventually(t, 10*time.Second, "the client stopping", func() bool { return !eng.Running() })
+			if c.want == "available" {
+				// Stop gives up waiting for the insert once its context ends.
+				select {
+				case err := <-stopped:
+					require.NoError(t, err)
+				case <-time.After(30 * time.Second):
+					t.Fatal("Stop did not return at its deadline")
+				}
+			}
+			require.NoError(t, tx.Rollback(ctx))
+			require.NoError(t, <-inserted)
+			if c.want == "done" {
+				require.NoError(t, <-stopped)
+			}
+			var status string
+			var lockedBy *string
+			require.NoError(t, e.pool.QueryRow(ctx, expand(`SELECT status::text, locked_by FROM {schema}.instances WHERE id = $1`, e.schema),
+				id.Load()).Scan(&status, &lockedBy))
+			require.Equal(t, c.want, status)
+			require.Nil(t, lockedBy, "the stopped client left its claim on the row")
+		})
+	}
 }
 
 // A pick in flight holds the slots it asked for: an Insert meanwhile finds none free and inserts

@@ -402,9 +402,10 @@ func (e *Engine) Stop(ctx context.Context) error {
 	e.mu.Unlock()
 
 	for _, r := range e.runners {
-		close(r.stop)
+		r.beginStop()
 	}
 	e.loops.Wait()
+	e.waitInserts(ctx)
 	for _, r := range e.runners {
 		r.closeWork() // the executor goroutines finish what they hold, then exit
 	}
@@ -436,6 +437,23 @@ func (e *Engine) Stop(ctx context.Context) error {
 	e.baseCancel(durabletype.ErrClientStopped)
 	e.events.stop()
 	return err
+}
+
+// waitInserts waits, at most until ctx ends, for the Inserts that reserved a slot to claim their
+// row (ReserveInsert) to hand it to their runner: their rows then run in the drain like the
+// picked ones. A row whose Insert returns later is handed back (RunInserted).
+func (e *Engine) waitInserts(ctx context.Context) {
+	done := make(chan struct{})
+	go func() {
+		for _, r := range e.runners {
+			r.inserting.Wait()
+		}
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
 }
 
 // beginner returns a function that begins a transaction on db.

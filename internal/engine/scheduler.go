@@ -29,20 +29,25 @@ const maxPickBatch = 1000
 // timer, whose interval grows from a short cooldown to PollInterval over consecutive empty picks
 // (the idle backoff); a poke-driven empty pick does not stretch it.
 type runner struct {
-	e           *Engine
-	queue       string
-	conc        int
-	poll        time.Duration
-	minDemand   int
-	workerID    string
-	seq         atomic.Uint64
-	stop        chan struct{}
-	wake        chan struct{}
-	slotFreed   chan struct{}
-	work        chan job // claimed rows for the executor goroutines
-	mu          sync.Mutex
-	busy        int
-	closed      bool // work is closed (Stop): no reservations, and a reserved row is not sent
+	e         *Engine
+	queue     string
+	conc      int
+	poll      time.Duration
+	minDemand int
+	workerID  string
+	seq       atomic.Uint64
+	stop      chan struct{}
+	wake      chan struct{}
+	slotFreed chan struct{}
+	work      chan job // claimed rows for the executor goroutines
+	mu        sync.Mutex
+	busy      int
+	closed    bool // work is closed (Stop): no reservations, and a reserved row is not sent
+	// stopping refuses new reservations once Stop has begun; inserting counts the reservations
+	// whose Insert is still in flight, which Stop waits for before it closes work, so that the
+	// rows they claim run (or are handed back) instead of waiting for their lease.
+	stopping    bool
+	inserting   sync.WaitGroup
 	pickTimeout time.Duration
 	// hint names the gate and rate-limit keys of the last batch, which the next admission pick
 	// reads once each instead of once per candidate row (the loop's own).
@@ -122,11 +127,20 @@ func (r *runner) take(n int) {
 func (r *runner) reserve() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.closed || r.busy >= r.conc {
+	if r.closed || r.stopping || r.busy >= r.conc {
 		return false
 	}
 	r.busy++
+	r.inserting.Add(1) // under mu, before stopping is set: Stop's Wait comes after every Add
 	return true
+}
+
+// beginStop refuses new reservations; the ones taken end in RunInserted (waitInserts).
+func (r *runner) beginStop() {
+	r.mu.Lock()
+	r.stopping = true
+	r.mu.Unlock()
+	close(r.stop)
 }
 
 // closeWork closes work once the loop has ended; a reserved row that arrives later is not run.
@@ -386,6 +400,7 @@ func (e *Engine) ReserveInsert(queue, machine string) (owner string, ok bool) {
 // insert's round trip, reported as the pick's would be.
 func (e *Engine) RunInserted(queue string, c *store.Claimed, took time.Duration) {
 	r := e.runners[queue]
+	defer r.inserting.Done()
 	r.mu.Lock()
 	if c != nil && !r.closed {
 		e.inFlight.Add(1)
@@ -396,10 +411,15 @@ func (e *Engine) RunInserted(queue string, c *store.Claimed, took time.Duration)
 	}
 	r.mu.Unlock()
 	if c != nil {
-		// The client began to stop while the row was being inserted: it stays claimed until its
-		// lease runs out, and then the reaper makes it available again.
-		e.log.Info("gendurable: stopping: an instance inserted for this client will run after its lease",
-			"client", e.cfg.Name, "queue", queue, "id", c.ID)
+		// Stop gave up waiting for this insert (its context ended first): the claim is handed
+		// back, untouched, for another node or the next start to run.
+		ctx, cancel := context.WithTimeout(context.Background(), StatementTimeout(e.cfg.Lease))
+		_, _, err := e.store.ApplyOutcomes(ctx, e.pool, []store.Outcome{store.HandBack(store.Claim{ID: c.ID, Owner: c.Owner}, c.Slot(), 0)})
+		cancel()
+		if err != nil {
+			e.log.Warn("gendurable: stopping: could not hand back an instance inserted for this client; it runs after its lease",
+				"client", e.cfg.Name, "queue", queue, "id", c.ID, "error", err)
+		}
 	}
 	r.release()
 }
