@@ -85,13 +85,17 @@ func (h *handler) guard(w http.ResponseWriter, r *http.Request, name string, bac
 		return refuse(http.StatusForbidden, "csrf",
 			"The form did not carry the CSRF token of your dashboard session: it was not sent from this dashboard, or the page is stale. Reload the page and try again.")
 	}
-	if h.opts.Token != "" {
-		tok := r.PostForm.Get("token")
-		if tok == "" {
-			return refuse(http.StatusUnauthorized, "no token", "This action needs the dashboard's token: type it into the form's token field.")
-		}
-		if !h.checkToken(tok) {
-			return refuse(http.StatusForbidden, "wrong token", "The token is wrong. Nothing was changed.")
+	if h.opts.Token != "" && !h.signedIn(r) {
+		// (A bearer token was checked before routing; a wrong one never gets here.)
+		if _, ok := bearer(r); !ok {
+			tok := r.PostForm.Get("token")
+			if tok == "" {
+				return refuse(http.StatusUnauthorized, "no token",
+					"This action needs the dashboard's token: sign in, or send it in the form's token field.")
+			}
+			if !h.tryToken(w, r, tok, func(status int, msg string) { refuse(status, "token", msg) }) {
+				return false
+			}
 		}
 	}
 	if h.opts.Authorize != nil {

@@ -12,10 +12,14 @@
 // Actions are POST forms, each checked in this order: the handler is not ReadOnly (else 403);
 // the request is not a cross-origin browser request (http.CrossOriginProtection; else 403); its
 // body is within the size limit (else 413); it carries the CSRF token bound to the session cookie
-// the pages set (else 403); it carries Options.Token when one is set (missing: 401, wrong: 403);
+// the pages set (else 403); when Options.Token is set, it comes from a signed-in browser or
+// carries the token (missing: 401, wrong: 403, too many wrong ones: 429);
 // Options.Authorize accepts it (else 401 or 403). Only then is the form read and the client
-// called; a refused request changes nothing. Reading pages is not authorized by the handler: put
-// it behind your own authentication as you would any admin page.
+// called; a refused request changes nothing.
+//
+// Reading is guarded by Options.Token (with a token set, every page needs it: a browser signs in
+// once) and by the Host check (Options.AllowedHosts); without a token, put the dashboard behind
+// your own authentication as you would any admin page.
 package durableui
 
 import (
@@ -31,6 +35,7 @@ import (
 	"log/slog"
 	"net/http"
 	"regexp"
+	"strings"
 	"sync"
 	"time"
 
@@ -54,10 +59,20 @@ type Options struct {
 	Prefix string
 	// ReadOnly renders no action forms and refuses every POST with 403 Forbidden.
 	ReadOnly bool
-	// Token, when set, makes every action require it: the action forms get a password field,
-	// and a POST without it is refused with 401, with a wrong one with 403 (compared in
-	// constant time). `gendurable ui --token` sets it.
+	// Token, when set, guards the whole dashboard: reading a page needs it as much as acting.
+	// A browser signs in once with it (the sign-in page; a cookie then proves it for 12 hours,
+	// and changing the token signs everyone out); a script sends "Authorization: Bearer
+	// <token>", or, on an action's POST, a form field "token". A request without it gets the
+	// sign-in page (401); a wrong one is refused (403; compared in constant time), and after 5
+	// wrong tokens from one address that address is refused (429) for 30 seconds, doubling with
+	// each further wrong one. `gendurable ui --token` sets it.
 	Token string
+	// AllowedHosts are the host names (as in the request's Host header, with or without the
+	// port) the dashboard answers to besides IP addresses and localhost; "*" allows any. A
+	// request for another name is refused with 403: a dashboard on 127.0.0.1 cannot be reached
+	// through a name an attacker's DNS points there (DNS rebinding). Mounted behind a name,
+	// list it. `gendurable ui --allow-host` sets it.
+	AllowedHosts []string
 	// Authorize, when set, decides each action after the CSRF and token checks: an error
 	// refuses it, with 401 Unauthorized if the error wraps ErrUnauthenticated and 403 Forbidden
 	// otherwise, and its text is shown. The request's form is parsed (r.PostForm) when it is
@@ -102,6 +117,7 @@ type handler struct {
 	prefix  string
 	key     []byte
 	token   [32]byte // sha256 of Options.Token
+	strikes strikes  // wrong tokens per client address
 	log     *slog.Logger
 	pages   map[string]*template.Template
 	mux     *http.ServeMux
@@ -164,6 +180,11 @@ func New(client *gendurable.Client, opts *Options) (http.Handler, error) {
 	default:
 		h.key = append([]byte(nil), o.CSRFKey...)
 	}
+	for _, a := range o.AllowedHosts {
+		if a == "" || strings.ContainsAny(a, " \t/\\") {
+			return nil, fmt.Errorf("durableui: AllowedHosts: %q is not a host name (host or host:port, or *)", a)
+		}
+	}
 	h.token = sha256.Sum256([]byte(o.Token))
 	h.log = o.Logger
 	if h.log == nil {
@@ -193,7 +214,7 @@ func (h *handler) parse() error {
 	}
 	h.version = hex.EncodeToString(sum.Sum(nil))[:12]
 	h.pages = map[string]*template.Template{}
-	for _, page := range []string{"queues", "instances", "instance", "stuck", "schedules", "bulk", "machines", "machine", "error"} {
+	for _, page := range []string{"queues", "instances", "instance", "stuck", "schedules", "bulk", "machines", "machine", "error", "signin"} {
 		t, err := template.New(page).Funcs(funcs).ParseFS(files, "templates/layout.html", "templates/"+page+".html")
 		if err != nil {
 			return fmt.Errorf("durableui: template %s: %w", page, err)
@@ -207,6 +228,11 @@ func (h *handler) routes() {
 	p := h.prefix
 	m := http.NewServeMux()
 	m.HandleFunc("GET "+p+"{$}", h.queues)
+	m.HandleFunc("GET "+p+"signin", func(w http.ResponseWriter, r *http.Request) {
+		h.signInPage(w, r, http.StatusOK, "", r.URL.Query().Get("next"))
+	})
+	m.HandleFunc("POST "+p+"signin", h.signIn)
+	m.HandleFunc("POST "+p+"signout", h.signOut)
 	m.HandleFunc("GET "+p+"instances", h.instances)
 	m.HandleFunc("GET "+p+"instances/{id}", h.instance)
 	m.HandleFunc("GET "+p+"stuck", h.stuck)
@@ -248,28 +274,37 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hd.Set("X-Content-Type-Options", "nosniff")
 	hd.Set("X-Frame-Options", "DENY")
 	hd.Set("Referrer-Policy", "same-origin")
+	if !h.hostAllowed(r.Host) {
+		h.log.WarnContext(r.Context(), "durableui: host refused", "host", r.Host, "remote", r.RemoteAddr)
+		http.Error(w, fmt.Sprintf("durableui: this dashboard does not answer to the host %q: list it in its allowed hosts "+
+			"(Options.AllowedHosts, gendurable ui --allow-host) if it is yours", r.Host), http.StatusForbidden)
+		return
+	}
+	if !h.door(w, r) {
+		return
+	}
 	h.mux.ServeHTTP(w, r)
 }
 
 // view is what every page's template gets.
 type view struct {
-	Title    string
-	Nav      string // the active tab
-	Prefix   string
-	Version  string
-	Refresh  int // seconds; 0 for no reload
-	Actions  bool
-	AskToken bool
-	CSRF     string
-	Now      time.Time
-	Data     any
+	Title   string
+	Nav     string // the active tab
+	Prefix  string
+	Version string
+	Refresh int // seconds; 0 for no reload
+	Actions bool
+	SignOut bool // the dashboard has a token: show the sign-out button
+	CSRF    string
+	Now     time.Time
+	Data    any
 }
 
 // render executes a page into a buffer first, so that a template error is a clean 500 and not
 // half a page.
 func (h *handler) render(w http.ResponseWriter, r *http.Request, status int, page, title, nav string, data any) {
 	v := view{Title: title, Nav: nav, Prefix: h.prefix, Version: h.version, Actions: !h.opts.ReadOnly,
-		AskToken: h.opts.Token != "", Now: time.Now().UTC(), Data: data}
+		SignOut: h.opts.Token != "" && page != "signin" && h.signedIn(r), Now: time.Now().UTC(), Data: data}
 	if v.Actions {
 		v.CSRF = h.csrfToken(w, r)
 	}

@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -102,8 +103,10 @@ func (e *env) status(t *testing.T, id int64) gendurable.Status {
 // browser is a dashboard served over HTTP and a client that keeps its cookies and does not
 // follow redirects.
 type browser struct {
-	srv *httptest.Server
-	hc  *http.Client
+	srv    *httptest.Server
+	hc     *http.Client
+	h      http.Handler
+	prefix string
 }
 
 func (e *env) serve(t *testing.T, opts *durableui.Options) *browser {
@@ -129,7 +132,26 @@ func (e *env) serve(t *testing.T, opts *durableui.Options) *browser {
 	hc := &http.Client{Jar: jar, Timeout: 10 * time.Second,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	t.Cleanup(hc.CloseIdleConnections)
-	return &browser{srv: srv, hc: hc}
+	return &browser{srv: srv, hc: hc, h: h, prefix: prefix}
+}
+
+// signIn posts the sign-in form with token and returns the status and the redirect.
+func (b *browser) signIn(t *testing.T, token, next string) (int, string) {
+	t.Helper()
+	code, _, hdr := b.post(t, b.prefix+"signin", url.Values{"token": {token}, "next": {next}}, nil)
+	return code, hdr.Get("Location")
+}
+
+// csrfSignedOut is csrf for a browser that has not signed in to a dashboard with a token: the
+// sign-in page (401) carries the CSRF token of the session too.
+func (b *browser) csrfSignedOut(t *testing.T, path string) string {
+	t.Helper()
+	code, body := b.get(t, path)
+	require.Equal(t, http.StatusUnauthorized, code, body)
+	require.Contains(t, body, "<h1>Sign in</h1>")
+	m := csrfField.FindStringSubmatch(body)
+	require.NotNil(t, m, "no CSRF field on the sign-in page")
+	return m[1]
 }
 
 func (b *browser) do(t *testing.T, req *http.Request) (int, string, http.Header) {
@@ -483,7 +505,11 @@ func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 				form[k] = v
 			}
 			if c.req.method == "POST" && !c.noCSRF {
-				form.Set("csrf", b.csrf(t, page(live)))
+				if opts.Token != "" {
+					form.Set("csrf", b.csrfSignedOut(t, page(live)))
+				} else {
+					form.Set("csrf", b.csrf(t, page(live)))
+				}
 				if c.otherKey {
 					other := e.serve(t, nil)
 					form.Set("csrf", other.csrf(t, page(live)))
@@ -533,27 +559,163 @@ func TestReadOnlyRendersNoForms(t *testing.T) {
 	require.Empty(t, b.hc.Jar.Cookies(u), "a read-only dashboard sets no cookie")
 }
 
-func TestTokenFieldAndPrefix(t *testing.T) {
+// With a token, every page needs it: a browser that has not signed in gets the sign-in page
+// (401), signs in once, and then reads and acts without typing it again; a script sends it as a
+// bearer token. The sign-in only ever sends the browser on to a page of the dashboard.
+func TestTokenGuardsEveryPage(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	live := e.insert(t, gendurable.StatusAwaiting, nil)
 	b := e.serve(t, &durableui.Options{Prefix: "/ops/durable/", Token: "s3cret"})
 	path := fmt.Sprintf("/ops/durable/instances/%d", live)
-	code, body := b.get(t, path)
+	for _, p := range []string{path, "/ops/durable/", "/ops/durable/instances", "/ops/durable/schedules", "/ops/durable/stuck",
+		"/ops/durable/machines"} {
+		code, body := b.get(t, p)
+		require.Equal(t, http.StatusUnauthorized, code, p)
+		require.Contains(t, body, "<h1>Sign in</h1>", p)
+		require.NotContains(t, body, "order", p)
+		require.Contains(t, body, `action="/ops/durable/signin"`)
+	}
+	_, body := b.get(t, path)
+	require.Contains(t, body, fmt.Sprintf(`name="next" value="%s"`, path))
+	code, _ := b.get(t, "/ops/durable/static/ui.js")
+	require.Equal(t, http.StatusOK, code, "the sign-in page's assets are open")
+
+	// A script: a bearer token.
+	bearer := func(tok string) int {
+		req, err := http.NewRequest(http.MethodGet, b.srv.URL+path, nil)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		code, _, _ := b.do(t, req)
+		return code
+	}
+	require.Equal(t, http.StatusOK, bearer("s3cret"))
+	require.Equal(t, http.StatusForbidden, bearer("s3cret!"))
+
+	// A browser: a wrong token, then the right one.
+	code, body, _ = b.post(t, "/ops/durable/signin", url.Values{"token": {"nope"}, "next": {path}}, nil)
+	require.Equal(t, http.StatusForbidden, code)
+	require.Contains(t, body, "The token is wrong")
+	code, loc := b.signIn(t, "s3cret", path)
+	require.Equal(t, http.StatusSeeOther, code)
+	require.Equal(t, path, loc)
+	code, body = b.get(t, path)
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, `href="/ops/durable/static/style.css?v=`)
 	require.Contains(t, body, `action="/ops/durable/instances/`+fmt.Sprint(live)+`/cancel"`)
-	require.Contains(t, body, `name="token"`)
-	code, _ = b.get(t, "/ops/durable/static/ui.js")
-	require.Equal(t, http.StatusOK, code)
-	code, _ = b.get(t, "/ops/durable/")
-	require.Equal(t, http.StatusOK, code)
+	require.NotContains(t, body, `name="token"`)
+	require.Contains(t, body, `action="/ops/durable/signout"`)
+	u, err := url.Parse(b.srv.URL + "/ops/durable/")
+	require.NoError(t, err)
+	for _, c := range b.hc.Jar.Cookies(u) {
+		require.NotContains(t, c.Value, "s3cret", "the cookie %s holds the token", c.Name)
+	}
 
 	tok := b.csrf(t, path)
-	code, _, hdr := b.post(t, path+"/cancel", url.Values{"csrf": {tok}, "token": {"s3cret"}}, nil)
+	code, _, hdr := b.post(t, path+"/cancel", url.Values{"csrf": {tok}}, nil)
 	require.Equal(t, http.StatusSeeOther, code)
 	require.Equal(t, path+"?done=cancel", hdr.Get("Location"))
 	require.Equal(t, gendurable.StatusCancelled, e.status(t, live))
+
+	// The sign-in sends the browser nowhere but the dashboard.
+	for _, next := range []string{"//evil.example/x", "https://evil.example/", "/elsewhere", "/ops/durable\\evil", "javascript:alert(1)"} {
+		code, loc := b.signIn(t, "s3cret", next)
+		require.Equal(t, http.StatusSeeOther, code)
+		require.Equal(t, "/ops/durable/", loc, next)
+	}
+	// Signed out, the pages need the token again; a dashboard with another token does not
+	// take this one's sign-in.
+	code, _, _ = b.post(t, "/ops/durable/signout", nil, nil)
+	require.Equal(t, http.StatusSeeOther, code)
+	code, _ = b.get(t, path)
+	require.Equal(t, http.StatusUnauthorized, code)
+	code, _ = b.signIn(t, "s3cret", path)
+	require.Equal(t, http.StatusSeeOther, code)
+	key := []byte(strings.Repeat("k", 32))
+	first := e.serve(t, &durableui.Options{Token: "one", CSRFKey: key})
+	code, _ = first.signIn(t, "one", "/")
+	require.Equal(t, http.StatusSeeOther, code)
+	req := httptest.NewRequest(http.MethodGet, "http://127.0.0.1/", nil)
+	firstURL, err := url.Parse(first.srv.URL)
+	require.NoError(t, err)
+	for _, c := range first.hc.Jar.Cookies(firstURL) {
+		req.AddCookie(c)
+	}
+	rotated, err := durableui.New(e.client, &durableui.Options{Token: "two", CSRFKey: key, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	rec := httptest.NewRecorder()
+	rotated.ServeHTTP(rec, req)
+	require.Equal(t, http.StatusUnauthorized, rec.Code, "a new token signs every browser out")
+}
+
+// Wrong tokens from one address are slowed down: after five, that address is refused (429, with
+// Retry-After), even with the right token, while another address is not.
+func TestWrongTokensAreSlowedDown(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	h, err := durableui.New(e.client, &durableui.Options{Token: "s3cret", Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	try := func(from, token string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodPost, "http://127.0.0.1/signin", strings.NewReader(url.Values{"token": {token}}.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.RemoteAddr = from
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	for i := range 5 {
+		require.Equal(t, http.StatusForbidden, try("192.0.2.7:4000", "guess").Code, "guess %d", i+1)
+	}
+	rec := try("192.0.2.7:4001", "s3cret")
+	require.Equal(t, http.StatusTooManyRequests, rec.Code)
+	require.Contains(t, rec.Body.String(), "Too many wrong tokens from your address")
+	retry, err := strconv.Atoi(rec.Header().Get("Retry-After"))
+	require.NoError(t, err)
+	require.InDelta(t, 30, retry, 2)
+	// A bearer token from that address is refused the same way.
+	req := httptest.NewRequest(http.MethodGet, "http://127.0.0.1/", nil)
+	req.RemoteAddr = "192.0.2.7:4002"
+	req.Header.Set("Authorization", "Bearer s3cret")
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	require.Equal(t, http.StatusTooManyRequests, rec.Code)
+	// Another address signs in.
+	require.Equal(t, http.StatusSeeOther, try("198.51.100.3:5000", "s3cret").Code)
+}
+
+// The dashboard answers to IP addresses, localhost and the names it is told about, and to no
+// other Host: a page of an attacker's name that resolves to 127.0.0.1 (DNS rebinding) gets
+// nothing.
+func TestUnknownHostsAreRefused(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	get := func(opts *durableui.Options, host string) *httptest.ResponseRecorder {
+		opts.Logger = slog.New(slog.DiscardHandler)
+		h, err := durableui.New(e.client, opts)
+		require.NoError(t, err)
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.Host = host
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	for _, host := range []string{"127.0.0.1:8080", "localhost:8080", "[::1]:8080", "10.1.2.3", "LOCALHOST"} {
+		require.Equal(t, http.StatusOK, get(&durableui.Options{}, host).Code, host)
+	}
+	for _, host := range []string{"attacker.example:8080", "attacker.example", "127.0.0.1.nip.io:8080"} {
+		rec := get(&durableui.Options{}, host)
+		require.Equal(t, http.StatusForbidden, rec.Code, host)
+		require.Contains(t, rec.Body.String(), "does not answer to the host")
+		require.Empty(t, rec.Header().Values("Set-Cookie"))
+	}
+	allowed := &durableui.Options{AllowedHosts: []string{"ops.example.com", "jobs.example.com:8443"}}
+	require.Equal(t, http.StatusOK, get(allowed, "ops.example.com:443").Code)
+	require.Equal(t, http.StatusOK, get(allowed, "OPS.example.com").Code)
+	require.Equal(t, http.StatusOK, get(allowed, "jobs.example.com:8443").Code)
+	require.Equal(t, http.StatusForbidden, get(allowed, "jobs.example.com:9999").Code)
+	require.Equal(t, http.StatusOK, get(&durableui.Options{AllowedHosts: []string{"*"}}, "anything.example").Code)
+	_, err := durableui.New(e.client, &durableui.Options{AllowedHosts: []string{"a b"}})
+	require.ErrorContains(t, err, "AllowedHosts")
 }
 
 func TestNewValidatesOptions(t *testing.T) {
@@ -814,6 +976,8 @@ func TestScheduleActionsAreRefusedWithoutTheChecks(t *testing.T) {
 				switch {
 				case c.otherKey:
 					form.Set("csrf", e.serve(t, nil).csrf(t, "/schedules"))
+				case opts.Token != "":
+					form.Set("csrf", b.csrfSignedOut(t, "/schedules"))
 				case !c.noCSRF:
 					form.Set("csrf", b.csrf(t, "/schedules"))
 				}
@@ -847,15 +1011,18 @@ func TestScheduleFormsWithTokenAndPrefix(t *testing.T) {
 	require.NoError(t, e.client.SetSchedule(context.Background(), gendurable.Schedule{Name: "nightly", Input: orderFSM.With(order{}),
 		Cron: "0 3 * * *"}))
 	b := e.serve(t, &durableui.Options{Prefix: "/ops/durable/", Token: "s3cret"})
+	code, loc := b.signIn(t, "s3cret", "/ops/durable/schedules")
+	require.Equal(t, http.StatusSeeOther, code)
+	require.Equal(t, "/ops/durable/schedules", loc)
 	code, body := b.get(t, "/ops/durable/schedules")
 	require.Equal(t, http.StatusOK, code)
 	row := scheduleRow(t, body, "nightly")
 	require.Contains(t, row, `action="/ops/durable/schedules/trigger"`)
-	require.Equal(t, 3, strings.Count(row, `name="token"`), "every form asks for the token")
+	require.NotContains(t, row, `name="token"`, "a signed-in browser is not asked for the token again")
 	require.Contains(t, body, `href="/ops/durable/schedules" aria-current="page"`)
 
 	tok := b.csrf(t, "/ops/durable/schedules")
-	code, _, hdr := b.post(t, "/ops/durable/schedules/pause", url.Values{"csrf": {tok}, "token": {"s3cret"}, "schedule": {"nightly"}}, nil)
+	code, _, hdr := b.post(t, "/ops/durable/schedules/pause", url.Values{"csrf": {tok}, "schedule": {"nightly"}}, nil)
 	require.Equal(t, http.StatusSeeOther, code)
 	require.Equal(t, "/ops/durable/schedules?done=pause&schedule=nightly", hdr.Get("Location"))
 	require.True(t, e.schedule(t, "nightly").Paused)

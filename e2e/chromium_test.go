@@ -63,7 +63,7 @@ func chromiumPath(ctx context.Context, log io.Writer) (string, error) {
 // newBrowser starts a headless Chromium with a fresh profile, closed when the test ends, and
 // returns a context for its first tab. The flags keep it off the network (which is closed here)
 // and off the GPU.
-func newBrowser(t *testing.T) context.Context {
+func newBrowser(t *testing.T, extra ...chromedp.ExecAllocatorOption) context.Context {
 	t.Helper()
 	profile := t.TempDir()
 	opts := []chromedp.ExecAllocatorOption{
@@ -81,6 +81,7 @@ func newBrowser(t *testing.T) context.Context {
 		chromedp.UserDataDir(profile),
 		chromedp.WindowSize(1280, 900),
 	}
+	opts = append(opts, extra...)
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancelTab := chromedp.NewContext(actx)
 	t.Cleanup(func() {

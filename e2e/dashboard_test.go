@@ -90,7 +90,8 @@ func (s *site) exec(t *testing.T, q string, args ...any) {
 	require.NoError(t, err)
 }
 
-func newSite(t *testing.T) *site {
+// newSite is the site with the dashboard's default options; opts, if given, change them.
+func newSite(t *testing.T, opts ...func(*durableui.Options)) *site {
 	t.Helper()
 	pool := durabledbtest.Pool(t, 8)
 	s := &site{pool: pool, schema: durabledbtest.Schema(t, pool)}
@@ -172,7 +173,11 @@ func newSite(t *testing.T) *site {
 	           WHERE name = 'hourly-sweep'`)
 	require.NoError(t, cl.PauseSchedule(ctx, "digest-email"))
 
-	h, err := durableui.New(cl, &durableui.Options{Refresh: -1})
+	o := &durableui.Options{Refresh: -1}
+	for _, f := range opts {
+		f(o)
+	}
+	h, err := durableui.New(cl, o)
 	require.NoError(t, err)
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/gendurable/gendurable"
@@ -18,7 +19,7 @@ import (
 
 // runUI serves the dashboard (package durableui) of a schema until ctx ends.
 //
-//	gendurable ui [--database-url URL] [--schema S] [--addr 127.0.0.1:8080] [--read-only] [--token T]
+//	gendurable ui [--database-url URL] [--schema S] [--addr 127.0.0.1:8080] [--read-only] [--token T] [--allow-host NAMES]
 func runUI(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("ui", flag.ContinueOnError)
 	var db dbFlags
@@ -26,7 +27,9 @@ func runUI(ctx context.Context, args []string, out io.Writer) error {
 	addr := fs.String("addr", "127.0.0.1:8080", "address to listen on (host:port)")
 	readOnly := fs.Bool("read-only", false, "show no action forms and refuse every action")
 	token := fs.String("token", os.Getenv("GENDURABLE_UI_TOKEN"),
-		"require this token for actions (default $GENDURABLE_UI_TOKEN; the environment keeps it out of the process list)")
+		"require this token to read the pages and to act (default $GENDURABLE_UI_TOKEN; the environment keeps it out of the process list)")
+	allow := fs.String("allow-host", "", "comma-separated host names the dashboard answers to besides IP addresses and localhost "+
+		"(the names it is reached by; any other Host header is refused, against DNS rebinding)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -37,9 +40,15 @@ func runUI(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--addr %q: %w", *addr, err)
 	}
-	if !*readOnly && *token == "" && !loopback(host) {
-		return fmt.Errorf("--addr %s is reachable from other machines: pass --token (or set GENDURABLE_UI_TOKEN) "+
-			"so that actions need it, or --read-only", *addr)
+	if *token == "" && !loopback(host) {
+		return fmt.Errorf("--addr %s is reachable from other machines: pass --token (or set GENDURABLE_UI_TOKEN), "+
+			"read-only or not: the pages show states, results, signal payloads and errors", *addr)
+	}
+	var hosts []string
+	for _, h := range strings.Split(*allow, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			hosts = append(hosts, h)
+		}
 	}
 	pool, closeDB, err := db.open(ctx, false, os.Stderr)
 	if err != nil {
@@ -68,7 +77,7 @@ func runUI(ctx context.Context, args []string, out io.Writer) error {
 		defer cancel()
 		_ = client.Stop(stop)
 	}()
-	h, err := durableui.New(client, &durableui.Options{ReadOnly: *readOnly, Token: *token,
+	h, err := durableui.New(client, &durableui.Options{ReadOnly: *readOnly, Token: *token, AllowedHosts: hosts,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))})
 	if err != nil {
 		return err
@@ -79,12 +88,12 @@ func runUI(ctx context.Context, args []string, out io.Writer) error {
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: time.Minute,
 		WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute}
-	mode := "actions open to whoever reaches it"
-	switch {
-	case *readOnly:
-		mode = "read-only"
-	case *token != "":
-		mode = "actions need the token"
+	mode := "open to whoever reaches it"
+	if *token != "" {
+		mode = "pages and actions need the token"
+	}
+	if *readOnly {
+		mode += ", read-only"
 	}
 	fmt.Fprintf(out, "gendurable ui: schema %q on http://%s/ (%s)\n", db.schema, ln.Addr(), mode)
 	served := make(chan error, 1)
