@@ -23,6 +23,9 @@ TESTFLAGS ?=
 # package's and internal/chaos's tests; every other run skips them.
 LATENCY := ^(TestAwait.*|TestSecurity.*|TestSaturatedKeyDoesNotStarveTheWorkBehindIt|TestRateLimitConservesTokensAcrossEightClients|TestPoke.*|TestLostPokesCostAtMostAPoll|TestSignalPokesTheParkedInstancesNode|TestFanOutRoundTripWithoutPolling|TestBadInput|TestPostgresRestartMidRun|TestSmokeSuite.*|TestPartitionedWorkerIsFencedOut|TestConnectionResetsLoseCommitAcks)$$
 CLUSTER := ^(TestBloatSoak|TestLongSnapshotDuringSoak|TestSessionKills)$$
+# CONTRIB_LATENCY: contrib/redispoke's latency-bound tests (a poke's trip between processes
+# through Redis), which test/latency runs with the others and test/contrib skips.
+CONTRIB_LATENCY := ^(TestPokeReachesAnotherProcess|TestLostPokesCostAtMostAPoll)$$
 # SIDE: packages whose tests the fault job runs after its own (test/side), not the packages job,
 # so that make test's two last jobs take about as long; SIDE_RE matches them in go list's output.
 SIDE    := ./cmd/gendurable ./internal/store ./internal/maintenance
@@ -53,6 +56,7 @@ vet: ## go vet with -tags chaos (lint vets the rest), then lint
 
 test/latency: ## the latency-bound tests, alone
 	$(GO) test -p 1 -count=1 -timeout 5m -run '$(LATENCY)' $(TESTFLAGS) . ./internal/chaos/
+	cd contrib/redispoke && $(GO) test -count=1 -timeout 5m -run '$(CONTRIB_LATENCY)' $(TESTFLAGS) ./...
 
 test/cluster: ## the fault tests that run a Postgres cluster of their own (soaks, session kills), together
 	$(GO) test -count=1 -parallel 3 -timeout 10m -run '$(CLUSTER)' $(TESTFLAGS) ./internal/chaos/
@@ -73,7 +77,7 @@ test/tagged: ## the deterministic race tests, which drive the engine's fault poi
 test/contrib: ## vet and test the contrib modules and e2e
 	@set -e; for dir in $(CONTRIB); do \
 		echo "cd $$dir && $(GO) vet ./... && $(GO) test -count=1 ./..."; \
-		(cd $$dir && $(GO) vet ./... && $(GO) test -count=1 -timeout 10m $(TESTFLAGS) ./...); \
+		(cd $$dir && $(GO) vet ./... && $(GO) test -count=1 -timeout 10m -skip '$(CONTRIB_LATENCY)' $(TESTFLAGS) ./...); \
 	done
 
 test/race: ## the tests under the race detector
