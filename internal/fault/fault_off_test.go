@@ -147,7 +147,7 @@ func pointConst(goName string) (string, bool) {
 		"AfterClaimCommit": AfterClaimCommit, "BeforeOutcome": BeforeOutcome, "AwaitBetweenStmts": AwaitBetweenStmts,
 		"DeliverBeforeWake": DeliverBeforeWake, "Heartbeat": Heartbeat, "ReaperBetweenSelectUpdate": ReaperBetweenSelectUpdate,
 		"GCBetweenSelectDelete": GCBetweenSelectDelete, "GateBeforeCredit": GateBeforeCredit,
-		"BucketBeforeWriteback": BucketBeforeWriteback,
+		"BucketBeforeWriteback": BucketBeforeWriteback, "InboxPurge": InboxPurge,
 	}
 	name, ok := m[goName]
 	return name, ok
