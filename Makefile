@@ -8,28 +8,26 @@ LINT     := $(GO) tool -modfile=$(ROOT)/tools/go.mod golangci-lint
 CONTRIB  := $(patsubst %/go.mod,%,$(wildcard contrib/*/go.mod)) e2e
 # The tests' Postgres: DATABASE_URL, else 127.0.0.1:5432, else a throwaway cluster (see README).
 TESTFLAGS ?=
-# make test runs in three steps. First the latency-bound tests, alone (one package at a time,
+# make test runs in two steps. First the latency-bound tests, alone (one package at a time,
 # nothing else on the cores): they measure milliseconds or seconds (the await bridge's p95, poke
 # and poll-floor latencies, a partitioned worker's takeover, the bad-input canary), or need the
-# machine's full throughput for their fault to land (connection resets during commits). Then, at
-# once, vet and lint, the contrib modules' tests, and the tests that run a Postgres cluster of
-# their own (the soaks and the session kills, together): each of those offers a fixed load well
-# under what its cluster can do (a soak offers 40% of the capacity it measured) and judges its
-# cluster against itself, so neighbours slow nothing it measures, and they leave most of the
-# cores idle. Then two jobs at once: the packages' tests one package at a time, and
-# internal/chaos's fault tests at their CI size followed by the deterministic race tests (-tags
-# chaos) and the SIDE packages' tests; within a package, tests run as many at once as there are cores, each in a schema of
-# its own. LATENCY and CLUSTER are go test -run regexps over the root
-# package's and internal/chaos's tests; every other run skips them.
+# machine's full throughput for their fault to land (connection resets during commits). Then
+# everything else at once, each its own job: vet and lint; the tests that run a Postgres cluster
+# of their own (the soaks and the session kills: each offers a fixed load well under what its
+# cluster can do and judges its cluster against itself, so neighbours slow nothing it measures);
+# each contrib module's tests; the root package's tests; the other packages'; internal/chaos's
+# fault tests at their CI size; and the deterministic race tests (-tags chaos). Those tests wait
+# on timers, worker processes and the database far more than they compute: within a package,
+# PARALLEL of them run at once, each in a schema of its own. LATENCY and CLUSTER are go test -run
+# regexps over the root package's and internal/chaos's tests; every other run skips them.
 LATENCY := ^(TestAwait.*|TestSecurity.*|TestSaturatedKeyDoesNotStarveTheWorkBehindIt|TestRateLimitConservesTokensAcrossEightClients|TestPoke.*|TestLostPokesCostAtMostAPoll|TestSignalPokesTheParkedInstancesNode|TestFanOutRoundTripWithoutPolling|TestBadInput|TestPostgresRestartMidRun|TestSmokeSuite.*|TestPartitionedWorkerIsFencedOut|TestConnectionResetsLoseCommitAcks)$$
 CLUSTER := ^(TestBloatSoak|TestLongSnapshotDuringSoak|TestSessionKills)$$
 # CONTRIB_LATENCY: contrib/redispoke's latency-bound tests (a poke's trip between processes
 # through Redis), which test/latency runs with the others and test/contrib skips.
 CONTRIB_LATENCY := ^(TestPokeReachesAnotherProcess|TestLostPokesCostAtMostAPoll)$$
-# SIDE: packages whose tests the fault job runs after its own (test/side), not the packages job,
-# so that make test's two last jobs take about as long; SIDE_RE matches them in go list's output.
-SIDE    := ./cmd/gendurable ./internal/store ./internal/maintenance
-SIDE_RE := /(cmd/gendurable|internal/store|internal/maintenance)$$
+PARALLEL ?= 4
+# test/contrib's jobs: one per contrib module (and e2e).
+CONTRIB_JOBS := $(CONTRIB:%=test/contrib/%)
 # make chaos: RUN picks the tests (a go test -run regexp; default all), CHAOSFLAGS how they run
 # (default one package and one test at a time, so that no fault test's figures are another's
 # load), CHAOSLOG where the verbose output goes. See docs/reliability.md.
@@ -37,7 +35,7 @@ RUN        ?= .
 CHAOSFLAGS ?= -p 1 -parallel 1 -timeout 90m
 CHAOSLOG   ?= chaos.log
 
-.PHONY: help demo test test/latency test/packages test/faults test/side test/cluster test/tagged test/contrib test/race vet lint bench chaos fuzz tidy
+.PHONY: help demo test test/latency test/root test/packages test/faults test/cluster test/tagged test/contrib $(CONTRIB_JOBS) test/race vet lint bench chaos fuzz tidy
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -47,8 +45,7 @@ demo: ## run the demo: an order-processing workflow over a few thousand instance
 
 test: ## vet, lint and every test (contrib modules included) against a real Postgres
 	@$(MAKE) --no-print-directory test/latency
-	@$(MAKE) --no-print-directory -j3 --output-sync=target vet test/cluster test/contrib
-	@$(MAKE) --no-print-directory -j2 --output-sync=target test/packages test/faults
+	@$(MAKE) --no-print-directory -j10 --output-sync=target vet test/cluster test/contrib test/root test/packages test/faults test/tagged
 
 vet: ## go vet with -tags chaos (lint vets the rest), then lint
 	$(GO) vet -tags chaos ./...
@@ -61,24 +58,22 @@ test/latency: ## the latency-bound tests, alone
 test/cluster: ## the fault tests that run a Postgres cluster of their own (soaks, session kills), together
 	$(GO) test -count=1 -parallel 3 -timeout 10m -run '$(CLUSTER)' $(TESTFLAGS) ./internal/chaos/
 
-test/packages: ## every package's tests but internal/chaos's and SIDE's, one package at a time
-	$(GO) test -p 1 -count=1 -timeout 10m -skip '$(LATENCY)' $(TESTFLAGS) $$($(GO) list ./... | grep -v -E '/internal/chaos$$|$(SIDE_RE)')
+test/root: ## the root package's tests but the latency-bound ones, PARALLEL at once
+	$(GO) test -count=1 -parallel $(PARALLEL) -timeout 10m -skip '$(LATENCY)' $(TESTFLAGS) .
 
-test/faults: ## internal/chaos's fault tests at their CI size, but the latency-bound and own-cluster ones; then test/tagged and test/side
-	$(GO) test -count=1 -timeout 10m -skip '$(LATENCY)|$(CLUSTER)' $(TESTFLAGS) ./internal/chaos/
-	@$(MAKE) --no-print-directory test/tagged test/side
+test/packages: ## the tests of every package but the root and internal/chaos
+	$(GO) test -count=1 -parallel $(PARALLEL) -timeout 10m $(TESTFLAGS) $$($(GO) list ./... | grep -v -x -E '$(shell $(GO) list .)|.*/internal/chaos')
 
-test/side: ## the packages in SIDE, which test/faults runs after its own so that the two jobs of make test end together
-	$(GO) test -p 1 -count=1 -timeout 10m $(TESTFLAGS) $(SIDE)
+test/faults: ## internal/chaos's fault tests at their CI size, but the latency-bound and own-cluster ones
+	$(GO) test -count=1 -parallel $(PARALLEL) -timeout 10m -skip '$(LATENCY)|$(CLUSTER)' $(TESTFLAGS) ./internal/chaos/
 
 test/tagged: ## the deterministic race tests, which drive the engine's fault points (-tags chaos)
 	$(GO) test -count=1 -tags chaos -run '^TestChaos' -timeout 10m $(TESTFLAGS) ./internal/fault/ ./internal/chaos/
 
-test/contrib: ## vet and test the contrib modules and e2e
-	@set -e; for dir in $(CONTRIB); do \
-		echo "cd $$dir && $(GO) vet ./... && $(GO) test -count=1 ./..."; \
-		(cd $$dir && $(GO) vet ./... && $(GO) test -count=1 -timeout 10m -skip '$(CONTRIB_LATENCY)' $(TESTFLAGS) ./...); \
-	done
+test/contrib: $(CONTRIB_JOBS) ## vet and test the contrib modules and e2e, each its own job
+
+$(CONTRIB_JOBS): test/contrib/%:
+	cd $* && $(GO) vet ./... && $(GO) test -count=1 -timeout 10m -skip '$(CONTRIB_LATENCY)' $(TESTFLAGS) ./...
 
 test/race: ## the tests under the race detector
 	$(GO) test -count=1 -race -timeout 20m $(TESTFLAGS) ./...
