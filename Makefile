@@ -11,21 +11,21 @@ TESTFLAGS ?=
 # make test runs in two steps. First the latency-bound tests, alone (one package at a time,
 # nothing else on the cores): they measure milliseconds or seconds (the await bridge's p95, poke
 # and poll-floor latencies, a partitioned worker's takeover, the bad-input canary), or need the
-# machine's full throughput for their fault to land (connection resets during commits). Then
-# everything else at once, each its own job: vet and lint; the tests that run a Postgres cluster
-# of their own (the soaks and the session kills: each offers a fixed load well under what its
-# cluster can do and judges its cluster against itself, so neighbours slow nothing it measures);
-# each contrib module's tests; the root package's tests; the other packages'; internal/chaos's
-# fault tests at their CI size; and the deterministic race tests (-tags chaos). Those tests wait
-# on timers, worker processes and the database far more than they compute: within a package,
-# PARALLEL of them run at once, each in a schema of its own. LATENCY and CLUSTER are go test -run
-# regexps over the root package's and internal/chaos's tests; every other run skips them.
+# machine's full throughput for their fault to land (connection resets during commits). Then four
+# jobs at once: the root package's tests; internal/chaos's fault tests at their CI size, then the
+# deterministic race tests (-tags chaos); vet and lint, then the other packages' tests; and the
+# tests that run a Postgres cluster of their own (the soaks and the session kills: each offers a
+# fixed load well under what its cluster can do and judges its cluster against itself, so
+# neighbours slow nothing it measures), then the contrib modules' tests. The tests wait on
+# timers, worker processes and the database far more than they compute, so the jobs share the
+# cores well; what bounds how many run at once is the server's connections (100 by default):
+# within a package, tests run as many at once as there are cores, each in a schema of its own.
+# LATENCY and CLUSTER are go test -run regexps over the root package's and internal/chaos's
+# tests; every other run skips them.
 LATENCY := ^(TestAwait.*|TestSecurity.*|TestSaturatedKeyDoesNotStarveTheWorkBehindIt|TestRateLimitConservesTokensAcrossEightClients|TestPoke.*|TestLostPokesCostAtMostAPoll|TestSignalPokesTheParkedInstancesNode|TestFanOutRoundTripWithoutPolling|TestBadInput|TestPostgresRestartMidRun|TestSmokeSuite.*|TestPartitionedWorkerIsFencedOut|TestConnectionResetsLoseCommitAcks)$$
 CLUSTER := ^(TestBloatSoak|TestLongSnapshotDuringSoak|TestSessionKills)$$
-# CONTRIB_LATENCY: contrib/redispoke's latency-bound tests (a poke's trip between processes
-# through Redis), which test/latency runs with the others and test/contrib skips.
-CONTRIB_LATENCY := ^(TestPokeReachesAnotherProcess|TestLostPokesCostAtMostAPoll)$$
-PARALLEL ?= 4
+# contrib/redispoke's tests measure a poke's trip between processes through Redis, and its
+# pings' answers within 100ms: test/latency runs them, with the others; test/contrib vets it.
 # test/contrib's jobs: one per contrib module (and e2e).
 CONTRIB_JOBS := $(CONTRIB:%=test/contrib/%)
 # make chaos: RUN picks the tests (a go test -run regexp; default all), CHAOSFLAGS how they run
@@ -35,7 +35,7 @@ RUN        ?= .
 CHAOSFLAGS ?= -p 1 -parallel 1 -timeout 90m
 CHAOSLOG   ?= chaos.log
 
-.PHONY: help demo test test/latency test/root test/packages test/faults test/cluster test/tagged test/contrib $(CONTRIB_JOBS) test/race vet lint bench chaos fuzz tidy
+.PHONY: help demo test test/latency test/root test/packages test/faults test/cluster test/tagged test/contrib $(CONTRIB_JOBS) test/vet-packages test/cluster-contrib test/race vet lint bench chaos fuzz tidy
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -45,7 +45,7 @@ demo: ## run the demo: an order-processing workflow over a few thousand instance
 
 test: ## vet, lint and every test (contrib modules included) against a real Postgres
 	@$(MAKE) --no-print-directory test/latency
-	@$(MAKE) --no-print-directory -j10 --output-sync=target vet test/cluster test/contrib test/root test/packages test/faults test/tagged
+	@$(MAKE) --no-print-directory -j4 --output-sync=target test/root test/faults test/vet-packages test/cluster-contrib
 
 vet: ## go vet with -tags chaos (lint vets the rest), then lint
 	$(GO) vet -tags chaos ./...
@@ -53,27 +53,38 @@ vet: ## go vet with -tags chaos (lint vets the rest), then lint
 
 test/latency: ## the latency-bound tests, alone
 	$(GO) test -p 1 -count=1 -timeout 5m -run '$(LATENCY)' $(TESTFLAGS) . ./internal/chaos/
-	cd contrib/redispoke && $(GO) test -count=1 -timeout 5m -run '$(CONTRIB_LATENCY)' $(TESTFLAGS) ./...
+	cd contrib/redispoke && $(GO) test -count=1 -timeout 5m $(TESTFLAGS) ./...
 
-test/cluster: ## the fault tests that run a Postgres cluster of their own (soaks, session kills), together
-	$(GO) test -count=1 -parallel 3 -timeout 10m -run '$(CLUSTER)' $(TESTFLAGS) ./internal/chaos/
+test/root: ## the root package's tests but the latency-bound ones
+	$(GO) test -count=1 -timeout 10m -skip '$(LATENCY)' $(TESTFLAGS) .
 
-test/root: ## the root package's tests but the latency-bound ones, PARALLEL at once
-	$(GO) test -count=1 -parallel $(PARALLEL) -timeout 10m -skip '$(LATENCY)' $(TESTFLAGS) .
+test/packages: ## the tests of every package but the root and internal/chaos, one package at a time
+	$(GO) test -p 1 -count=1 -timeout 10m $(TESTFLAGS) $$($(GO) list ./... | grep -v -x -E '$(shell $(GO) list .)|.*/internal/chaos')
 
-test/packages: ## the tests of every package but the root and internal/chaos
-	$(GO) test -count=1 -parallel $(PARALLEL) -timeout 10m $(TESTFLAGS) $$($(GO) list ./... | grep -v -x -E '$(shell $(GO) list .)|.*/internal/chaos')
-
-test/faults: ## internal/chaos's fault tests at their CI size, but the latency-bound and own-cluster ones
-	$(GO) test -count=1 -parallel $(PARALLEL) -timeout 10m -skip '$(LATENCY)|$(CLUSTER)' $(TESTFLAGS) ./internal/chaos/
+test/faults: ## internal/chaos's fault tests at their CI size, but the latency-bound and own-cluster ones; then test/tagged
+	$(GO) test -count=1 -timeout 10m -skip '$(LATENCY)|$(CLUSTER)' $(TESTFLAGS) ./internal/chaos/
+	@$(MAKE) --no-print-directory test/tagged
 
 test/tagged: ## the deterministic race tests, which drive the engine's fault points (-tags chaos)
 	$(GO) test -count=1 -tags chaos -run '^TestChaos' -timeout 10m $(TESTFLAGS) ./internal/fault/ ./internal/chaos/
 
-test/contrib: $(CONTRIB_JOBS) ## vet and test the contrib modules and e2e, each its own job
+test/cluster: ## the fault tests that run a Postgres cluster of their own (soaks, session kills), together
+	$(GO) test -count=1 -parallel 3 -timeout 10m -run '$(CLUSTER)' $(TESTFLAGS) ./internal/chaos/
+
+test/contrib: $(CONTRIB_JOBS) ## vet and test the contrib modules and e2e (contrib/redispoke's tests are test/latency's)
 
 $(CONTRIB_JOBS): test/contrib/%:
-	cd $* && $(GO) vet ./... && $(GO) test -count=1 -timeout 10m -skip '$(CONTRIB_LATENCY)' $(TESTFLAGS) ./...
+	cd $* && $(GO) vet ./...
+	$(if $(filter contrib/redispoke,$*),,cd $* && $(GO) test -count=1 -timeout 10m $(TESTFLAGS) ./...)
+
+# make test's jobs that run two targets one after the other.
+test/vet-packages:
+	@$(MAKE) --no-print-directory vet
+	@$(MAKE) --no-print-directory test/packages
+
+test/cluster-contrib:
+	@$(MAKE) --no-print-directory test/cluster
+	@$(MAKE) --no-print-directory test/contrib
 
 test/race: ## the tests under the race detector
 	$(GO) test -count=1 -race -timeout 20m $(TESTFLAGS) ./...
