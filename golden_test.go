@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/durabletest"
@@ -172,7 +173,7 @@ func TestGoldenRows(t *testing.T) {
 			var r goldenState
 			kit.RequireDone(ctx, 1101, &r)
 			require.Equal(t, goldenState{N: 12, Seen: []string{"end"}}, r)
-			a, err := cl.Await(ctx, 1101, 1, nil)
+			a, err := cl.Await(ctx, 1101, 10*time.Second, nil) // a finished instance is answered at once
 			require.NoError(t, err)
 			require.Equal(t, gendurable.AwaitDone, a.Status)
 			var d goldenState
