@@ -8,24 +8,28 @@ LINT     := $(GO) tool -modfile=$(ROOT)/tools/go.mod golangci-lint
 CONTRIB  := $(patsubst %/go.mod,%,$(wildcard contrib/*/go.mod)) e2e
 # The tests' Postgres: DATABASE_URL, else 127.0.0.1:5432, else a throwaway cluster (see README).
 TESTFLAGS ?=
-# make test runs in two steps. First the latency-bound tests, alone (one package at a time,
+# make test runs in three steps. First the latency-bound tests, alone (one package at a time,
 # nothing else on the cores): they measure milliseconds or seconds (the await bridge's p95, poke
-# and poll-floor latencies, a partitioned worker's takeover, the bad-input canary), or need the
-# machine's full throughput for their fault to land (connection resets during commits). Then four
-# jobs at once: the root package's tests; internal/chaos's fault tests at their CI size, then the
-# deterministic race tests (-tags chaos); vet and lint, then the other packages' tests; and the
-# tests that run a Postgres cluster of their own (the soaks and the session kills: each offers a
-# fixed load well under what its cluster can do and judges its cluster against itself, so
-# neighbours slow nothing it measures), then the contrib modules' tests. The tests wait on
-# timers, worker processes and the database far more than they compute, so the jobs share the
-# cores well; what bounds how many run at once is the server's connections (100 by default):
-# within a package, tests run as many at once as there are cores, each in a schema of its own.
-# LATENCY and CLUSTER are go test -run regexps over the root package's and internal/chaos's
-# tests; every other run skips them.
+# and poll-floor latencies, contrib/redispoke's trips through Redis and its pings' answers, a
+# partitioned worker's takeover, the bad-input canary), or need the machine's full throughput for
+# their fault to land (connection resets during commits). Then, at once, vet and lint, each
+# contrib module's tests, and the tests that run a Postgres cluster of their own (the soaks and
+# the session kills, together): each of those offers a fixed load well under what its cluster can
+# do (a soak offers 40% of the capacity it measured) and judges its cluster against itself, so
+# neighbours slow nothing it measures, and they leave most of the cores idle. Then two jobs at
+# once: the root package's tests, then those of the packages in SIDE; and internal/chaos's fault
+# tests at their CI size, then the deterministic race tests (-tags chaos), then the other
+# packages' tests (SIDE balances the two jobs' lengths). Within a package, tests run as many at once as there are cores, each in a schema (or
+# database) of its own; more at once would slow each other down (the cores are busy, the
+# server's too) and run out of the server's 100 connections. LATENCY and CLUSTER are go test -run
+# regexps over the root package's and internal/chaos's tests; every other run skips them.
 LATENCY := ^(TestAwait.*|TestSecurity.*|TestSaturatedKeyDoesNotStarveTheWorkBehindIt|TestRateLimitConservesTokensAcrossEightClients|TestPoke.*|TestLostPokesCostAtMostAPoll|TestSignalPokesTheParkedInstancesNode|TestFanOutRoundTripWithoutPolling|TestBadInput|TestPostgresRestartMidRun|TestSmokeSuite.*|TestPartitionedWorkerIsFencedOut|TestConnectionResetsLoseCommitAcks)$$
 CLUSTER := ^(TestBloatSoak|TestLongSnapshotDuringSoak|TestSessionKills)$$
 # contrib/redispoke's tests measure a poke's trip between processes through Redis, and its
 # pings' answers within 100ms: test/latency runs them, with the others; test/contrib vets it.
+# SIDE: the packages whose tests make test runs after the root package's, in the same job.
+SIDE     := ./cmd/gendurable ./internal/store ./internal/maintenance
+SIDE_RE  := /(cmd/gendurable|internal/store|internal/maintenance)
 # test/contrib's jobs: one per contrib module (and e2e).
 CONTRIB_JOBS := $(CONTRIB:%=test/contrib/%)
 # make chaos: RUN picks the tests (a go test -run regexp; default all), CHAOSFLAGS how they run
@@ -35,7 +39,7 @@ RUN        ?= .
 CHAOSFLAGS ?= -p 1 -parallel 1 -timeout 90m
 CHAOSLOG   ?= chaos.log
 
-.PHONY: help demo test test/latency test/root test/packages test/faults test/cluster test/tagged test/contrib $(CONTRIB_JOBS) test/vet-packages test/cluster-contrib test/race vet lint bench chaos fuzz tidy
+.PHONY: help demo test test/latency test/root test/packages test/side test/faults test/cluster test/tagged test/contrib $(CONTRIB_JOBS) test/root-packages test/race vet lint bench chaos fuzz tidy
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -45,7 +49,8 @@ demo: ## run the demo: an order-processing workflow over a few thousand instance
 
 test: ## vet, lint and every test (contrib modules included) against a real Postgres
 	@$(MAKE) --no-print-directory test/latency
-	@$(MAKE) --no-print-directory -j4 --output-sync=target test/root test/faults test/vet-packages test/cluster-contrib
+	@$(MAKE) --no-print-directory -j6 --output-sync=target vet test/cluster test/contrib
+	@$(MAKE) --no-print-directory -j2 --output-sync=target test/root-packages test/faults
 
 vet: ## go vet with -tags chaos (lint vets the rest), then lint
 	$(GO) vet -tags chaos ./...
@@ -58,12 +63,16 @@ test/latency: ## the latency-bound tests, alone
 test/root: ## the root package's tests but the latency-bound ones
 	$(GO) test -count=1 -timeout 10m -skip '$(LATENCY)' $(TESTFLAGS) .
 
-test/packages: ## the tests of every package but the root and internal/chaos, one package at a time
-	$(GO) test -p 1 -count=1 -timeout 10m $(TESTFLAGS) $$($(GO) list ./... | grep -v -x -E '$(shell $(GO) list .)|.*/internal/chaos')
+test/packages: ## the tests of every package but the root, internal/chaos and SIDE, one package at a time
+	$(GO) test -p 1 -count=1 -timeout 10m $(TESTFLAGS) $$($(GO) list ./... | grep -v -x -E '$(shell $(GO) list .)|.*/internal/chaos|.*$(SIDE_RE)')
 
-test/faults: ## internal/chaos's fault tests at their CI size, but the latency-bound and own-cluster ones; then test/tagged
+test/side: ## the tests of the packages in SIDE, one package at a time
+	$(GO) test -p 1 -count=1 -timeout 10m $(TESTFLAGS) $(SIDE)
+
+test/faults: ## internal/chaos's fault tests at their CI size, but the latency-bound and own-cluster ones; then test/tagged and test/packages
 	$(GO) test -count=1 -timeout 10m -skip '$(LATENCY)|$(CLUSTER)' $(TESTFLAGS) ./internal/chaos/
 	@$(MAKE) --no-print-directory test/tagged
+	@$(MAKE) --no-print-directory test/packages
 
 test/tagged: ## the deterministic race tests, which drive the engine's fault points (-tags chaos)
 	$(GO) test -count=1 -tags chaos -run '^TestChaos' -timeout 10m $(TESTFLAGS) ./internal/fault/ ./internal/chaos/
@@ -77,14 +86,10 @@ $(CONTRIB_JOBS): test/contrib/%:
 	cd $* && $(GO) vet ./...
 	$(if $(filter contrib/redispoke,$*),,cd $* && $(GO) test -count=1 -timeout 10m $(TESTFLAGS) ./...)
 
-# make test's jobs that run two targets one after the other.
-test/vet-packages:
-	@$(MAKE) --no-print-directory vet
-	@$(MAKE) --no-print-directory test/packages
-
-test/cluster-contrib:
-	@$(MAKE) --no-print-directory test/cluster
-	@$(MAKE) --no-print-directory test/contrib
+# make test's job that runs the root package's tests, then SIDE's.
+test/root-packages:
+	@$(MAKE) --no-print-directory test/root
+	@$(MAKE) --no-print-directory test/side
 
 test/race: ## the tests under the race detector
 	$(GO) test -count=1 -race -timeout 20m $(TESTFLAGS) ./...
