@@ -8,6 +8,7 @@ import (
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/durabledbtest"
+	"github.com/gendurable/gendurable/internal/chaos/oracle"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
@@ -78,13 +79,23 @@ func expand(q, schema string) string {
 	return string(out)
 }
 
-// deadlocks reads the database's deadlock count (pg_stat_database).
-func deadlocks(t *testing.T, e *env) int {
+// newDeadlockFreeEnv is newEnv in a database of the test's own (oracle.Database), whose deadlock
+// count must be zero when the test ends: read once every connection of the test has closed, it
+// misses none and holds no other test's.
+func newDeadlockFreeEnv(t *testing.T) *env {
 	t.Helper()
-	var n int
-	require.NoError(t, e.pool.QueryRow(context.Background(),
-		`SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()`).Scan(&n))
-	return n
+	dsn := oracle.Database(t, func(n int64) {
+		if n != 0 {
+			t.Errorf("the test's database counted %d deadlocks", n)
+		}
+	})
+	cfg, err := pgxpool.ParseConfig(dsn)
+	require.NoError(t, err)
+	cfg.MaxConns = 16
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return &env{pool: pool, schema: durabledbtest.Schema(t, pool)}
 }
 
 // eventually polls cond until it holds or the timeout passes.

@@ -231,7 +231,7 @@ func TestRetryAFailedInstanceKeepsItsHistory(t *testing.T) {
 // Cancels racing the workers over gated instances: every instance ends done or cancelled, the
 // gate counters end at zero, no inbox is left behind, and nothing deadlocks.
 func TestCancelsRacingTheWorkers(t *testing.T) {
-	e := newEnv(t)
+	e := newDeadlockFreeEnv(t)
 	job := gendurable.Job[int]{Name: "work", Queue: "race", Perform: func(ctx *gendurable.Ctx, n int) error {
 		time.Sleep(time.Duration(n%5) * time.Millisecond)
 		return nil
@@ -240,7 +240,6 @@ func TestCancelsRacingTheWorkers(t *testing.T) {
 		ConcurrencyLimits: map[string]gendurable.ConcurrencyLimit{"g": {Limit: 4, Shards: 2}}}
 	w1 := e.client(t, &gendurable.Config{Name: "w1", Machines: cfg.Machines, Queues: cfg.Queues, ConcurrencyLimits: cfg.ConcurrencyLimits})
 	w2 := e.client(t, &gendurable.Config{Name: "w2", Machines: cfg.Machines, Queues: cfg.Queues, ConcurrencyLimits: cfg.ConcurrencyLimits})
-	deadlocksBefore := deadlocks(t, e)
 	const n = 400
 	params := make([]gendurable.InsertManyParams, n)
 	for i := range params {
@@ -275,5 +274,6 @@ func TestCancelsRacingTheWorkers(t *testing.T) {
 	require.Equal(t, int(cancelled.Load()), e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'cancelled'`))
 	require.Positive(t, cancelled.Load())
 	require.Zero(t, e.count(t, `SELECT coalesce(sum(held), 0) FROM {schema}.gates`), "gate counters drifted")
-	require.Equal(t, deadlocksBefore, deadlocks(t, e))
+	// No deadlock between the cancels and the workers: the env's database counts none when the
+	// test ends.
 }

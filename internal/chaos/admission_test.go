@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
-	"github.com/gendurable/gendurable/durabledbtest"
 	"github.com/gendurable/gendurable/internal/chaos/oracle"
 	"github.com/stretchr/testify/require"
 )
@@ -79,7 +78,7 @@ func TestGateNeverOverAdmitsAcrossProcesses(t *testing.T) {
 	require.NoError(t, err)
 
 	cfg := func(i int) workerCfg {
-		return workerCfg{Machines: machinesRaces, Conns: 5, FxConns: 3, URL: durabledbtest.URL(t), Schema: e.schema,
+		return workerCfg{Machines: machinesRaces, Conns: 5, FxConns: 3, URL: e.url, Schema: e.schema,
 			Name: fmt.Sprint("w", i), Queues: []string{"t3"}, Conc: 16,
 			PollMS: 50, LeaseMS: 5000, ReaperMS: 200, GCMS: 200, RetentionMS: 3_600_000,
 			Gates: map[string][2]int{"stripe": {5, 2}}, StepMinMS: 5, StepMaxMS: 30, Seed: seed + uint64(i)}
@@ -249,7 +248,7 @@ func TestRateLimitConservationAcrossProcesses(t *testing.T) {
 	var workers []*worker
 	for i := range 4 {
 		workers = append(workers, startWorker(t, workerCfg{Machines: machinesRaces, Conns: 5, FxConns: 3,
-			URL: durabledbtest.URL(t), Schema: e.schema, Name: fmt.Sprint("r", i),
+			URL: e.url, Schema: e.schema, Name: fmt.Sprint("r", i),
 			Queues: []string{"rate"}, Conc: 8, PollMS: 20, LeaseMS: 10_000, ReaperMS: 500, StepMinMS: 1, StepMaxMS: 2,
 			Rates: map[string][3]int{"api": {allowed, periodMS, burst}}, Seed: seed + uint64(i)}))
 	}

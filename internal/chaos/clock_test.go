@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
-	"github.com/gendurable/gendurable/durabledbtest"
 	"github.com/gendurable/gendurable/internal/chaos/oracle"
 	"github.com/stretchr/testify/require"
 )
@@ -325,7 +324,7 @@ func TestTimezoneSkewedWorkersAgreeOnTime(t *testing.T) {
 	require.NoError(t, err)
 	var pids []int
 	for i, tz := range []string{"Pacific/Kiritimati", "Etc/GMT+12"} {
-		w := startWorker(t, workerCfg{Machines: machinesRaces, Conns: 5, FxConns: 3, URL: durabledbtest.URL(t),
+		w := startWorker(t, workerCfg{Machines: machinesRaces, Conns: 5, FxConns: 3, URL: e.url,
 			Schema: e.schema, Name: fmt.Sprint("tz", i), Queues: []string{"t12"},
 			Conc: 8, PollMS: 50, LeaseMS: 2000, ReaperMS: 100, StepMinMS: 1, StepMaxMS: 3, Seed: seed + uint64(i)},
 			"TZ="+tz, "PGTZ="+tz)

@@ -19,8 +19,9 @@ import (
 )
 
 // The deadlock metric works: two transactions that lock two rate buckets in opposite orders (a
-// test-only statement; the engine locks buckets in key order) deadlock, and the database's count
-// moves. Without this, T6's "0 deadlocks" could be a metric that never moves.
+// test-only statement; the engine locks buckets in key order) deadlock, and the database's count,
+// read by I8 once the test's connections have closed, is exactly 1. Without this, T6's "0
+// deadlocks" could be a metric that never moves.
 func TestDeadlockMetricNegativeControl(t *testing.T) {
 	t.Parallel()
 	e, _ := privateEnv(t, 4)
@@ -59,8 +60,8 @@ func TestDeadlockMetricNegativeControl(t *testing.T) {
 		}
 	}
 	require.Equal(t, 1, deadlocked, "one of the two was chosen as the deadlock victim")
-	n := deadlocksAfter(t, e, e.deadlocks+1, 10*time.Second)
-	require.GreaterOrEqual(t, n-e.deadlocks, int64(1), "the deadlock count did not move")
+	// I8, when the test ends, reads the database's count: exactly this one.
+	e.wantDeadlocks = 1
 }
 
 // T6: a deadlock hunt. For 10 s (60 s with GD_CHAOS=full), all at once: 8 goroutines insert
@@ -227,8 +228,6 @@ func TestDeadlockHunt(t *testing.T) {
 	require.True(t, slices.IsSorted(byKey), "ids follow key order")
 	require.Equal(t, len(big), e.count(t, `SELECT count(*) FROM {schema}.instances WHERE queue = 'big'`))
 
-	n := deadlocksAfter(t, e, e.deadlocks+1, 2*time.Second)
-	require.Equal(t, e.deadlocks, n, "I8: deadlocks during the hunt")
 	e.check(t, oracle.Opts{Terminal: []string{"done", "failed", "available", "awaiting", "joining"}},
 		oracle.Summary{Seed: seed, Instances: int(rows.Load()) + len(big), Kills: kills})
 }
@@ -276,6 +275,5 @@ func TestSettlingJoinsOfManyParentsDoesNotDeadlock(t *testing.T) {
 		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE machine = 'fam' AND status = 'done'`) == parents
 	})
 	require.Equal(t, parents, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE machine = 'fam' AND (result->>'n')::int = $1`, children))
-	n := deadlocksAfter(t, e, e.deadlocks+1, 2*time.Second)
-	e.check(t, oracle.Opts{N: parents * (children + 1)}, oracle.Summary{Instances: parents * (children + 1), Deadlocks: int(n - e.deadlocks)})
+	e.check(t, oracle.Opts{N: parents * (children + 1)}, oracle.Summary{Instances: parents * (children + 1)})
 }

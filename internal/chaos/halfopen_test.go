@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
-	"github.com/gendurable/gendurable/durabledbtest"
 	"github.com/gendurable/gendurable/internal/faultproxy"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -70,7 +69,7 @@ func (tl *timeline) after(what string, t0 time.Time) (time.Duration, bool) {
 func TestHalfOpenConnectionsDoNotPinTheWorker(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 16)
-	pool, proxy := proxiedPool(t, durabledbtest.URL(t), 8)
+	pool, proxy := proxiedPool(t, e.url, 8)
 	tl := &timeline{first: map[string]time.Time{}}
 	logs := &scanHandler{scan: func(s string) {
 		for _, what := range []string{"pick failed", "heartbeat failed"} {

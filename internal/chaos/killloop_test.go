@@ -27,7 +27,7 @@ func doneCount(t *testing.T, e *env) int {
 // same workers first gives the throughput baseline.
 func TestKillLoopLosesNothing(t *testing.T) {
 	t.Parallel()
-	e, ctx, deadlocksBefore := oracleEnv(t)
+	e, ctx := oracleEnv(t)
 	seed, rng := oracle.Seed(t)
 	n, baseN := oracle.Size(600, 10000), oracle.Size(200, 1000)
 	began := time.Now()
@@ -51,7 +51,7 @@ func TestKillLoopLosesNothing(t *testing.T) {
 		c.kills, faulted, baseline, tail.Round(time.Millisecond))
 
 	require.Zero(t, unexplainedDuplicates(t, e, c.faulted, nil), "unexplained duplicate effects")
-	verdict(t, e, oracle.Opts{N: n + baseN, Effects: true, Counter: true, Path: linearPath, DeadlocksBefore: deadlocksBefore},
+	verdict(t, e, oracle.Opts{N: n + baseN, Effects: true, Counter: true, Path: linearPath},
 		oracle.Summary{Test: "T1 kill -9 loop", Seed: seed, Instances: n + baseN, Kills: c.kills,
 			Throughput: faulted, Baseline: baseline, Seconds: time.Since(began).Seconds()})
 	require.Positive(t, c.kills)
@@ -79,7 +79,7 @@ func executingBy(t *testing.T, e *env, name string) int {
 // own outcome, and the worker must have seen its commit fail.
 func TestPausedWorkersLateCommitsAreDropped(t *testing.T) {
 	t.Parallel()
-	e, _, deadlocksBefore := oracleEnv(t)
+	e, _ := oracleEnv(t)
 	seed, rng := oracle.Seed(t)
 	rounds, perRound := oracle.Size(1, 5), oracle.Size(300, 1000)
 	began := time.Now()
@@ -156,7 +156,7 @@ func TestPausedWorkersLateCommitsAreDropped(t *testing.T) {
 		}
 	}
 	require.Zero(t, unexplainedDuplicates(t, e, c.faulted, nil), "unexplained duplicate effects")
-	verdict(t, e, oracle.Opts{N: rounds * perRound, Effects: true, Counter: true, Path: linearPath, DeadlocksBefore: deadlocksBefore},
+	verdict(t, e, oracle.Opts{N: rounds * perRound, Effects: true, Counter: true, Path: linearPath},
 		oracle.Summary{Test: "T1b pause past the lease", Seed: seed, Instances: rounds * perRound, Pauses: c.pauses,
 			Seconds: time.Since(began).Seconds()})
 	t.Logf("%d late outcomes dropped (outcome.stale), %d of them from paused workers", stale, pausedStale)
@@ -169,7 +169,7 @@ func TestPausedWorkersLateCommitsAreDropped(t *testing.T) {
 // anyone (no repeated effect of its pid), since nothing else is faulted.
 func TestTerminatedWorkerDrainsCleanly(t *testing.T) {
 	t.Parallel()
-	e, _, deadlocksBefore := oracleEnv(t)
+	e, _ := oracleEnv(t)
 	seed, rng := oracle.Seed(t)
 	rounds, perRound := oracle.Size(3, 20), oracle.Size(200, 500)
 	began := time.Now()
@@ -202,7 +202,7 @@ func TestTerminatedWorkerDrainsCleanly(t *testing.T) {
 	}
 	require.Zero(t, e.count(t, `SELECT count(*) FROM (SELECT 1 FROM {schema}.t_effects GROUP BY id, step HAVING count(*) > 1) d`),
 		"no effect repeats: nothing was killed or paused")
-	verdict(t, e, oracle.Opts{N: rounds * perRound, Effects: true, Counter: true, Path: linearPath, DeadlocksBefore: deadlocksBefore},
+	verdict(t, e, oracle.Opts{N: rounds * perRound, Effects: true, Counter: true, Path: linearPath},
 		oracle.Summary{Test: "T1c SIGTERM drain", Seed: seed, Instances: rounds * perRound, Faults: len(terms),
 			Seconds: time.Since(began).Seconds()})
 }
@@ -213,7 +213,7 @@ func TestTerminatedWorkerDrainsCleanly(t *testing.T) {
 // lease + reaper + 1s, P2 finishes them, and no step attempt ran in two live processes.
 func TestSameNameWorkerLeavesLiveClaimsAlone(t *testing.T) {
 	t.Parallel()
-	e, ctx, deadlocksBefore := oracleEnv(t)
+	e, ctx := oracleEnv(t)
 	seed, _ := oracle.Seed(t)
 	rounds := oracle.Size(1, 3)
 	const n = 16
@@ -266,7 +266,7 @@ func TestSameNameWorkerLeavesLiveClaimsAlone(t *testing.T) {
 	// No step attempt ran in two processes.
 	require.Zero(t, e.count(t, `SELECT count(*) FROM (SELECT 1 FROM {schema}.t_effects GROUP BY id, step, attempt
 		HAVING count(DISTINCT pid) > 1) d`))
-	verdict(t, e, oracle.Opts{N: rounds * n, Effects: true, Counter: true, Path: linearPath, DeadlocksBefore: deadlocksBefore},
+	verdict(t, e, oracle.Opts{N: rounds * n, Effects: true, Counter: true, Path: linearPath},
 		oracle.Summary{Test: "T4 worker-id collision", Seed: seed, Instances: rounds * n, Kills: kills,
 			Seconds: time.Since(began).Seconds()})
 }

@@ -48,7 +48,7 @@ func fires(t *testing.T, e *env) map[string][]fireRow {
 // any gap a kill makes), and the fire lag (fire time to the insert's transaction) p99 under 1s.
 func TestSchedulesFireOncePerFireTimeUnderKills(t *testing.T) {
 	t.Parallel()
-	e, _, deadlocksBefore := oracleEnv(t)
+	e, _ := oracleEnv(t)
 	seed, rng := oracle.Seed(t)
 	run := oracle.Size(8*time.Second, 60*time.Second)
 	began := time.Now()
@@ -83,7 +83,7 @@ func TestSchedulesFireOncePerFireTimeUnderKills(t *testing.T) {
 	t.Logf("%d schedules, %d fires, %d kills; fire lag p50 %v p99 %v max %v", len(names), total, c.kills, p50, p99,
 		percentile(lags, 1))
 	require.Equal(t, total, drainFired(t, e))
-	verdict(t, e, oracle.Opts{N: total, DeadlocksBefore: deadlocksBefore},
+	verdict(t, e, oracle.Opts{N: total},
 		oracle.Summary{Test: "schedules under kills", Seed: seed, Instances: total, Kills: c.kills,
 			Seconds: time.Since(began).Seconds()})
 	require.Positive(t, c.kills)
@@ -94,7 +94,7 @@ func TestSchedulesFireOncePerFireTimeUnderKills(t *testing.T) {
 // are fired, the older ones are not (and are counted skipped).
 func TestSchedulesCatchUpOnlyWithinTheWindowAfterAnOutage(t *testing.T) {
 	t.Parallel()
-	e, _, deadlocksBefore := oracleEnv(t)
+	e, _ := oracleEnv(t)
 	seed, _ := oracle.Seed(t)
 	down := oracle.Size(8*time.Second, 2*time.Minute)
 	const window = 3 * time.Second
@@ -139,7 +139,7 @@ func TestSchedulesCatchUpOnlyWithinTheWindowAfterAnOutage(t *testing.T) {
 	require.Equal(t, missed, skipped, "skipped count")
 	t.Logf("down %v: last fire before %v; the round at %v fired from %v; %d fire times skipped", down, gapFrom, round, first, skipped)
 	require.Equal(t, len(fs), drainFired(t, e))
-	verdict(t, e, oracle.Opts{N: len(fs), DeadlocksBefore: deadlocksBefore},
+	verdict(t, e, oracle.Opts{N: len(fs)},
 		oracle.Summary{Test: "schedules after an outage", Seed: seed, Instances: len(fs), Kills: 1, Seconds: down.Seconds()})
 	require.Greater(t, missed, 0)
 }

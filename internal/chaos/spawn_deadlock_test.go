@@ -61,6 +61,5 @@ func TestSpawningIntoKeysOfFinishingChildrenDoesNotDeadlock(t *testing.T) {
 	eventually(t, 3*time.Minute, "every family done", func() bool {
 		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE machine = 'fam' AND status = 'done'`) == parents
 	})
-	n := deadlocksAfter(t, e, e.deadlocks+1, 2*time.Second)
-	e.check(t, oracle.Opts{}, oracle.Summary{Seed: seed, Instances: parents, Deadlocks: int(n - e.deadlocks)})
+	e.check(t, oracle.Opts{}, oracle.Summary{Seed: seed, Instances: parents})
 }

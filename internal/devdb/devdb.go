@@ -268,6 +268,16 @@ func startCluster(ctx context.Context, bin binaries, logw io.Writer, settings ma
 	return db, nil
 }
 
+// ServerLog returns what the server of a throwaway cluster has logged so far, across its
+// restarts (pg_ctl appends to one file).
+func (d *DB) ServerLog() (string, error) {
+	if d.dir == "" {
+		return "", errors.New("devdb: ServerLog: not a throwaway cluster")
+	}
+	b, err := os.ReadFile(filepath.Join(d.dir, "postgres.log"))
+	return string(b), err
+}
+
 // Start starts the server of a throwaway cluster that Stop stopped (same port, same data),
 // waiting until it accepts connections (after crash recovery, if it was stopped in immediate
 // mode).
