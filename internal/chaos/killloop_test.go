@@ -133,11 +133,13 @@ func TestPausedWorkersLateCommitsAreDropped(t *testing.T) {
 				// insert timed out across the pause), which puts the row back at the same step
 				// as a release would, but records the step's error for that attempt, not a lease
 				// error.
-				ran := e.count(t, `SELECT count(*) FROM {schema}.t_effects WHERE id = $1 AND attempt = $2 AND pid = $3`, l[0], l[1], pid)
+				ran := e.count(t, `SELECT count(*) FROM {schema}.t_effects WHERE id = $1 AND step = $2 AND attempt = $3 AND pid = $4`,
+					l.ID, l.Step, l.Attempt, pid)
 				if ran > 0 {
 					require.Equal(t, 1, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE id = $1 AND EXISTS (
-						SELECT 1 FROM jsonb_array_elements(coalesce(errors, '[]')) AS x WHERE (x ->> 'attempt')::int = $2 AND x ->> 'kind' <> 'lease')`,
-						l[0], l[1]), "%s: claim %v lost, its step ran, its outcome not reported stale", w.name, l)
+						SELECT 1 FROM jsonb_array_elements(coalesce(errors, '[]')) AS x
+						WHERE x ->> 'step' = $2 AND (x ->> 'attempt')::int = $3 AND x ->> 'kind' <> 'lease')`,
+						l.ID, l.Step, l.Attempt), "%s: claim %v lost, its step ran, its outcome not reported stale", w.name, l)
 				}
 				unknown++
 			}

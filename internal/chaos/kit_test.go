@@ -137,7 +137,7 @@ func (c *crew) killLoop(rng *rand.Rand, deadline time.Duration, interval func() 
 // claim's own outcome (any other next transition).
 func claimEnds(t *testing.T, e *env, ownerLike string) (lost, ended map[staleClaim]bool) {
 	t.Helper()
-	rows, err := e.pool.Query(context.Background(), expand(`SELECT id, attempt,
+	rows, err := e.pool.Query(context.Background(), expand(`SELECT id, new_step, attempt,
 		       next_seq IS NULL OR (next_status = 'available' AND next_step = new_step)
 		FROM (SELECT id, attempt, locked_by, new_status, old_status, new_step,
 		             lead(new_status) OVER w AS next_status, lead(new_step) OVER w AS next_step, lead(seq) OVER w AS next_seq
@@ -148,13 +148,14 @@ func claimEnds(t *testing.T, e *env, ownerLike string) (lost, ended map[staleCla
 	lost, ended = map[staleClaim]bool{}, map[staleClaim]bool{}
 	for rows.Next() {
 		var id int64
+		var step string
 		var attempt int32
 		var isLost bool
-		require.NoError(t, rows.Scan(&id, &attempt, &isLost))
+		require.NoError(t, rows.Scan(&id, &step, &attempt, &isLost))
 		if isLost {
-			lost[staleClaim{id, int64(attempt)}] = true
+			lost[staleClaim{id, step, int64(attempt)}] = true
 		} else {
-			ended[staleClaim{id, int64(attempt)}] = true
+			ended[staleClaim{id, step, int64(attempt)}] = true
 		}
 	}
 	require.NoError(t, rows.Err())
@@ -167,7 +168,7 @@ func lostClaimIDs(t *testing.T, e *env) map[int64]bool {
 	lost, _ := claimEnds(t, e, "%")
 	ids := map[int64]bool{}
 	for c := range lost {
-		ids[c[0]] = true
+		ids[c.ID] = true
 	}
 	return ids
 }

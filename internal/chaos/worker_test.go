@@ -127,8 +127,14 @@ func chaosCfg(url, fxURL, schema, name string, set ...func(*workerCfg)) workerCf
 	return c
 }
 
-// staleClaim is the claim of an outcome dropped as stale: instance id and attempt.
-type staleClaim [2]int64
+// staleClaim is a claim, as the outcome log and a worker's outcome.stale events name it: the
+// instance, the step it was claimed at, and the attempt (the attempt alone does not tell the
+// claims of one instance apart: every step's first claim is attempt 1).
+type staleClaim struct {
+	ID      int64  `json:"id"`
+	Step    string `json:"step"`
+	Attempt int64  `json:"attempt"`
+}
 
 // workerReport is what a worker counted, printed as its last line ("report {json}") when it
 // stops gracefully (a SIGKILLed worker prints nothing).
@@ -277,7 +283,7 @@ func (c *tally) hook(ev gendurable.Event) {
 			fmt.Printf("%s%d %d\n", markPrefix, ev.InstanceID, ev.At.UnixNano())
 		}
 	case gendurable.EventOutcomeStale:
-		c.r.StaleClaims = append(c.r.StaleClaims, staleClaim{ev.InstanceID, int64(ev.Attempt)})
+		c.r.StaleClaims = append(c.r.StaleClaims, staleClaim{ev.InstanceID, ev.Step, int64(ev.Attempt)})
 	case gendurable.EventCommitFailed:
 		if ev.InstanceID == 0 { // a failed try of the committer (not its final give-up)
 			c.r.CommitFailed++
