@@ -39,7 +39,7 @@ RUN        ?= .
 CHAOSFLAGS ?= -p 1 -parallel 1 -timeout 90m
 CHAOSLOG   ?= chaos.log
 
-.PHONY: help demo test test/latency test/root test/packages test/side test/faults test/cluster test/tagged test/contrib $(CONTRIB_JOBS) test/root-packages test/race vet lint bench chaos fuzz tidy
+.PHONY: help demo test test/latency test/root test/packages test/side test/faults test/cluster test/tagged test/contrib $(CONTRIB_JOBS) test/root-packages test/race vet lint bench chaos chaos/random fuzz tidy
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -108,11 +108,23 @@ lint: ## gofmt, go vet and golangci-lint (pinned in tools/go.mod)
 
 chaos: ## the reliability suite at full size (GD_CHAOS=full), then its summary table; RUN=regexp narrows it
 	@rm -f $(CHAOSLOG).status
-	@{ GD_CHAOS=full $(GO) test -count=1 -v $(CHAOSFLAGS) -run '$(RUN)' $(TESTFLAGS) ./...; \
+	@{ GD_CHAOS=full $(if $(GD_FAULT_P),GD_FAULT_P=$(GD_FAULT_P)) $(GO) test -count=1 -v $(CHAOSFLAGS) -run '$(RUN)' $(TESTFLAGS) ./...; \
 	   echo $$? > $(CHAOSLOG).status; } 2>&1 | tee $(CHAOSLOG)
 	@echo; echo "== chaos summary ($(CHAOSLOG))"
 	@status=$$(cat $(CHAOSLOG).status); rm -f $(CHAOSLOG).status; \
 	$(GO) run ./internal/chaos/chaosreport $(CHAOSLOG) && exit $$status
+
+# make chaos/random: the same run with the engine's fault points built in (-tags chaos) and
+# switched on at random for the whole run: each point reached fires with probability FAULT_P,
+# as a delay of up to 20ms, or, where its caller recovers by itself (a heartbeat, a reaper or GC
+# sweep, an inbox purge after a committed outcome), as an injected error half the time. Every
+# test, worker processes included, still ends with the oracle; CHAOSLOG defaults to
+# chaos-random.log. GD_FAULT_SEED replays a run's draws (each process prints its seed).
+FAULT_P ?= 0.01
+
+chaos/random: ## make chaos with the random fault points on (FAULT_P, default 0.01); RUN=regexp narrows it
+	@$(MAKE) --no-print-directory chaos CHAOSLOG=$(if $(filter command line,$(origin CHAOSLOG)),$(CHAOSLOG),chaos-random.log) \
+		TESTFLAGS='-tags chaos $(TESTFLAGS)' GD_FAULT_P=$(FAULT_P)
 
 # make fuzz: every fuzz target for FUZZTIME each, one after the other (go test takes one -fuzz
 # target per package and run); scripts/fuzz says why a bare deadline error is not a failure.
