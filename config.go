@@ -118,6 +118,13 @@ type ReaperConfig struct {
 	Disabled bool
 	// Interval is the time between sweeps. Default 5s.
 	Interval time.Duration
+	// MaxRecoveries is how many claims of one step an instance may lose to crashed or stalled
+	// workers (a lease that ran out, released by a reaper or by the worker's own restart) before
+	// the next such loss fails it. A lost claim costs no attempt: MaxAttempts bounds only the
+	// tries whose step returned. Progress to another step starts the count again. Default 100;
+	// 1 to 2^31 − 1. Every node that releases claims (its reaper, its startup reclaim) applies
+	// its own value: give them the same.
+	MaxRecoveries int
 }
 
 // GCConfig configures GC. At least one node of a cluster must run it (duplicates are safe:
@@ -140,6 +147,7 @@ const (
 	DefaultLease           = 30 * time.Second
 	DefaultPollInterval    = time.Second
 	DefaultReaperInterval  = 5 * time.Second
+	DefaultMaxRecoveries   = 100
 	DefaultGCInterval      = time.Minute
 	DefaultGCRetention     = 24 * time.Hour
 	DefaultGCBatch         = 1000
@@ -196,6 +204,14 @@ func (c *Config) resolve() (engine.Config, string, error) {
 	}
 	if c.Reaper != nil && c.Reaper.Interval != 0 && c.Reaper.Interval < time.Millisecond {
 		return ec, "", cfgErr("Reaper.Interval", "%v: must be at least 1ms (0 means %v)", c.Reaper.Interval, DefaultReaperInterval)
+	}
+	ec.MaxRecoveries = DefaultMaxRecoveries
+	if c.Reaper != nil && c.Reaper.MaxRecoveries != 0 {
+		if c.Reaper.MaxRecoveries < 0 || c.Reaper.MaxRecoveries > maxCount {
+			return ec, "", cfgErr("Reaper.MaxRecoveries", "%d: must be between 1 and %d (0 means %d)", c.Reaper.MaxRecoveries,
+				maxCount, DefaultMaxRecoveries)
+		}
+		ec.MaxRecoveries = c.Reaper.MaxRecoveries
 	}
 	if c.Reaper == nil || !c.Reaper.Disabled {
 		ec.ReaperInterval = DefaultReaperInterval

@@ -27,6 +27,9 @@ import (
 // attempt, and finishes with its counter. Every step moves the counter I on.
 const modelMaxAttempts = 3
 
+// modelMaxRecoveries is the model's reaper's MaxRecoveries: small, so that checks reach it.
+const modelMaxRecoveries = 2
+
 type modelState struct {
 	I int `json:"i"`
 }
@@ -69,6 +72,7 @@ type inst struct {
 	status      gendurable.Status
 	step        string
 	attempt     int
+	recoveries  int
 	i           int
 	result      int
 	inbox       []string
@@ -91,7 +95,7 @@ func (m *inst) finish(status gendurable.Status) {
 // park applies Await({"go"}, "s1", Timeout): commit the counter, park with a deadline, and wake
 // at once if a "go" is already in the inbox (the park's re-check).
 func (m *inst) park(i int) {
-	m.i, m.step, m.attempt, m.status = i, "s1", 0, gendurable.StatusAwaiting
+	m.i, m.step, m.attempt, m.recoveries, m.status = i, "s1", 0, 0, gendurable.StatusAwaiting
 	m.awaitNames, m.hasDeadline = []string{"go"}, true
 	if slices.Contains(m.inbox, "go") {
 		m.status = gendurable.StatusAvailable
@@ -120,7 +124,7 @@ func (m *inst) drainOne() {
 	case "s1":
 		m.consume(awaited)
 		if len(awaited) > 0 {
-			m.i, m.step, m.attempt, m.status, m.awaitNames, m.hasDeadline = m.i+1, "s2", 0, gendurable.StatusAvailable, nil, false
+			m.i, m.step, m.attempt, m.recoveries, m.status, m.awaitNames, m.hasDeadline = m.i+1, "s2", 0, 0, gendurable.StatusAvailable, nil, false
 		} else {
 			m.park(m.i + 1)
 		}
@@ -200,7 +204,7 @@ func TestModelOneInstance(t *testing.T) {
 		Logger: slog.New(slog.DiscardHandler)})
 	eng, pool := bridge.Engine(cl)
 	me := &modelEnv{e: e, cl: cl, kit: durabletest.New(t, cl, nil), st: eng.Store()}
-	me.reaper = &maintenance.Reaper{Store: me.st, DB: pool, Interval: time.Hour, Logger: eng.Config().Logger,
+	me.reaper = &maintenance.Reaper{Store: me.st, DB: pool, Interval: time.Hour, Logger: eng.Config().Logger, MaxRecoveries: modelMaxRecoveries,
 		Emit: func(gendurable.Event) {}, Wake: func(string) {}}
 	started, checks, actions := time.Now(), 0, 0
 	ctx := context.Background()
@@ -303,8 +307,10 @@ func TestModelOneInstance(t *testing.T) {
 					rt.Fatalf("reaper: %v", err)
 				}
 				if in != nil {
-					in.attempt++
-					if in.attempt >= modelMaxAttempts {
+					// The lost claim costs no attempt; it counts a recovery, and one past the
+					// reaper's MaxRecoveries fails the instance.
+					in.recoveries++
+					if in.recoveries > modelMaxRecoveries {
 						in.finish(gendurable.StatusFailed)
 					}
 				}
@@ -379,7 +385,7 @@ func TestModelOneInstance(t *testing.T) {
 					if err != nil {
 						rt.Fatalf("retry: %v", err)
 					}
-					in.status, in.attempt, in.awaitNames, in.hasDeadline, in.result = gendurable.StatusAvailable, 0, nil, false, 0
+					in.status, in.attempt, in.recoveries, in.awaitNames, in.hasDeadline, in.result = gendurable.StatusAvailable, 0, 0, nil, false, 0
 				}
 			},
 			"": func(rt *rapid.T) {
@@ -435,8 +441,8 @@ func (me *modelEnv) compareOne(rt *rapid.T, m *inst) {
 		inbox = append(inbox, n)
 	}
 	rows.Close()
-	got := fmt.Sprintf("status %s step %s attempt %d i %d inbox %v", in.Status, in.Step, in.Attempt, st.I, inbox)
-	want := fmt.Sprintf("status %s step %s attempt %d i %d inbox %v", m.status, m.step, m.attempt, m.i, m.inbox)
+	got := fmt.Sprintf("status %s step %s attempt %d recoveries %d i %d inbox %v", in.Status, in.Step, in.Attempt, in.Recoveries, st.I, inbox)
+	want := fmt.Sprintf("status %s step %s attempt %d recoveries %d i %d inbox %v", m.status, m.step, m.attempt, m.recoveries, m.i, m.inbox)
 	if got != want {
 		rt.Fatalf("instance %d:\n engine %s\n model  %s", m.id, got, want)
 	}

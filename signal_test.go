@@ -484,12 +484,15 @@ func TestReaperFailingAnInstanceClearsItsInbox(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	m := approvalFSM(0)
-	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{m}, Reaper: &gendurable.ReaperConfig{Interval: 50 * time.Millisecond}})
+	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{m},
+		Reaper: &gendurable.ReaperConfig{Interval: 50 * time.Millisecond, MaxRecoveries: 1}})
 	ctx := context.Background()
-	r, err := cl.Insert(ctx, m.With(approval{}), &gendurable.InsertOpts{MaxAttempts: 1})
+	r, err := cl.Insert(ctx, m.With(approval{}), nil)
 	require.NoError(t, err)
-	// A worker claimed it, got a signal while running, and died on its last attempt.
-	e.exec(t, `UPDATE {schema}.instances SET status = 'executing', locked_by = 'ghost#1', locked_until = now() + interval '1 hour', attempt = 1 WHERE id = $1`, r.ID)
+	// A worker claimed it, got a signal while running, and died; the step had been recovered
+	// once already, as many times as MaxRecoveries allows.
+	e.exec(t, `UPDATE {schema}.instances SET status = 'executing', locked_by = 'ghost#1', locked_until = now() + interval '1 hour',
+		attempt = 1, recoveries = 1 WHERE id = $1`, r.ID)
 	_, err = cl.Signal(ctx, gendurable.ByID(r.ID), "approved", nil)
 	require.NoError(t, err)
 	e.exec(t, `UPDATE {schema}.instances SET locked_until = now() - interval '1 second' WHERE id = $1`, r.ID)

@@ -67,14 +67,19 @@ type ErrorEntry struct {
 // Instance is a row of the instances table as the operator's tools and the test kit see it.
 // State and Result are the raw JSON documents.
 type Instance struct {
-	ID             int64
-	Machine        string
-	Step           string
-	Queue          string
-	Status         Status
-	Priority       int
+	ID       int64
+	Machine  string
+	Step     string
+	Queue    string
+	Status   Status
+	Priority int
+	// Attempt counts the tries of the current step (its claims, less those lost to a crashed or
+	// stalled worker); MaxAttempts bounds it. Recoveries counts the claims of the current step
+	// that were lost to a crashed or stalled worker and released (ReaperConfig.MaxRecoveries
+	// bounds it); both start again when the instance moves on.
 	Attempt        int
 	MaxAttempts    int
+	Recoveries     int
 	ScheduledAt    time.Time
 	LockedBy       string
 	LockedUntil    *time.Time

@@ -306,6 +306,7 @@ func runShow(ctx context.Context, args []string, out io.Writer) error {
 		kv("paused", "since "+d.PausedAt.UTC().Format(time.RFC3339)+" (resume ID)")
 	}
 	kv("step", fmt.Sprintf("%s (attempt %d of %d)", in.Step, in.Attempt, in.MaxAttempts))
+	kv("recoveries", fmt.Sprintf("%d (claims of this step lost to a crashed or stalled worker; they cost no attempt)", in.Recoveries))
 	path := slices.Clone(in.Path)
 	if !in.Status.Terminal() {
 		path = append(path, "["+in.Step+"]") // where it is now

@@ -25,14 +25,23 @@ func insertLinear(t *testing.T, e *env, n int) {
 // instance's concurrency key.
 func insertLinearKeyed(t *testing.T, e *env, n int, key func(i int) string) {
 	t.Helper()
+	insertLinearWith(t, e, n, func(i int, o *gendurable.InsertOpts) {
+		if key != nil {
+			o.ConcurrencyKey = key(i)
+		}
+	})
+}
+
+// insertLinearWith inserts n linear5 instances in queue "crash", set(i, opts) changing the i-th
+// one's options.
+func insertLinearWith(t *testing.T, e *env, n int, set func(i int, o *gendurable.InsertOpts)) {
+	t.Helper()
 	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{linear("linear5", 0, nil)}})
 	params := make([]gendurable.InsertManyParams, n)
 	for i := range params {
 		params[i] = gendurable.InsertManyParams{Input: linear("linear5", 0, nil).With(path{}),
 			Opts: &gendurable.InsertOpts{Queue: "crash"}}
-		if key != nil {
-			params[i].Opts.ConcurrencyKey = key(i)
-		}
+		set(i, params[i].Opts)
 	}
 	_, err := cl.InsertMany(context.Background(), params)
 	require.NoError(t, err)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/internal/chaos/oracle"
 	"github.com/stretchr/testify/require"
 )
@@ -265,10 +266,53 @@ func TestSameNameWorkerLeavesLiveClaimsAlone(t *testing.T) {
 		eventually(t, time.Minute, "P2 finishing them", func() bool { return doneCount(t, e) == (round+1)*n })
 		require.Zero(t, p2.term(t).stale())
 	}
-	// No step attempt ran in two processes.
-	require.Zero(t, e.count(t, `SELECT count(*) FROM (SELECT 1 FROM {schema}.t_effects GROUP BY id, step, attempt
-		HAVING count(DISTINCT pid) > 1) d`))
+	// No claim ran in two processes: a step's effect from a second process comes only after the
+	// release of the first one's claim (a lost claim gives its attempt back, so the attempt alone
+	// does not tell the two claims apart).
+	require.Zero(t, e.count(t, `SELECT count(*) FROM {schema}.t_effects f1
+		JOIN {schema}.t_effects f2 ON f2.id = f1.id AND f2.step = f1.step AND f2.pid <> f1.pid AND f2.at > f1.at
+		WHERE NOT EXISTS (SELECT 1 FROM {schema}.t_outcome_log l WHERE l.id = f1.id AND l.old_status = 'executing'
+		                  AND l.new_status = 'available' AND l.at > f1.at AND l.at < f2.at)`))
 	verdict(t, e, oracle.Opts{N: rounds * n, Effects: true, Counter: true, Path: linearPath},
 		oracle.Summary{Test: "T4 worker-id collision", Seed: seed, Instances: rounds * n, Kills: kills,
 			Seconds: time.Since(began).Seconds()})
+}
+
+// T1d: crashes are not the step's fault. Instances whose steps may be tried twice (MaxAttempts
+// 2) are worked by three workers with steps of 300ms, one of them SIGKILLed every U(200ms,
+// 700ms) and restarted at once, batch after batch, until some step has lost at least two claims
+// (which, before lost claims counted as recoveries, failed its instance) and every instance has
+// finished. Pass: none failed, every claim lost to a kill is counted on its row as a recovery and
+// not as an attempt, I1 to I8.
+func TestCrashLoopFailsNoInstanceWithFewAttempts(t *testing.T) {
+	t.Parallel()
+	e, _ := oracleEnv(t)
+	seed, rng := oracle.Seed(t)
+	began := time.Now()
+	c := newCrew(t, e, 3, nil, e.t1Cfg("", func(w *workerCfg) { w.StepMS = 300 }))
+	perRound := oracle.Size(40, 200)
+	// Steps that lost at least two claims: their lease errors, by instance and step.
+	lostTwice := func() int {
+		return e.count(t, `SELECT count(*) FROM (SELECT i.id, x ->> 'step' FROM {schema}.instances i,
+			jsonb_array_elements(coalesce(i.errors, '[]')) AS x WHERE x ->> 'kind' = 'lease' GROUP BY 1, 2 HAVING count(*) >= 2) d`)
+	}
+	n := 0
+	for round := 0; round == 0 || (lostTwice() == 0 && round < 10); round++ {
+		insertLinearWith(t, e, perRound, func(_ int, o *gendurable.InsertOpts) { o.MaxAttempts = 2 })
+		n += perRound
+		c.killLoop(rng, 3*time.Minute, func() time.Duration { return time.Duration(200+rng.IntN(500)) * time.Millisecond },
+			func() bool {
+				return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status IN ('done', 'failed')`) == n
+			})
+	}
+	twice := lostTwice()
+	t.Logf("%d kills over %d instances; %d steps lost two claims or more", c.kills, n, twice)
+	require.Zero(t, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'failed'`),
+		"instances failed, though no step returned an error")
+	require.Positive(t, twice, "no step lost two claims in ten rounds: the kills never reached the case")
+	// Each row's attempt counts only the tries that returned: one, for the last step.
+	require.Zero(t, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE attempt <> 1`))
+	require.Zero(t, unexplainedDuplicates(t, e, c.faulted, nil), "unexplained duplicate effects")
+	verdict(t, e, oracle.Opts{N: n, Effects: true, Counter: true, Path: linearPath},
+		oracle.Summary{Test: "T1d crashes cost no attempt", Seed: seed, Instances: n, Kills: c.kills, Seconds: time.Since(began).Seconds()})
 }

@@ -61,6 +61,9 @@ type Config struct {
 	Lease          time.Duration
 	Heartbeat      time.Duration
 	ReaperInterval time.Duration // 0: this node runs no reaper
+	// MaxRecoveries is how many lost claims of one step a release forgives (the reaper's and the
+	// startup reclaim's) before it fails the instance.
+	MaxRecoveries int
 	// GCInterval is the time between GC sweeps (0: this node runs no GC); GCRetention how long a
 	// finished instance is kept; GCBatch how many one statement deletes.
 	GCInterval  time.Duration
@@ -273,7 +276,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	if e.cfg.ReaperInterval > 0 {
 		reaper := &maintenance.Reaper{
 			Store: e.store, DB: e.pool, Interval: e.cfg.ReaperInterval, Timeout: StatementTimeout(e.cfg.Lease), Logger: e.log,
-			Emit: e.Emit, Wake: e.Wake, Rates: e.cfg.Rates, ReportStalls: len(e.cfg.Queues) > 0,
+			Emit: e.Emit, Wake: e.Wake, Rates: e.cfg.Rates, ReportStalls: len(e.cfg.Queues) > 0, MaxRecoveries: e.cfg.MaxRecoveries,
 		}
 		e.bg.Add(1)
 		go func() { defer e.bg.Done(); reaper.Run(e.bgStop) }()
@@ -322,7 +325,7 @@ func (e *Engine) reclaim(ctx context.Context, queue string) error {
 	total := 0
 	for {
 		sctx, cancel := context.WithTimeout(ctx, StatementTimeout(e.cfg.Lease))
-		rows, _, err := e.store.ReleaseExpired(sctx, e.pool, 1000, e.workerPrefix(queue), slack)
+		rows, _, err := e.store.ReleaseExpired(sctx, e.pool, 1000, e.workerPrefix(queue), slack, e.cfg.MaxRecoveries)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("gendurable: startup reclaim of queue %q: %w", queue, err)

@@ -13,6 +13,7 @@
 package maintenance
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"time"
@@ -43,6 +44,9 @@ type Reaper struct {
 	// queues: the stall is its own picks').
 	Rates        *store.Rates
 	ReportStalls bool
+	// MaxRecoveries is how many lost claims of one step a release forgives before it fails the
+	// instance (0: 100).
+	MaxRecoveries int
 }
 
 // Run sweeps every Interval until stop is closed.
@@ -138,7 +142,7 @@ func FireAwaitDeadlines(ctx context.Context, st *store.Store, db store.DB, horiz
 func (r *Reaper) releaseExpired(ctx context.Context) (int, error) {
 	total := 0
 	for {
-		rows, woken, err := r.Store.ReleaseExpired(ctx, r.DB, reapBatch, "", 0)
+		rows, woken, err := r.Store.ReleaseExpired(ctx, r.DB, reapBatch, "", 0, cmp.Or(r.MaxRecoveries, 100))
 		if err != nil {
 			return total, err
 		}

@@ -55,11 +55,11 @@ func scanInstance(row pgx.Row, lead []any, trail ...any) (*durabletype.Instance,
 	var id *int64
 	var machine, step, queue, status, lockedBy, key *string
 	var priority *int16
-	var attempt, maxAttempts *int32
+	var attempt, maxAttempts, recoveries *int32
 	var errs, upgrades []byte
 	var version *int32
 	var scheduled, inserted, updated *time.Time
-	dest := append(lead, &id, &machine, &step, &queue, &status, &priority, &attempt, &maxAttempts, &scheduled,
+	dest := append(lead, &id, &machine, &step, &queue, &status, &priority, &attempt, &maxAttempts, &recoveries, &scheduled,
 		&lockedBy, &in.LockedUntil, &in.State, &in.Result, &errs, &key, &in.AwaitNames, &in.AwaitDeadline,
 		&in.ParentID, &inserted, &updated, &in.FinalizedAt, &in.Path, &version, &upgrades)
 	dest = append(dest, trail...)
@@ -71,7 +71,7 @@ func scanInstance(row pgx.Row, lead []any, trail ...any) (*durabletype.Instance,
 	}
 	in.ID, in.Machine, in.Step, in.Queue = *id, *machine, *step, *queue
 	in.Status, in.Priority = durabletype.Status(*status), int(*priority)
-	in.Attempt, in.MaxAttempts = int(*attempt), int(*maxAttempts)
+	in.Attempt, in.MaxAttempts, in.Recoveries = int(*attempt), int(*maxAttempts), int(*recoveries)
 	in.LockedBy, in.CorrelationKey = *lockedBy, *key
 	in.ScheduledAt, in.InsertedAt, in.UpdatedAt = *scheduled, *inserted, *updated
 	in.MachineVersion = int(*version)

@@ -144,7 +144,7 @@ func testCreditLockOrder(t *testing.T, reaper bool) {
 	credited := make(chan error, 1)
 	go func() {
 		if reaper {
-			rows, _, err := s.ReleaseExpired(ctx, conn.Conn(), 100, "", 0)
+			rows, _, err := s.ReleaseExpired(ctx, conn.Conn(), 100, "", 0, 100)
 			if err == nil && len(rows) != 2 {
 				err = fmt.Errorf("released %d rows, want 2", len(rows))
 			}

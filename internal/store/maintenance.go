@@ -23,8 +23,9 @@ type Released struct {
 
 // ReleaseExpired releases up to limit claims: with prefix empty (the reaper), every claim whose
 // lease has run out; otherwise (startup reclaim) only claims of that worker-id prefix, whose
-// lease ends before now() + slack.
-func (s *Store) ReleaseExpired(ctx context.Context, db DB, limit int, prefix string, slack time.Duration) ([]Released, []Woken, error) {
+// lease ends before now() + slack. A released claim gives its attempt back and counts a recovery;
+// an instance whose step already had maxRecoveries fails.
+func (s *Store) ReleaseExpired(ctx context.Context, db DB, limit int, prefix string, slack time.Duration, maxRecoveries int) ([]Released, []Woken, error) {
 	var p *string
 	if prefix != "" {
 		p = &prefix
@@ -36,7 +37,7 @@ func (s *Store) ReleaseExpired(ctx context.Context, db DB, limit int, prefix str
 		return nil, nil, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	rows, err := tx.Query(ctx, s.sql("release_expired"), limit, p, slack.Milliseconds())
+	rows, err := tx.Query(ctx, s.sql("release_expired"), limit, p, slack.Milliseconds(), int32(maxRecoveries))
 	if err != nil {
 		return nil, nil, err
 	}

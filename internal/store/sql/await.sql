@@ -6,7 +6,7 @@
 -- rows that settled (terminal, or parked where that counts), the rows wanted whole and, with a
 -- NULL id, the ids that do not exist. An index probe per id on the primary key.
 -- name: await_probe
-SELECT w.id, i.id, i.machine, i.step, i.queue, i.status::text, i.priority, i.attempt, i.max_attempts,
+SELECT w.id, i.id, i.machine, i.step, i.queue, i.status::text, i.priority, i.attempt, i.max_attempts, i.recoveries,
        i.scheduled_at, coalesce(i.locked_by, ''), i.locked_until, i.state, i.result, i.errors,
        coalesce(i.correlation_key, ''), i.await_names, i.await_deadline, i.parent_id, i.inserted_at,
        i.updated_at, i.finalized_at, i.path, i.machine_version, i.upgrades

@@ -2,7 +2,7 @@
 
 -- $1 id.
 -- name: get_instance
-SELECT id, machine, step, queue, status::text, priority, attempt, max_attempts, scheduled_at,
+SELECT id, machine, step, queue, status::text, priority, attempt, max_attempts, recoveries, scheduled_at,
        coalesce(locked_by, ''), locked_until, state, result, errors, coalesce(correlation_key, ''),
        await_names, await_deadline, parent_id, inserted_at, updated_at, finalized_at, path, machine_version, upgrades
 FROM {schema}.instances
@@ -121,7 +121,7 @@ GROUP BY 1, 2;
 -- page each read every child (the page keeps the @children_limit lowest ids above
 -- @children_after), O(children), at most Config.MaxChildren per wave.
 -- name: inspect_instance
-SELECT i.id, i.machine, i.step, i.queue, i.status::text, i.priority, i.attempt, i.max_attempts,
+SELECT i.id, i.machine, i.step, i.queue, i.status::text, i.priority, i.attempt, i.max_attempts, i.recoveries,
        i.scheduled_at, coalesce(i.locked_by, ''), i.locked_until, i.state, i.result, i.errors,
        coalesce(i.correlation_key, ''), i.await_names, i.await_deadline, i.parent_id,
        i.inserted_at, i.updated_at, i.finalized_at, i.path, i.machine_version, i.upgrades,

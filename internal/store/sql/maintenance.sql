@@ -13,17 +13,19 @@
 -- fresher than that, so a name collision can never release a live claim). Other nodes' expired
 -- claims are the reaper's: a node that runs no reaper releases nothing but its own.
 --
--- A released row becomes available again (the crashed try counts as an attempt) or, with no
--- attempts left, failed; either way the error history says the lease was lost. A gate slot it
--- held is credited back; a child that fails here settles its parent's join like any finished
--- child (outcome_settle).
+-- A lost claim is not the step's fault: the release gives its attempt back and counts a recovery
+-- (recoveries, reset with attempt when the instance moves on). The row becomes available again,
+-- or, past $4 recoveries of its current step, failed; either way the error history says the
+-- lease was lost, and under which attempt. A gate slot it held is credited back; a child that
+-- fails here settles its parent's join like any finished child (outcome_settle).
 --
 -- Locks: candidate rows FOR NO KEY UPDATE SKIP LOCKED in id order: concurrent sweepers on many
 -- nodes never wait on each other, never deadlock, and never release the same row twice. The
 -- lock re-checks the WHERE clause on the newest row version, so a claim whose outcome committed
 -- meanwhile is not touched.
 --
--- $1 limit, $2 worker-id prefix or NULL, $3 staleness slack in ms.
+-- $1 limit, $2 worker-id prefix or NULL, $3 staleness slack in ms, $4 the recoveries a step may
+-- have (ReaperConfig.MaxRecoveries).
 
 -- name: release_expired
 WITH expired AS (
@@ -38,7 +40,9 @@ WITH expired AS (
   FOR NO KEY UPDATE SKIP LOCKED
 ), rel AS (
 UPDATE {schema}.instances AS i
-SET status       = (CASE WHEN i.attempt >= i.max_attempts THEN 'failed' ELSE 'available' END)::{schema}.status,
+SET status       = (CASE WHEN i.recoveries >= $4::integer THEN 'failed' ELSE 'available' END)::{schema}.status,
+    attempt      = greatest(i.attempt - 1, 0),
+    recoveries   = i.recoveries + 1,
     scheduled_at = now(),
     locked_by    = NULL,
     locked_until = NULL,
@@ -47,8 +51,11 @@ SET status       = (CASE WHEN i.attempt >= i.max_attempts THEN 'failed' ELSE 'av
                          ELSE coalesce(i.errors, '[]'::jsonb) END)
                    || jsonb_build_array(jsonb_build_object(
                         'at', now(), 'step', i.step, 'attempt', i.attempt, 'kind', 'lease',
-                        'error', 'lease expired: worker ' || expired.locked_by || ' stopped heartbeating')),
-    finalized_at = CASE WHEN i.attempt >= i.max_attempts THEN now() END,
+                        'error', 'lease expired: worker ' || expired.locked_by || ' stopped heartbeating'
+                                 || CASE WHEN i.recoveries >= $4::integer
+                                         THEN '; recovery ' || (i.recoveries + 1) || ' of this step, past the limit of ' || $4::integer
+                                         ELSE '' END)),
+    finalized_at = CASE WHEN i.recoveries >= $4::integer THEN now() END,
     concurrency_shard = NULL,
     updated_at   = now()
 FROM expired

@@ -70,6 +70,7 @@ UPDATE {schema}.instances
 SET status        = 'available',
     step          = $2,
     attempt       = 0,
+    recoveries    = 0,
     scheduled_at  = now(),
     result        = NULL,
     await_names   = NULL,

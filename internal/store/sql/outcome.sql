@@ -54,6 +54,7 @@ SET status           = (CASE u.kind WHEN 'done' THEN 'done' WHEN 'failed' THEN '
     attempt          = CASE WHEN u.kind IN ('next', 'await', 'spawn') THEN 0
                             WHEN u.kind IN ('released', 'upgrade') THEN greatest(i.attempt - 1, 0)
                             ELSE i.attempt END,
+    recoveries       = CASE WHEN u.kind IN ('next', 'await', 'spawn') THEN 0 ELSE i.recoveries END,
     scheduled_at     = CASE WHEN u.kind IN ('next', 'retry', 'released', 'upgrade') THEN now() + u.delay_ms * interval '1 millisecond'
                             WHEN u.kind = 'spawn' THEN now()
                             ELSE i.scheduled_at END,
