@@ -306,7 +306,9 @@ func runShow(ctx context.Context, args []string, out io.Writer) error {
 		kv("paused", "since "+d.PausedAt.UTC().Format(time.RFC3339)+" (resume ID)")
 	}
 	kv("step", fmt.Sprintf("%s (attempt %d of %d)", in.Step, in.Attempt, in.MaxAttempts))
-	kv("recoveries", fmt.Sprintf("%d (claims of this step lost to a crashed or stalled worker; they cost no attempt)", in.Recoveries))
+	if in.Recoveries > 0 {
+		kv("recovered", fmt.Sprintf("%d lost claims of this step (crashed or stalled workers; no attempt spent)", in.Recoveries))
+	}
 	path := slices.Clone(in.Path)
 	if !in.Status.Terminal() {
 		path = append(path, "["+in.Step+"]") // where it is now

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/durabledbtest"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
@@ -114,6 +115,12 @@ func TestOperatorCommands(t *testing.T) {
 	require.Equal(t, 0, code)
 	require.Contains(t, out, "go → finish\n")
 	require.Contains(t, out, `"n": 0`)
+	require.NotContains(t, out, "recovered", "no claim of it was lost")
+	_, err = pool.Exec(ctx, `UPDATE `+pgx.Identifier{schema}.Sanitize()+`.instances SET recoveries = 2 WHERE id = $1`, ids[0])
+	require.NoError(t, err)
+	code, out, _ = cli("show", strconv.FormatInt(ids[0], 10))
+	require.Equal(t, 0, code)
+	require.Regexp(t, `recovered\s+2 lost claims of this step`, out)
 
 	code, out, _ = cli("show", "--machine", "order", "o-2")
 	require.Equal(t, 0, code)
