@@ -461,7 +461,8 @@ type Ctx struct {
 	ID int64
 	// Machine, Step and Queue name what is running.
 	Machine, Step, Queue string
-	// Attempt is the try of this step, from 1; MaxAttempts is the limit.
+	// Attempt is the try of this step, from 1; MaxAttempts is the limit. A try lost to a crashed
+	// or stalled worker is not counted: the step runs again under the same Attempt.
 	Attempt, MaxAttempts int
 	// Priority is the instance's priority (1 most urgent … 9).
 	Priority int
