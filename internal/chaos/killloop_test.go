@@ -63,6 +63,15 @@ func TestKillLoopLosesNothing(t *testing.T) {
 		"the last instance finishes within lease + 2 × reaper + 3s of the last kill")
 }
 
+// runningBy counts the rows executing under claims of the worker named name whose step began in
+// its process pid (the step's effect is recorded): its outcome is still to come.
+func runningBy(t *testing.T, e *env, name string, pid int) int {
+	t.Helper()
+	return e.count(t, `SELECT count(*) FROM {schema}.instances i WHERE status = 'executing' AND locked_by LIKE $1
+		AND EXISTS (SELECT 1 FROM {schema}.t_effects f WHERE f.id = i.id AND f.step = i.step AND f.attempt = i.attempt AND f.pid = $2)`,
+		name+":%", pid)
+}
+
 // executingBy counts the rows executing under claims of the worker named name.
 func executingBy(t *testing.T, e *env, name string) int {
 	t.Helper()
@@ -89,12 +98,15 @@ func TestPausedWorkersLateCommitsAreDropped(t *testing.T) {
 		insertLinear(t, e, perRound)
 		i := rng.IntN(len(c.workers))
 		name := c.workers[i].name
-		// Pause it while it holds claims: SIGSTOP lands between steps as often as not, so
-		// look again once it is stopped, and let it run a little more if it held nothing.
+		// Pause it while it runs steps: SIGSTOP lands between steps as often as not, and a
+		// claim the database shows may be one whose pick answer the worker has not received
+		// yet (no step of it will run before the pause ends). So look again once it is
+		// stopped, for a claim whose step began in it, and let it run a little more if it had
+		// none.
 		for {
 			eventually(t, time.Minute, name+" holding claims", func() bool { return executingBy(t, e, name) > 0 })
 			c.pause(i)
-			if executingBy(t, e, name) > 0 {
+			if runningBy(t, e, name, c.workers[i].pid()) > 0 {
 				break
 			}
 			c.resume(i)
