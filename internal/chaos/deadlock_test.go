@@ -24,7 +24,7 @@ import (
 // deadlocks" could be a metric that never moves.
 func TestDeadlockMetricNegativeControl(t *testing.T) {
 	t.Parallel()
-	e, _ := privateEnv(t, 4)
+	e := newEnv(t, 4)
 	ctx := context.Background()
 	e.exec(t, `INSERT INTO {schema}.buckets (key, tokens, rate, burst, updated_at) VALUES ('a', 1, 1, 1, now()), ('b', 1, 1, 1, now())`)
 	lockBoth := func(first, second string, ready *sync.WaitGroup, both <-chan struct{}) error {
@@ -77,7 +77,8 @@ func TestDeadlockHunt(t *testing.T) {
 	heavy.Lock()
 	defer heavy.Unlock()
 	seed, _ := oracle.Seed(t)
-	e, dsn := privateEnv(t, 14)
+	e := newEnv(t, 14)
+	dsn := e.url
 	ctx := context.Background()
 	run := 10 * time.Second
 	if oracle.Full() {
@@ -240,7 +241,7 @@ func TestSettlingJoinsOfManyParentsDoesNotDeadlock(t *testing.T) {
 	t.Parallel()
 	heavy.Lock()
 	defer heavy.Unlock()
-	e, _ := privateEnv(t, 40)
+	e := newEnv(t, 40)
 	ctx := context.Background()
 	kid := gendurable.Job[int]{Name: "kid", Queue: "kids", Perform: func(*gendurable.Ctx, int) error { return nil }}
 	type famState struct {

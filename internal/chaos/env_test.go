@@ -154,3 +154,15 @@ func (e *env) stranded(t testing.TB) int {
 	return e.count(t, `SELECT count(*) FROM {schema}.instances i WHERE status = 'awaiting'
 		AND EXISTS (SELECT 1 FROM {schema}.signals s WHERE s.instance_id = i.id AND s.name = ANY(i.await_names))`)
 }
+
+// openPool opens a pool of at most n connections on dsn, closed when the test ends.
+func openPool(t *testing.T, dsn string, n int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dsn)
+	require.NoError(t, err)
+	cfg.MaxConns = n
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	return p
+}

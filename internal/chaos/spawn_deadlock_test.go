@@ -22,7 +22,7 @@ func TestSpawningIntoKeysOfFinishingChildrenDoesNotDeadlock(t *testing.T) {
 	heavy.Lock()
 	defer heavy.Unlock()
 	seed, _ := oracle.Seed(t)
-	e, _ := privateEnv(t, 40)
+	e := newEnv(t, 40)
 	ctx := context.Background()
 	kid := gendurable.Job[int]{Name: "kid", Queue: "w", Perform: func(*gendurable.Ctx, int) error { return nil }}
 	type famState struct {

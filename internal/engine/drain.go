@@ -64,7 +64,7 @@ func (e *Engine) Drain(ctx context.Context, db store.DB, opts DrainOpts) (DrainR
 			}
 			for i := range rows {
 				if opts.MaxSteps > 0 && res.Steps >= opts.MaxSteps {
-					e.handBack(ctx, db, &rows[i])
+					_ = e.handBack(ctx, db, &rows[i])
 					return res, fmt.Errorf("%w (MaxSteps %d; last: instance %d, machine %q, step %q)",
 						ErrMaxSteps, opts.MaxSteps, rows[i].ID, rows[i].Machine, rows[i].Step)
 				}
@@ -83,7 +83,7 @@ func (e *Engine) Drain(ctx context.Context, db store.DB, opts DrainOpts) (DrainR
 func (e *Engine) drainOne(ctx context.Context, db store.DB, queue string, c *store.Claimed, res *DrainResult) error {
 	if out, blocked, ok := e.admit(c); !ok {
 		if blocked != nil {
-			e.handBack(ctx, db, c)
+			_ = e.handBack(ctx, db, c)
 			return fmt.Errorf("gendurable: drain: instance %d: %w", c.ID, blocked)
 		}
 		// The row brought forward to this client's version of its machine: not a step.
@@ -126,8 +126,9 @@ func (e *Engine) drainOne(ctx context.Context, db store.DB, queue string, c *sto
 	return nil
 }
 
-// handBack hands a claim the drain will not run back untouched (best effort: the drain is
-// failing anyway, and a claim left behind runs out with its lease).
-func (e *Engine) handBack(ctx context.Context, db store.DB, c *store.Claimed) {
-	_, _, _ = e.store.ApplyOutcomes(ctx, db, []store.Outcome{store.HandBack(store.Claim{ID: c.ID, Owner: c.Owner}, c.Slot(), 0)})
+// handBack hands a claim this client will not run back untouched, attempt restored. The drain
+// ignores its error (it is failing anyway, and a claim left behind runs out with its lease).
+func (e *Engine) handBack(ctx context.Context, db store.DB, c *store.Claimed) error {
+	_, _, err := e.store.ApplyOutcomes(ctx, db, []store.Outcome{store.HandBack(store.Claim{ID: c.ID, Owner: c.Owner}, c.Slot(), 0)})
+	return err
 }

@@ -12,8 +12,9 @@ import (
 // heartbeatLoop extends the leases of every claim in flight, once per interval, in one
 // statement; it cancels the steps whose claims are gone. A beat that failed at once is tried
 // again an eighth of an interval later, not a whole one: the leases are at stake; one that waits
-// (for a connection, say) may wait as long as the claims live, and at least half a lease. If it cannot reach the database
-// for a whole lease, every running step is cancelled: its claim is presumed lost.
+// (for a connection, say) may wait as long as the claims live, and at least half a lease. If it
+// cannot reach the database for a whole lease, every running step is cancelled: its claim is
+// presumed lost.
 func (e *Engine) heartbeatLoop() {
 	defer e.bg.Done()
 	t := time.NewTicker(e.cfg.Heartbeat)

@@ -414,7 +414,7 @@ func (e *Engine) RunInserted(queue string, c *store.Claimed, took time.Duration)
 		// Stop gave up waiting for this insert (its context ended first): the claim is handed
 		// back, untouched, for another node or the next start to run.
 		ctx, cancel := context.WithTimeout(context.Background(), StatementTimeout(e.cfg.Lease))
-		_, _, err := e.store.ApplyOutcomes(ctx, e.pool, []store.Outcome{store.HandBack(store.Claim{ID: c.ID, Owner: c.Owner}, c.Slot(), 0)})
+		err := e.handBack(ctx, e.pool, c)
 		cancel()
 		if err != nil {
 			e.log.Warn("gendurable: stopping: could not hand back an instance inserted for this client; it runs after its lease",

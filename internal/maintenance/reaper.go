@@ -13,7 +13,6 @@
 package maintenance
 
 import (
-	"cmp"
 	"context"
 	"log/slog"
 	"time"
@@ -45,7 +44,7 @@ type Reaper struct {
 	Rates        *store.Rates
 	ReportStalls bool
 	// MaxRecoveries is how many lost claims of one step a release forgives before it fails the
-	// instance (0: 100).
+	// instance (ReaperConfig.MaxRecoveries, resolved: at least 1).
 	MaxRecoveries int
 }
 
@@ -142,7 +141,7 @@ func FireAwaitDeadlines(ctx context.Context, st *store.Store, db store.DB, horiz
 func (r *Reaper) releaseExpired(ctx context.Context) (int, error) {
 	total := 0
 	for {
-		rows, woken, err := r.Store.ReleaseExpired(ctx, r.DB, reapBatch, "", 0, cmp.Or(r.MaxRecoveries, 100))
+		rows, woken, err := r.Store.ReleaseExpired(ctx, r.DB, reapBatch, "", 0, r.MaxRecoveries)
 		if err != nil {
 			return total, err
 		}
