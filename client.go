@@ -51,6 +51,7 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	}
 	if cfg != nil {
 		ec.OpenPoke = openPoke(cfg.Poke, pool, schema, ec.Name, ec.Logger)
+		st.Codec = cfg.Codec
 	}
 	c := &Client{pool: pool, eng: engine.New(pool, st, ec), store: st, maxPayload: ec.MaxPayload}
 	if cfg != nil {

@@ -80,6 +80,11 @@ type Config struct {
 	// must be in Machines. A schedule another service declared first stays as that service
 	// declares it. See Schedule and docs/schedules.md.
 	Schedules []Schedule
+	// Codec, when set, seals states, results, signal payloads, schedules' inputs and the error
+	// texts steps return before they reach Postgres, and opens them after a read (NewAESGCM is
+	// a ready one). Every client of a schema that reads or writes them needs it, with every key
+	// still in use. Nil: stored as plain JSON. See docs/encryption.md.
+	Codec Codec
 	// AwaitTick is how often the await watcher reads, in one statement, the settled instances
 	// that callers of Await on this client wait for: the latency of an answer settled on another
 	// node. Default 25ms.

@@ -66,6 +66,7 @@ var (
 	ErrNoTarget          = durabletype.ErrNoTarget
 	ErrPayloadTooLarge   = durabletype.ErrPayloadTooLarge
 	ErrInvalidPayload    = durabletype.ErrInvalidPayload
+	ErrCodec             = durabletype.ErrCodec
 	ErrUnknownMachine    = durabletype.ErrUnknownMachine
 	ErrUnknownStep       = durabletype.ErrUnknownStep
 	ErrUnknownVersion    = durabletype.ErrUnknownVersion

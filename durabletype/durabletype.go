@@ -102,6 +102,10 @@ type Instance struct {
 	// machine that declares none); Upgrades are the upgrades applied to it, oldest first.
 	MachineVersion int
 	Upgrades       []UpgradeEntry
+	// CodecError, when not empty, says why some of the instance's sealed documents (State,
+	// Result, error texts, an inspected inbox's payloads) could not be opened with this client's
+	// Config.Codec: those are left as stored (a JSON string "gdc1:<key>:…").
+	CodecError string
 }
 
 // UpgradeEntry is one upgrade of an instance to a newer version of its machine.

@@ -17,6 +17,9 @@ var (
 	// refuse it (a NUL character, invalid UTF-8, a lone UTF-16 surrogate escape, a number outside
 	// numeric's range), or it nests deeper than 10,000 levels.
 	ErrInvalidPayload = errors.New("gendurable: invalid payload")
+	// ErrCodec: Config.Codec could not seal a payload, or a sealed payload could not be opened
+	// (this client has no codec, or not the key it was sealed with).
+	ErrCodec = errors.New("gendurable: payload codec")
 	// ErrUnknownMachine: no registered machine has that name.
 	ErrUnknownMachine = errors.New("gendurable: unknown machine")
 	// ErrUnknownQueue: no client of the schema works or inserts into a queue of that name (as

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"flag"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"runtime/pprof"
 	"strconv"
 
+	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/internal/bench"
 )
 
@@ -37,6 +39,7 @@ func runBench(ctx context.Context, args []string, out io.Writer) error {
 	window := fs.Duration("window", 0, "soak: how often it reports (default 1m)")
 	retention := fs.Duration("retention", 0, "soak: GC's retention of finished instances (default the library's)")
 	asJSON := fs.Bool("json", false, "print one JSON object per scenario per line")
+	sealed := fs.Bool("codec", false, "the benchmarked clients seal payloads (Config.Codec: AES-256-GCM, a throwaway key)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -69,10 +72,20 @@ func runBench(ctx context.Context, args []string, out io.Writer) error {
 		return exec.CommandContext(ctx, exe, "bench", "--worker", scenario, "--database-url", url, "--schema", db.schema,
 			"--concurrency", strconv.Itoa(*conc))
 	}
+	var codec gendurable.Codec
+	if *sealed {
+		key := make([]byte, 32)
+		if _, err := rand.Read(key); err != nil {
+			return err
+		}
+		if codec, err = gendurable.NewAESGCM("bench", map[string][]byte{"bench": key}); err != nil {
+			return err
+		}
+	}
 	var results []bench.Result
 	err = bench.Run(ctx, pool, bench.Options{Schema: db.schema, Scenarios: scenarios, N: *n, Concurrency: *conc,
 		Clients: *clients, Processes: *processes, Worker: workerCmd, Preload: *preload, PreloadLive: *preloadLive, Duration: *duration, Rate: *rate, Window: *window, Retention: *retention,
-		Logger: quietLogger()},
+		Codec: codec, Logger: quietLogger()},
 		func(r bench.Result) {
 			if r.Partial {
 				if *asJSON {

@@ -44,7 +44,12 @@ func opClient(ctx context.Context, db *dbFlags) (*gendurable.Client, func(), err
 	if err != nil {
 		return nil, nil, err
 	}
-	cl, err := gendurable.NewClient(pool, &gendurable.Config{Name: "cli", Schema: db.schema, Logger: quietLogger()})
+	codec, err := codecFromEnv()
+	if err != nil {
+		closeDB()
+		return nil, nil, err
+	}
+	cl, err := gendurable.NewClient(pool, &gendurable.Config{Name: "cli", Schema: db.schema, Logger: quietLogger(), Codec: codec})
 	if err == nil {
 		err = durablemigrate.Check(ctx, pool, db.schema)
 	}
@@ -290,7 +295,7 @@ func runShow(ctx context.Context, args []string, out io.Writer) error {
 			"parent_id": in.ParentID, "path": in.Path, "inserted_at": in.InsertedAt, "updated_at": in.UpdatedAt,
 			"finalized_at": in.FinalizedAt, "inbox": inbox, "inbox_size": d.InboxSize, "children": d.Children,
 			"child_counts": d.ChildCounts, "machine_version": in.MachineVersion, "upgrades": in.Upgrades,
-			"blocked": d.Blocked, "paused_at": d.PausedAt, "why": why,
+			"blocked": d.Blocked, "paused_at": d.PausedAt, "why": why, "codec_error": in.CodecError,
 		})
 	}
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
@@ -298,6 +303,9 @@ func runShow(ctx context.Context, args []string, out io.Writer) error {
 	kv("id", in.ID)
 	kv("machine", fmt.Sprintf("%s (version %d)", in.Machine, in.MachineVersion))
 	kv("status", in.Status)
+	if in.CodecError != "" {
+		kv("sealed", in.CodecError+" (sealed values are shown as stored; set "+keysEnv+")")
+	}
 	kv("why", why.Text)
 	if d.Blocked != "" && why.Reason != gendurable.ExplainBlocked {
 		kv("blocked", d.Blocked)

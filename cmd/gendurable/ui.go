@@ -58,8 +58,13 @@ func runUI(ctx context.Context, args []string, out io.Writer) error {
 	// No queues, no reaper, no GC: this node only reads and acts. Its pokes go over
 	// LISTEN/NOTIFY, so workers that use PokePostgres see a signal or a retry at once (the others
 	// at their next poll).
+	codec, err := codecFromEnv()
+	if err != nil {
+		return err
+	}
 	client, err := gendurable.NewClient(pool, &gendurable.Config{
 		Name:   "ui",
+		Codec:  codec,
 		Schema: db.schema,
 		Reaper: &gendurable.ReaperConfig{Disabled: true},
 		GC:     &gendurable.GCConfig{Disabled: true},

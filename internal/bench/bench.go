@@ -60,6 +60,9 @@ type Options struct {
 	durationSet bool
 	// Poke builds the poke transport of latency-remote's two clients (default PokePostgres).
 	Poke func() gendurable.PokeTransport
+	// Codec, when set, is the Config.Codec of the clients built by named (jobs, chain, gated,
+	// rated and the others that run in-process on one queue): the cost of sealing payloads.
+	Codec gendurable.Codec
 	// Logger receives the engine's logs (default: warnings and errors to stderr).
 	Logger *slog.Logger
 }
@@ -285,6 +288,7 @@ func (r *runner) named(name string, machines []gendurable.Machine, hooks ...func
 		Hooks:             hooks,
 		ConcurrencyLimits: r.limits,
 		RateLimits:        r.rates,
+		Codec:             r.opts.Codec,
 	})
 }
 

@@ -26,6 +26,13 @@ func (e *Engine) admit(c *store.Claimed) (out store.Outcome, blocked error, ok b
 	}
 	version := max(c.MachineVersion, 1)
 	switch {
+	case c.CodecErr != nil:
+		// The step would read a value this node cannot open. Hand the row back with the reason
+		// in its error history (no attempt spent): a node with the key runs it, and an operator
+		// sees why it does not move.
+		out, err, ok := hand(fmt.Errorf("machine %q, step %q: %w", c.Machine, c.Step, c.CodecErr))
+		out.ErrKind, out.ErrMsg = store.ErrKindCodec, err.Error()
+		return out, err, ok
 	case def == nil:
 		return hand(fmt.Errorf("%w %q: it is not registered on this client", durabletype.ErrUnknownMachine, c.Machine))
 	case version > def.version():
@@ -92,6 +99,10 @@ func (e *Engine) UpgradeAll(ctx context.Context, machine, by string, progress fu
 		var steps []string
 		var states [][]byte
 		for _, r := range rows {
+			if r.CodecErr != nil {
+				blocked++ // its state cannot be read here; a claim on a node with the key upgrades it
+				continue
+			}
 			step, state, err := def.Upgrade(max(r.Version, 1), r.Step, r.State)
 			if err != nil || !def.Steps[step] {
 				blocked++

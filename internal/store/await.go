@@ -25,11 +25,11 @@ func (s *Store) AwaitProbe(ctx context.Context, db DB, ids []int64, parked, whol
 	if err != nil {
 		return nil, err
 	}
-	return scanProbes(rows)
+	return s.scanProbes(rows)
 }
 
 // scanProbes reads await_probe's rows and closes them.
-func scanProbes(rows pgx.Rows) ([]Probe, error) {
+func (s *Store) scanProbes(rows pgx.Rows) ([]Probe, error) {
 	defer rows.Close()
 	var out []Probe
 	for rows.Next() {
@@ -42,6 +42,7 @@ func scanProbes(rows pgx.Rows) ([]Probe, error) {
 			out = append(out, Probe{ID: want, Missing: true})
 			continue
 		}
+		s.openInstance(in)
 		out = append(out, Probe{ID: want, Instance: in})
 	}
 	return out, rows.Err()

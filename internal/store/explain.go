@@ -66,6 +66,10 @@ func (s *Store) Explain(ctx context.Context, db TxBeginner, id int64) (*ExplainR
 			return err
 		}
 		r.Status = durabletype.Status(status)
+		if r.LastError != nil {
+			o := opener{s: s}
+			o.text(r.LastError) // unopened, it stays as stored
+		}
 		if r.Status == durabletype.StatusJoining && r.SpawnWave != nil {
 			if err := tx.QueryRow(ctx, s.sql("explain_children"), pgx.NamedArgs{"id": id, "wave": *r.SpawnWave}).
 				Scan(&r.ChildrenLeft, &r.Children); err != nil {

@@ -52,12 +52,19 @@ func (s *Store) InsertClaim(ctx context.Context, db DB, r *InsertRow, owner stri
 	var claimed bool
 	var state []byte
 	var at time.Time
-	if err := db.QueryRow(ctx, s.sql("insert_claim"), r.Machine, r.Step, r.State, r.Queue, int16(r.Priority),
+	stored, err := s.sealDocText(r.State)
+	if err != nil {
+		return 0, nil, err
+	}
+	if err := db.QueryRow(ctx, s.sql("insert_claim"), r.Machine, r.Step, stored, r.Queue, int16(r.Priority),
 		int32(r.MaxAttempts), owner, lease.Milliseconds(), int32(r.version())).Scan(&id, &claimed, &state, &at); err != nil {
 		return 0, nil, err
 	}
 	if !claimed {
 		return id, nil, nil
+	}
+	if s.Codec != nil {
+		state = []byte(r.State) // the step reads the plaintext it was given, not the sealed copy
 	}
 	return id, &Claimed{ID: id, Machine: r.Machine, Step: r.Step, State: state, Attempt: 1, MaxAttempts: r.MaxAttempts,
 		Priority: r.Priority, InsertedAt: at, Owner: owner, MachineVersion: r.version()}, nil
@@ -106,7 +113,11 @@ func (s *Store) insertRound(ctx context.Context, db DB, in []InsertRow, idx []in
 	versions := make([]int32, n)
 	for j, i := range idx {
 		r := &in[i]
-		machines[j], steps[j], states[j], queues[j] = r.Machine, r.Step, r.State, r.Queue
+		st, err := s.sealDocText(r.State)
+		if err != nil {
+			return nil, err
+		}
+		machines[j], steps[j], states[j], queues[j] = r.Machine, r.Step, st, r.Queue
 		prios[j], sched[j], delays[j], maxAtt[j] = int16(r.Priority), r.ScheduledAt, r.Delay.Milliseconds(), int32(r.MaxAttempts)
 		if r.CorrelationKey != "" {
 			keys[j] = &in[i].CorrelationKey

@@ -226,6 +226,8 @@ func (s *Store) Inspect(ctx context.Context, db DB, id int64, inbox, children Pa
 	if err != nil {
 		return nil, err
 	}
+	s.openInstance(in)
+	o := opener{s: s}
 	d := &durabletype.InstanceDetail{Instance: *in, InboxSize: inboxSize, PausedAt: pausedAt}
 	var sigs []SignalRow
 	if err := json.Unmarshal(inboxJSON, &sigs); err != nil {
@@ -236,6 +238,7 @@ func (s *Store) Inspect(ctx context.Context, db DB, id int64, inbox, children Pa
 		d.Inbox[i] = durabletype.Signal{ID: sg.ID, Name: sg.Name, At: sg.At}
 		if len(sg.Payload) > 0 && string(sg.Payload) != "null" {
 			d.Inbox[i].Payload = sg.Payload
+			o.doc(&d.Inbox[i].Payload)
 		}
 	}
 	var counts map[durabletype.Status]int64
@@ -263,7 +266,11 @@ func (s *Store) Inspect(ctx context.Context, db DB, id int64, inbox, children Pa
 			Status: k.Status, Attempt: k.Attempt, Wave: k.Wave, UpdatedAt: k.UpdatedAt}
 		if k.Error != nil {
 			d.Children[i].Error = *k.Error
+			o.text(&d.Children[i].Error)
 		}
+	}
+	if d.Instance.CodecError == "" {
+		d.Instance.CodecError = o.message()
 	}
 	return d, nil
 }
@@ -310,7 +317,11 @@ func (s *Store) GetInstance(ctx context.Context, db DB, id int64) (*durabletype.
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%w: id %d", durabletype.ErrNotFound, id)
 	}
-	return in, err
+	if err != nil {
+		return nil, err
+	}
+	s.openInstance(in)
+	return in, nil
 }
 
 // CountByStatus counts instances by status, for one queue or ("") all.
@@ -356,9 +367,19 @@ func (s *Store) FailureReasons(ctx context.Context, db DB) ([]Reason, error) {
 	}
 	var out []Reason
 	var r Reason
+	at := map[string]int{}
 	_, err = pgx.ForEachRow(rows, []any{&r.Reason, &r.Count}, func() error {
+		// Sealed texts differ even when their plaintexts are equal: group them again opened.
+		o := opener{s: s}
+		o.text(&r.Reason)
+		if i, ok := at[r.Reason]; ok {
+			out[i].Count += r.Count
+			return nil
+		}
+		at[r.Reason] = len(out)
 		out = append(out, r)
 		return nil
 	})
+	slices.SortFunc(out, func(a, b Reason) int { return cmp.Or(cmp.Compare(b.Count, a.Count), cmp.Compare(a.Reason, b.Reason)) })
 	return out, err
 }

@@ -42,6 +42,8 @@ func (s *Store) List(ctx context.Context, db DB, f ListFilter) ([]durabletype.In
 		in.Status, in.Attempt, in.MaxAttempts = durabletype.Status(status), int(attempt), int(maxAttempts)
 		if lastErr != nil {
 			in.LastError = *lastErr
+			o := opener{s: s}
+			o.text(&in.LastError) // unopened, it stays as stored
 		}
 		out = append(out, in)
 	}

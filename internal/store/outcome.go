@@ -213,12 +213,25 @@ func (s *Store) ApplyOutcomesProbing(ctx context.Context, db DB, outs []Outcome,
 			steps[i] = &o.Step
 		}
 		versions[i] = int32(o.Version)
-		states[i], delays[i] = jsonText(o.State), o.Delay.Milliseconds()
+		st, err := s.sealDoc(o.State)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		states[i], delays[i] = jsonText(st), o.Delay.Milliseconds()
 		if o.Kind == KindDone {
-			results[i] = jsonText(o.Result)
+			res, err := s.sealDoc(o.Result)
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			results[i] = jsonText(res)
 		}
 		if o.ErrKind != "" {
 			msg := storableText(o.ErrMsg)
+			if o.ErrKind != ErrKindCodec { // that one names keys, for readers who lack them
+				if msg, err = s.seal(msg); err != nil {
+					return nil, nil, nil, err
+				}
+			}
 			errKinds[i], errMsgs[i] = &o.ErrKind, &msg
 		}
 		keyChanges[i] = string(o.Key)
@@ -251,7 +264,9 @@ func (s *Store) ApplyOutcomesProbing(ctx context.Context, db DB, outs []Outcome,
 			spawned[i] = int32(len(o.Children))
 			if len(o.Children) > 0 {
 				spawners = append(spawners, id)
-				children.add(id, o.Children)
+				if err := children.add(s, id, o.Children); err != nil {
+					return nil, nil, nil, err
+				}
 			}
 		}
 		for _, sig := range o.Seen {
@@ -411,7 +426,7 @@ func (s *Store) ApplyOutcomesProbing(ctx context.Context, db DB, outs []Outcome,
 				if err != nil {
 					return err
 				}
-				if probes, err = scanProbes(rows); err != nil {
+				if probes, err = s.scanProbes(rows); err != nil {
 					return err
 				}
 			}
@@ -539,13 +554,17 @@ type childArrays struct {
 	version     []int32
 }
 
-func (c *childArrays) add(parent int64, rows []InsertRow) {
+func (c *childArrays) add(s *Store, parent int64, rows []InsertRow) error {
 	for i := range rows {
 		r := &rows[i]
+		st, err := s.sealDocText(r.State)
+		if err != nil {
+			return err
+		}
 		c.parent = append(c.parent, parent)
 		c.machine = append(c.machine, r.Machine)
 		c.step = append(c.step, r.Step)
-		c.state = append(c.state, r.State)
+		c.state = append(c.state, st)
 		c.queue = append(c.queue, r.Queue)
 		c.priority = append(c.priority, int16(r.Priority))
 		c.scheduledAt = append(c.scheduledAt, r.ScheduledAt)
@@ -570,6 +589,7 @@ func (c *childArrays) add(parent int64, rows []InsertRow) {
 		c.weight = append(c.weight, int32(max(r.Weight, 1)))
 		c.version = append(c.version, int32(r.version()))
 	}
+	return nil
 }
 
 func (c *childArrays) into(args pgx.NamedArgs) {

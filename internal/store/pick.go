@@ -44,6 +44,9 @@ type Claimed struct {
 	Owner string
 	// MachineVersion is the version of its machine the row was last brought to.
 	MachineVersion int
+	// CodecErr says why a sealed value the step would read could not be opened (it wraps
+	// durabletype.ErrCodec): the step cannot run on this node.
+	CodecErr error
 }
 
 // Slot returns the gate slot the claim took (nil: none).
@@ -380,6 +383,7 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 				return PickResult{}, fmt.Errorf("decode inbox of %d: %w", c.ID, err)
 			}
 		}
+		s.openClaim(&c)
 		out = append(out, c)
 	}
 	if err := rows.Err(); err != nil {

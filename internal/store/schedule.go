@@ -105,7 +105,14 @@ func (s *Store) LockSchedule(ctx context.Context, tx pgx.Tx, name string) (now t
 // UpsertSchedule creates or rewrites d, to fire next at next (schedule_upsert); tx holds the
 // row's lock (LockSchedule).
 func (s *Store) UpsertSchedule(ctx context.Context, tx pgx.Tx, d *ScheduleDef, next DBTime) error {
-	input, err := json.Marshal(d.Input)
+	in := d.Input
+	// The input's state is stored sealed, and stays sealed in the rows each fire inserts.
+	st, err := s.sealDoc(in.State)
+	if err != nil {
+		return err
+	}
+	in.State = st
+	input, err := json.Marshal(in)
 	if err != nil {
 		return fmt.Errorf("encode the schedule's input: %w", err)
 	}

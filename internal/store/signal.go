@@ -34,6 +34,13 @@ func (s *Store) DeliverSignal(ctx context.Context, db DB, id int64, machine, key
 			return Delivered{}, false, err
 		}
 	}
+	if payload != nil && s.Codec != nil {
+		sealed, err := s.sealDocText(*payload)
+		if err != nil {
+			return Delivered{}, false, err
+		}
+		payload = &sealed
+	}
 	var d Delivered
 	err := db.QueryRow(ctx, s.sql("deliver_signal"), idArg, machine, key, name, payload).Scan(&d.SignalID, &d.InstanceID, &d.Woke, &d.Queue)
 	if errors.Is(err, pgx.ErrNoRows) {

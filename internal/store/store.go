@@ -39,8 +39,11 @@ type DB interface {
 // Store holds the statements, expanded for one schema.
 type Store struct {
 	Schema string
-	stmts  map[string]string // named statements, ready to run
-	frags  map[string]string // fragments without a parameter, for statements assembled per call
+	// Codec, when set (before the Store is shared), seals payloads before they are written and
+	// opens them after they are read (codec.go).
+	Codec Codec
+	stmts map[string]string // named statements, ready to run
+	frags map[string]string // fragments without a parameter, for statements assembled per call
 }
 
 // New loads the embedded statements for schema ("" is the default schema).

@@ -16,6 +16,8 @@ type UpgradeRow struct {
 	Step    string
 	State   []byte
 	Version int
+	// CodecErr says why its sealed state could not be opened: it cannot be upgraded here.
+	CodecErr error
 }
 
 // UpgradeBatch locks a batch of machine's unclaimed live rows below version with ids above after
@@ -31,7 +33,8 @@ func (s *Store) UpgradeBatch(ctx context.Context, tx pgx.Tx, machine string, ver
 	var v int32
 	_, err = pgx.ForEachRow(rows, []any{&r.ID, &r.Step, &r.State, &v}, func() error {
 		r.Version = int(v)
-		out = append(out, UpgradeRow{ID: r.ID, Step: r.Step, State: append([]byte(nil), r.State...), Version: r.Version})
+		st, cerr := s.openDoc(append([]byte(nil), r.State...))
+		out = append(out, UpgradeRow{ID: r.ID, Step: r.Step, State: st, Version: r.Version, CodecErr: cerr})
 		return nil
 	})
 	return out, err
@@ -50,7 +53,11 @@ type Upgraded struct {
 func (s *Store) UpgradeApply(ctx context.Context, tx pgx.Tx, ids []int64, steps []string, states [][]byte, version int, by string) ([]Upgraded, error) {
 	text := make([]string, len(states))
 	for i, st := range states {
-		text[i] = string(st)
+		sealed, err := s.sealDoc(st)
+		if err != nil {
+			return nil, err
+		}
+		text[i] = string(sealed)
 	}
 	rows, err := tx.Query(ctx, s.sql("upgrade_apply"), pgx.NamedArgs{"ids": ids, "steps": steps, "states": text,
 		"version": version, "by": by})
