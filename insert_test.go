@@ -238,13 +238,14 @@ func TestRacingInsertsOfTheSameKeysLeaveOneLiveRowEach(t *testing.T) {
 	}
 }
 
+// Batches with overlapping correlation keys, in shuffled and opposite orders, race each other:
+// no duplicate key, and no deadlock in the test's own database (counted once its connections
+// have closed: newDeadlockFreeEnv).
 func TestRacingOverlappingBatchesDoNotDeadlock(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := newDeadlockFreeEnv(t)
 	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{noop}})
 	ctx := context.Background()
-	var deadlocksBefore int
-	require.NoError(t, e.pool.QueryRow(ctx, `SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()`).Scan(&deadlocksBefore))
 	rounds := oracle.Size(5, 10)
 	const workers, batch, keyspace = 6, 500, 1500
 	for round := range rounds {
@@ -280,11 +281,6 @@ func TestRacingOverlappingBatchesDoNotDeadlock(t *testing.T) {
 	}
 	require.Equal(t, 0, e.count(t, `SELECT count(*) FROM (SELECT correlation_key FROM {schema}.instances
 		GROUP BY 1 HAVING count(*) > 1) d`))
-	// pg_stat_database is updated asynchronously; the count may lag but never goes down.
-	time.Sleep(600 * time.Millisecond)
-	var deadlocksAfter int
-	require.NoError(t, e.pool.QueryRow(ctx, `SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()`).Scan(&deadlocksAfter))
-	require.Equal(t, deadlocksBefore, deadlocksAfter, "deadlocks in the database during the race")
 }
 
 func TestInsertTxIsInvisibleUntilCommit(t *testing.T) {

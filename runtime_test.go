@@ -337,8 +337,12 @@ func TestAStuckOutcomeStatementDoesNotHoldBackOthers(t *testing.T) {
 	<-running
 	_, err = tx.Exec(ctx, expand(`SELECT 1 FROM {schema}.instances WHERE id = $1 FOR UPDATE`, e.schema), a.ID)
 	require.NoError(t, err)
+	var xid string
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_current_xact_id()::text`).Scan(&xid))
 	close(locked)
-	time.Sleep(50 * time.Millisecond) // A's outcome statement is sent and waits on the lock
+	eventually(t, 10*time.Second, "A's outcome statement waits on the row lock", func() bool {
+		return e.count(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND transactionid::text = $1 AND NOT granted`, xid) > 0
+	})
 	// Outcomes that finish meanwhile commit while A's statement is still waiting.
 	var later []int64
 	for range 20 {
