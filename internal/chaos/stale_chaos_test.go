@@ -413,8 +413,10 @@ func TestChaosHeartbeatLostForAnOldClaimSparesTheNewOne(t *testing.T) {
 	}
 	e.exec(t, `UPDATE {schema}.instances SET locked_until = now() - interval '1 second' WHERE id = $1`, id)
 	start(t, maint)
+	// The release counts a recovery; the row is available only until A's free slot claims it
+	// again (one poll), so the count is the lasting sign, not the status.
 	eventually(t, 10*time.Second, "the reaper released the first claim", func() bool {
-		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE id = $1 AND status = 'available'`, id) == 1
+		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE id = $1 AND recoveries = 1`, id) == 1
 	})
 	release0() // the late park goes to a committer and waits between its statements
 	select {
