@@ -140,3 +140,88 @@ func TestRatedPickChargesOnlyTheRowsItCanClaim(t *testing.T) {
 		})
 	}
 }
+
+// A bucket the GC sweep deletes as refilled while a pick that read it is writing its debit: the
+// pick's balance came from its own clock (now(), its transaction's start), before the sweep saw
+// the bucket full, so a debit that minted a fresh bucket dated then would credit it again the
+// refill between the two. The fresh bucket is dated when it is written instead: whatever it
+// says, it never holds more than the pick's balance less its grant, refilled since.
+func TestABucketSweptDuringAPickNeverCreditsTheRefillTwice(t *testing.T) {
+	pool := durabledbtest.Pool(t, 4)
+	schema := durabledbtest.Schema(t, pool)
+	s, err := New(schema)
+	require.NoError(t, err)
+	ctx := context.Background()
+	const rate, burst, weight = 10.0, 10.0, 5
+	rates := &Rates{Names: []string{"r"}, Rates: []float64{rate}, Bursts: []float64{burst}}
+	var in []InsertRow
+	for range weight {
+		in = append(in, InsertRow{Machine: "m", Step: "s", State: "{}", Queue: "q", Priority: 5, MaxAttempts: 1, RateLimit: "r:a", Weight: 1})
+	}
+	_, err = s.InsertMany(ctx, pool, in)
+	require.NoError(t, err)
+
+	// The pick's transaction, its clock read at p.
+	pick, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = pick.Rollback(ctx) }()
+	var p time.Time
+	var pickPID uint32
+	require.NoError(t, pick.QueryRow(ctx, `SELECT now(), pg_backend_pid()`).Scan(&p, &pickPID))
+	// A bucket that holds half a burst at p, and is full half a second later.
+	_, err = pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %q.buckets (key, tokens, rate, burst, updated_at)
+		VALUES ('r:a', 0, $1, $2, $3::timestamptz - interval '500 milliseconds')`, schema), rate, burst, p)
+	require.NoError(t, err)
+	balanceAtP := burst / 2
+	// The database clock passes p + 0.6 s: the sweep, which starts after, finds the bucket full.
+	for {
+		var passed bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT clock_timestamp() > $1::timestamptz + interval '600 milliseconds'`, p).Scan(&passed))
+		if passed {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	sweep, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = sweep.Rollback(ctx) }()
+	n, err := s.GCBuckets(ctx, sweep, rates)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "the sweep deletes the refilled bucket")
+
+	// The pick reads the bucket (the sweep has not committed), grants its balance at p, and its
+	// debit waits on the sweep's lock.
+	type picked struct {
+		res PickResult
+		err error
+	}
+	done := make(chan picked, 1)
+	go func() {
+		res, err := s.Pick(ctx, pick, "q", 10, "o", PickOpts{Lease: time.Minute, Rates: rates})
+		done <- picked{res, err}
+	}()
+	for {
+		var waiting bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = $1 AND NOT granted)`, pickPID).Scan(&waiting))
+		if waiting {
+			break
+		}
+		select {
+		case r := <-done:
+			t.Fatalf("the pick finished before the sweep committed: %d rows, %v", len(r.res.Rows), r.err)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	require.NoError(t, sweep.Commit(ctx))
+	r := <-done
+	require.NoError(t, r.err)
+	require.Len(t, r.res.Rows, weight, "the balance at p affords the five rows")
+	require.NoError(t, pick.Commit(ctx))
+
+	// The bucket's tokens, carried back to p by its rate, are at most what the pick left at p:
+	// the same line refilled at the same rate, so the bucket never holds more than it should.
+	var atP float64
+	require.NoError(t, pool.QueryRow(ctx, fmt.Sprintf(`SELECT tokens + rate * extract(epoch FROM $1::timestamptz - updated_at)
+		FROM %q.buckets WHERE key = 'r:a'`, schema), p).Scan(&atP))
+	require.LessOrEqual(t, atP, balanceAtP-weight+1e-6, "the debit minted a bucket that credits the refill before the sweep again")
+}

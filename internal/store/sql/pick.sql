@@ -364,11 +364,17 @@ granted AS (
 
 -- The writeback of each grant (granted: rkey, weight, rate, burst; a grant is never more than a
 -- full bucket holds). Returns the buckets whose grant applied.
+--
+-- A missing bucket is minted full less the grant, dated when the row is written
+-- (clock_timestamp(), not the transaction's now()): the GC sweep may have deleted, as refilled
+-- at its own later now(), a bucket this pick read half empty, and a fresh bucket dated at this
+-- pick's now() would credit again the refill between the two. Dated at the write, it holds at
+-- most what the pick's balance less its grant has refilled to by then.
 
 -- fragment: bucket_debit
 rdebit AS (
   INSERT INTO {schema}.buckets (key, tokens, rate, burst, updated_at)
-  SELECT g.rkey, greatest(g.burst - g.weight, 0), g.rate, g.burst, now()
+  SELECT g.rkey, greatest(g.burst - g.weight, 0), g.rate, g.burst, clock_timestamp()
   FROM granted AS g
   ORDER BY g.rkey
   ON CONFLICT (key) DO UPDATE
