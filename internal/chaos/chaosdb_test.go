@@ -121,9 +121,16 @@ func (d *chaosDB) deadlocks(t *testing.T) int {
 // it is stopped and removed when the test ends.
 func privateCluster(t *testing.T, settings map[string]string) (*devdb.DB, *chaosDB) {
 	t.Helper()
+	return privateClusterWith(t, devdb.ClusterOptions{Settings: settings})
+}
+
+// privateClusterWith is privateCluster with the cluster's options (its server's settings and
+// environment).
+func privateClusterWith(t *testing.T, opts devdb.ClusterOptions) (*devdb.DB, *chaosDB) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cluster, err := devdb.StartCluster(ctx, devdb.ClusterOptions{Settings: settings})
+	cluster, err := devdb.StartCluster(ctx, opts)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, cluster.Close()) })
 	cfg, err := poolConfig(cluster.URL, "test-"+t.Name(), 8, "")

@@ -52,6 +52,9 @@ const (
 	// "docs"), whose steps record which version of the code ran them.
 	machinesDocsV1 = "docs1"
 	machinesDocsV2 = "docs2"
+	// machinesFast: fast5 and solo (fastpaths_test.go), queue "fast": each step records its
+	// effect, sleeps StepMS whatever becomes of its claim, and names the client that ran it.
+	machinesFast = "fast"
 )
 
 // workerCfg configures a worker process. Durations are in milliseconds; a zero ReaperMS or GCMS
@@ -64,8 +67,8 @@ type workerCfg struct {
 	// pgx exec mode ("", "exec", "simple" or "describe").
 	Conns, FxConns int32
 	ExecMode       string
-	// Machines is the machine set (machinesCrash, machinesChaos, machinesRaces, machinesDocsV1
-	// or machinesDocsV2).
+	// Machines is the machine set (machinesCrash, machinesChaos, machinesRaces, machinesDocsV1,
+	// machinesDocsV2 or machinesFast).
 	Machines string
 	// Queues are worked with Conc slots each; Probes adds one-slot queues p0, p1, …
 	Queues []string
@@ -96,6 +99,10 @@ type workerCfg struct {
 	OwnSchedules                       int
 	SharedSchedules                    []string
 	ScheduleEveryMS, ScheduleCatchUpMS int
+	// Inserters (fast set): this many goroutines insert solo instances with Insert, so that the
+	// worker's own Insert claims them, until SIGUSR1; the worker then prints "inserted <n>"
+	// (fastWorker.insertLoop).
+	Inserters int
 }
 
 // leaseMS sets a worker's lease and a heartbeat of a fifth of it.
@@ -374,6 +381,7 @@ func workerMain(cfgJSON string) int {
 	defer fx.Close()
 
 	var machines []gendurable.Machine
+	var fast *fastWorker
 	switch cfg.Machines {
 	case machinesCrash:
 		rec := effectRecorder(pool, cfg.Schema, pid)
@@ -386,6 +394,9 @@ func workerMain(cfgJSON string) int {
 		machines = []gendurable.Machine{docMachine(1, fx, cfg.Schema, pid)}
 	case machinesDocsV2:
 		machines = []gendurable.Machine{docMachine(2, fx, cfg.Schema, pid)}
+	case machinesFast:
+		fast = newFastWorker(cfg, fx)
+		machines = fast.machines()
 	default:
 		return fail(fmt.Errorf("unknown machine set %q", cfg.Machines))
 	}
@@ -455,8 +466,13 @@ func workerMain(cfgJSON string) int {
 	// drain the worker, not kill it without its report.
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	stopInserts := func() {}
+	if fast != nil && cfg.Inserters > 0 {
+		stopInserts = fast.insertLoop(cl)
+	}
 	fmt.Println("ready")
 	<-sig
+	stopInserts()
 	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	code := 0
@@ -513,6 +529,8 @@ type worker struct {
 	report  chan workerReport
 	done    chan struct{}
 	exitErr error
+	// inserted receives the count of a workerCfg.Inserters worker's "inserted <n>" line.
+	inserted chan int
 	// finished holds the marks of workerCfg.Marks: when this worker's commit finished an
 	// instance, by id.
 	mu       sync.Mutex
@@ -559,7 +577,7 @@ func startWorker(t testing.TB, cfg workerCfg, extraEnv ...string) *worker {
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
 	w := &worker{cmd: cmd, cfg: cfg, name: cfg.Name, report: make(chan workerReport, 1), done: make(chan struct{}),
-		finished: map[int64]time.Time{}}
+		finished: map[int64]time.Time{}, inserted: make(chan int, 1)}
 	t.Cleanup(w.kill)
 	r := bufio.NewReader(out)
 	line, err := r.ReadString('\n')
@@ -570,6 +588,13 @@ func startWorker(t testing.TB, cfg workerCfg, extraEnv ...string) *worker {
 		for {
 			line, err := r.ReadString('\n')
 			if w.mark(line) {
+				continue
+			}
+			if s, ok := strings.CutPrefix(line, insertedPrefix); ok {
+				var n int
+				if _, err := fmt.Sscan(s, &n); err == nil {
+					w.inserted <- n
+				}
 				continue
 			}
 			if s, ok := strings.CutPrefix(line, "report "); ok {

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -39,7 +40,8 @@ type DB struct {
 	data   string
 	runAs  *account
 	logOut io.Writer
-	opts   string // a throwaway cluster's server options, for Start
+	opts   string   // a throwaway cluster's server options, for Start
+	env    []string // a throwaway cluster's extra server environment (ClusterOptions.Env)
 }
 
 // Options adjusts Resolve.
@@ -89,7 +91,7 @@ func Resolve(ctx context.Context, opts Options) (*DB, error) {
 	if err != nil {
 		return nil, err
 	}
-	return startCluster(ctx, bin, logw, nil)
+	return startCluster(ctx, bin, logw, nil, nil)
 }
 
 // Close stops and removes a throwaway cluster; for other sources it does nothing.
@@ -101,6 +103,7 @@ func (d *DB) Close() error {
 	cmd := exec.Command(d.pgCtl, "-D", d.data, "-m", "immediate", "-w", "stop")
 	cmd.Stdout, cmd.Stderr = d.logOut, d.logOut
 	d.runAs.apply(cmd)
+	d.withEnv(cmd)
 	err := cmd.Run()
 	if _, serr := os.Stat(filepath.Join(d.data, "postmaster.pid")); os.IsNotExist(serr) {
 		err = nil
@@ -189,6 +192,10 @@ type ClusterOptions struct {
 	// Settings are server settings (name → value) on top of the test defaults (fsync off,
 	// max_connections 300, listening on 127.0.0.1 only).
 	Settings map[string]string
+	// Env adds variables ("NAME=value") to the environment the server runs in: pg_ctl's, which
+	// the postgres processes it starts inherit, at every start, restart and stop (a test runs
+	// its server under a preloaded library, say: LD_PRELOAD and the library's settings).
+	Env []string
 }
 
 // StartCluster starts a private throwaway cluster from this machine's binaries, whatever
@@ -209,10 +216,10 @@ func StartCluster(ctx context.Context, opts ClusterOptions) (*DB, error) {
 	if err != nil {
 		return nil, err
 	}
-	return startCluster(ctx, bin, logw, opts.Settings)
+	return startCluster(ctx, bin, logw, opts.Settings, opts.Env)
 }
 
-func startCluster(ctx context.Context, bin binaries, logw io.Writer, settings map[string]string) (*DB, error) {
+func startCluster(ctx context.Context, bin binaries, logw io.Writer, settings map[string]string, env []string) (*DB, error) {
 	acct, err := unprivileged()
 	if err != nil {
 		return nil, err
@@ -256,6 +263,7 @@ func startCluster(ctx context.Context, bin binaries, logw io.Writer, settings ma
 		URL:    fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port),
 		Source: "throwaway cluster in " + dir,
 		dir:    dir, pgCtl: bin.pgCtl, data: data, runAs: acct, logOut: logw, opts: opts, Port: port,
+		env: slices.Clone(env),
 	}
 	if err := db.Start(ctx); err != nil {
 		return fail(err)
@@ -311,11 +319,25 @@ func (d *DB) pgctl(ctx context.Context, args ...string) error {
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = io.MultiWriter(d.logOut, &out), io.MultiWriter(d.logOut, &out)
 	d.runAs.apply(cmd)
+	d.withEnv(cmd)
 	if err := cmd.Run(); err != nil {
 		logText, _ := os.ReadFile(filepath.Join(d.dir, "postgres.log"))
 		return fmt.Errorf("pg_ctl %s: %w\n%s\n%s", args[len(args)-1], err, out.String(), tail(string(logText), 2000))
 	}
 	return nil
+}
+
+// withEnv adds the cluster's extra server environment (ClusterOptions.Env) to a pg_ctl command,
+// on top of what it has (the account's, when it runs as the postgres user) or else this
+// process's.
+func (d *DB) withEnv(cmd *exec.Cmd) {
+	if len(d.env) == 0 {
+		return
+	}
+	if cmd.Env == nil {
+		cmd.Env = os.Environ()
+	}
+	cmd.Env = append(cmd.Env, d.env...)
 }
 
 func tail(s string, n int) string {
