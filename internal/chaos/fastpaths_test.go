@@ -685,8 +685,8 @@ func TestRateLanesUnderKillsAndPauses(t *testing.T) {
 		}
 	}
 	// The workers start before there is work: their first picks ask for more rows than the
-	// burst, so the bucket runs dry at once, however loaded the machine. GC runs (every 100 ms):
-	// its pruning of refilled buckets races the picks' debits.
+	// burst, so the bucket runs dry at once, however loaded the machine. GC runs (every 100 ms);
+	// it prunes a bucket only once it has been full for a minute, so not this one.
 	c := newCrew(t, e, 3, named("rate"), e.fastCfg(func(w *workerCfg) {
 		w.Rates = map[string][3]int{"api": {allowed, periodMS, burst}}
 	}))

@@ -14,6 +14,11 @@ import (
 // bucketBatch is how many buckets one gc_buckets statement deletes at most (see maintenance.sql).
 const bucketBatch = 1000
 
+// bucketFullFor is how long a rate-limit bucket must have been full before GC prunes it: far
+// longer than the gap between a pick's transaction start and its snapshot, so that no pick can
+// find a bucket pruned that was not yet full at its start (see gc_buckets in maintenance.sql).
+const bucketFullFor = time.Minute
+
 // GC collects what no longer carries information: finished instances past their retention (with
 // their inboxes), rate-limit buckets that have refilled or whose limit is gone, gate counters
 // that disagree with the executing rows or the configuration (reconciled, or removed), and the
@@ -203,7 +208,7 @@ func (g *GC) buckets(ctx context.Context, res *GCResult) error {
 		rates = &store.Rates{}
 	}
 	for {
-		n, err := g.Store.GCBuckets(ctx, g.DB, rates)
+		n, err := g.Store.GCBuckets(ctx, g.DB, rates, bucketFullFor)
 		if err != nil {
 			return fmt.Errorf("GC of rate-limit buckets: %w", err)
 		}

@@ -145,7 +145,9 @@ func TestRatedPickChargesOnlyTheRowsItCanClaim(t *testing.T) {
 // pick's balance came from its own clock (now(), its transaction's start), before the sweep saw
 // the bucket full, so a debit that minted a fresh bucket dated then would credit it again the
 // refill between the two. The fresh bucket is dated when it is written instead: whatever it
-// says, it never holds more than the pick's balance less its grant, refilled since.
+// says, it never holds more than the pick's balance less its grant, refilled since. (The sweep
+// here prunes buckets the moment they are full; GC's wait for a full minute makes this a pick
+// whose transaction began a minute before its statement.)
 func TestABucketSweptDuringAPickNeverCreditsTheRefillTwice(t *testing.T) {
 	pool := durabledbtest.Pool(t, 4)
 	schema := durabledbtest.Schema(t, pool)
@@ -185,7 +187,7 @@ func TestABucketSweptDuringAPickNeverCreditsTheRefillTwice(t *testing.T) {
 	sweep, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = sweep.Rollback(ctx) }()
-	n, err := s.GCBuckets(ctx, sweep, rates)
+	n, err := s.GCBuckets(ctx, sweep, rates, 0)
 	require.NoError(t, err)
 	require.Equal(t, 1, n, "the sweep deletes the refilled bucket")
 
@@ -224,4 +226,51 @@ func TestABucketSweptDuringAPickNeverCreditsTheRefillTwice(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, fmt.Sprintf(`SELECT tokens + rate * extract(epoch FROM $1::timestamptz - updated_at)
 		FROM %q.buckets WHERE key = 'r:a'`, schema), p).Scan(&atP))
 	require.LessOrEqual(t, atP, balanceAtP-weight+1e-6, "the debit minted a bucket that credits the refill before the sweep again")
+}
+
+// A pick takes a missing bucket as full at its transaction's start, which comes before its
+// statement's snapshot: a bucket pruned in between, the moment it refilled, would be full to
+// that pick too early. The sweep prunes a bucket only once it has been full for a while (GC: a
+// minute), so a bucket that was not full when a running pick began is left for it to read.
+func TestASweepLeavesABucketThatWasNotFullWhenAPickBegan(t *testing.T) {
+	pool := durabledbtest.Pool(t, 4)
+	schema := durabledbtest.Schema(t, pool)
+	s, err := New(schema)
+	require.NoError(t, err)
+	ctx := context.Background()
+	const rate, burst = 10.0, 10.0
+	rates := &Rates{Names: []string{"r"}, Rates: []float64{rate}, Bursts: []float64{burst}}
+	var in []InsertRow
+	for range 10 {
+		in = append(in, InsertRow{Machine: "m", Step: "s", State: "{}", Queue: "q", Priority: 5, MaxAttempts: 1, RateLimit: "r:a", Weight: 1})
+	}
+	_, err = s.InsertMany(ctx, pool, in)
+	require.NoError(t, err)
+
+	pick, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = pick.Rollback(ctx) }()
+	var p time.Time
+	require.NoError(t, pick.QueryRow(ctx, `SELECT now()`).Scan(&p))
+	// Half a burst at p, full half a second later; the sweep runs after that.
+	_, err = pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %q.buckets (key, tokens, rate, burst, updated_at)
+		VALUES ('r:a', 0, $1, $2, $3::timestamptz - interval '500 milliseconds')`, schema), rate, burst, p)
+	require.NoError(t, err)
+	for {
+		var passed bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT clock_timestamp() > $1::timestamptz + interval '600 milliseconds'`, p).Scan(&passed))
+		if passed {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	n, err := s.GCBuckets(ctx, pool, rates, time.Minute)
+	require.NoError(t, err)
+	require.Zero(t, n, "the sweep pruned a bucket full for less than its minute")
+
+	// The pick, its snapshot taken now, still reads the bucket: half a burst at p.
+	res, err := s.Pick(ctx, pick, "q", 10, "o", PickOpts{Lease: time.Minute, Rates: rates})
+	require.NoError(t, err)
+	require.NoError(t, pick.Commit(ctx))
+	require.Len(t, res.Rows, int(burst/2), "the pick granted more than the bucket held at its start")
 }

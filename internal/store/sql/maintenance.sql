@@ -334,22 +334,26 @@ DELETE FROM {schema}.retention WHERE machine = ANY(@unset::text[]);
 
 -- Rate-limit buckets (the GC sweep, the reaper's report).
 
--- Prune buckets that carry no information: idle so long that they have refilled by the rate and
--- burst they were last written with (a missing bucket is a full one), or of a limit no longer
--- configured. A node that configures no rate limit at all (a maintenance node set up without
+-- Prune buckets that carry no information: idle so long that they have been full for @full_ms
+-- by the rate and burst they were last written with (a missing bucket is a full one), or of a
+-- limit no longer configured. Full for a while, not just full: a pick takes a missing bucket as
+-- full at its transaction's start (now()), which comes before its snapshot; a bucket pruned the
+-- moment it refilled, between a pick's now() and its snapshot, would be full to that pick too
+-- early, by the refill in between. @full_ms is far longer than that gap. A node that configures no rate limit at all (a maintenance node set up without
 -- them) cannot tell a removed limit from one it was not told about: it prunes refilled buckets
 -- only, so that it never resets a drained bucket of a live limit to full. (A removed limit's
 -- buckets refill by their own rate and are pruned then.) Bounded per statement.
 -- Locks: the buckets it deletes, FOR UPDATE SKIP LOCKED in key order (a bucket a pick is writing
 -- is left for the next sweep; sweepers never wait on each other).
--- @r_names: the configured limits. Returns how many it deleted.
+-- @r_names: the configured limits; @full_ms: how long a bucket must have been full. Returns how
+-- many it deleted.
 
 -- name: gc_buckets
 WITH stale AS (
   SELECT key
   FROM {schema}.buckets AS b
   WHERE (cardinality(@r_names::text[]) > 0 AND NOT (split_part(b.key, ':', 1) = ANY(@r_names::text[])))
-     OR b.tokens + b.rate * extract(epoch FROM now() - b.updated_at) >= b.burst
+     OR b.tokens + b.rate * (extract(epoch FROM now() - b.updated_at) - @full_ms::bigint / 1000.0) >= b.burst
   ORDER BY key
   LIMIT 1000
   FOR UPDATE SKIP LOCKED
