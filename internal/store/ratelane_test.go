@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable/durabledbtest"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
@@ -141,6 +143,51 @@ func TestRatedPickChargesOnlyTheRowsItCanClaim(t *testing.T) {
 	}
 }
 
+// bucketRace sets up a pick racing GC's pruning of its bucket: rows of limit r:a (rate 10 a
+// second, burst 10) in queue q; the pick's transaction, begun at p; the bucket r:a, which holds
+// half a burst at p and is full half a second later; and the database clock past p + 600ms, so
+// that a sweep starting now finds the bucket full.
+type bucketRace struct {
+	s       *Store
+	pool    *pgxpool.Pool
+	schema  string
+	rates   *Rates
+	pick    pgx.Tx
+	p       time.Time
+	pickPID uint32
+}
+
+func newBucketRace(t *testing.T, rows int) *bucketRace {
+	t.Helper()
+	pool := durabledbtest.Pool(t, 4)
+	schema := durabledbtest.Schema(t, pool)
+	s, err := New(schema)
+	require.NoError(t, err)
+	ctx := context.Background()
+	r := &bucketRace{s: s, pool: pool, schema: schema, rates: &Rates{Names: []string{"r"}, Rates: []float64{10}, Bursts: []float64{10}}}
+	var in []InsertRow
+	for range rows {
+		in = append(in, InsertRow{Machine: "m", Step: "s", State: "{}", Queue: "q", Priority: 5, MaxAttempts: 1, RateLimit: "r:a", Weight: 1})
+	}
+	_, err = s.InsertMany(ctx, pool, in)
+	require.NoError(t, err)
+	r.pick, err = pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.pick.Rollback(ctx) })
+	require.NoError(t, r.pick.QueryRow(ctx, `SELECT now(), pg_backend_pid()`).Scan(&r.p, &r.pickPID))
+	_, err = pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %q.buckets (key, tokens, rate, burst, updated_at)
+		VALUES ('r:a', 0, 10, 10, $1::timestamptz - interval '500 milliseconds')`, schema), r.p)
+	require.NoError(t, err)
+	for {
+		var passed bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT clock_timestamp() > $1::timestamptz + interval '600 milliseconds'`, r.p).Scan(&passed))
+		if passed {
+			return r
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // A bucket the GC sweep deletes as refilled while a pick that read it is writing its debit: the
 // pick's balance came from its own clock (now(), its transaction's start), before the sweep saw
 // the bucket full, so a debit that minted a fresh bucket dated then would credit it again the
@@ -149,83 +196,51 @@ func TestRatedPickChargesOnlyTheRowsItCanClaim(t *testing.T) {
 // here prunes buckets the moment they are full; GC's wait for a full minute makes this a pick
 // whose transaction began a minute before its statement.)
 func TestABucketSweptDuringAPickNeverCreditsTheRefillTwice(t *testing.T) {
-	pool := durabledbtest.Pool(t, 4)
-	schema := durabledbtest.Schema(t, pool)
-	s, err := New(schema)
-	require.NoError(t, err)
+	const weight = 5
+	r := newBucketRace(t, weight)
 	ctx := context.Background()
-	const rate, burst, weight = 10.0, 10.0, 5
-	rates := &Rates{Names: []string{"r"}, Rates: []float64{rate}, Bursts: []float64{burst}}
-	var in []InsertRow
-	for range weight {
-		in = append(in, InsertRow{Machine: "m", Step: "s", State: "{}", Queue: "q", Priority: 5, MaxAttempts: 1, RateLimit: "r:a", Weight: 1})
-	}
-	_, err = s.InsertMany(ctx, pool, in)
-	require.NoError(t, err)
-
-	// The pick's transaction, its clock read at p.
-	pick, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = pick.Rollback(ctx) }()
-	var p time.Time
-	var pickPID uint32
-	require.NoError(t, pick.QueryRow(ctx, `SELECT now(), pg_backend_pid()`).Scan(&p, &pickPID))
-	// A bucket that holds half a burst at p, and is full half a second later.
-	_, err = pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %q.buckets (key, tokens, rate, burst, updated_at)
-		VALUES ('r:a', 0, $1, $2, $3::timestamptz - interval '500 milliseconds')`, schema), rate, burst, p)
-	require.NoError(t, err)
-	balanceAtP := burst / 2
-	// The database clock passes p + 0.6 s: the sweep, which starts after, finds the bucket full.
-	for {
-		var passed bool
-		require.NoError(t, pool.QueryRow(ctx, `SELECT clock_timestamp() > $1::timestamptz + interval '600 milliseconds'`, p).Scan(&passed))
-		if passed {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	sweep, err := pool.Begin(ctx)
+	sweep, err := r.pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = sweep.Rollback(ctx) }()
-	n, err := s.GCBuckets(ctx, sweep, rates, 0)
+	n, err := r.s.GCBuckets(ctx, sweep, r.rates, 0)
 	require.NoError(t, err)
 	require.Equal(t, 1, n, "the sweep deletes the refilled bucket")
 
-	// The pick reads the bucket (the sweep has not committed), grants its balance at p, and its
-	// debit waits on the sweep's lock.
+	// The pick reads the bucket (the sweep has not committed), grants its balance at p (half a
+	// burst), and its debit waits on the sweep's lock.
 	type picked struct {
 		res PickResult
 		err error
 	}
 	done := make(chan picked, 1)
 	go func() {
-		res, err := s.Pick(ctx, pick, "q", 10, "o", PickOpts{Lease: time.Minute, Rates: rates})
+		res, err := r.s.Pick(ctx, r.pick, "q", 10, "o", PickOpts{Lease: time.Minute, Rates: r.rates})
 		done <- picked{res, err}
 	}()
 	for {
 		var waiting bool
-		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = $1 AND NOT granted)`, pickPID).Scan(&waiting))
+		require.NoError(t, r.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = $1 AND NOT granted)`, r.pickPID).Scan(&waiting))
 		if waiting {
 			break
 		}
 		select {
-		case r := <-done:
-			t.Fatalf("the pick finished before the sweep committed: %d rows, %v", len(r.res.Rows), r.err)
+		case res := <-done:
+			t.Fatalf("the pick finished before the sweep committed: %d rows, %v", len(res.res.Rows), res.err)
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
 	require.NoError(t, sweep.Commit(ctx))
-	r := <-done
-	require.NoError(t, r.err)
-	require.Len(t, r.res.Rows, weight, "the balance at p affords the five rows")
-	require.NoError(t, pick.Commit(ctx))
+	res := <-done
+	require.NoError(t, res.err)
+	require.Len(t, res.res.Rows, weight, "the balance at p affords the five rows")
+	require.NoError(t, r.pick.Commit(ctx))
 
 	// The bucket's tokens, carried back to p by its rate, are at most what the pick left at p:
 	// the same line refilled at the same rate, so the bucket never holds more than it should.
 	var atP float64
-	require.NoError(t, pool.QueryRow(ctx, fmt.Sprintf(`SELECT tokens + rate * extract(epoch FROM $1::timestamptz - updated_at)
-		FROM %q.buckets WHERE key = 'r:a'`, schema), p).Scan(&atP))
-	require.LessOrEqual(t, atP, balanceAtP-weight+1e-6, "the debit minted a bucket that credits the refill before the sweep again")
+	require.NoError(t, r.pool.QueryRow(ctx, fmt.Sprintf(`SELECT tokens + rate * extract(epoch FROM $1::timestamptz - updated_at)
+		FROM %q.buckets WHERE key = 'r:a'`, r.schema), r.p).Scan(&atP))
+	require.LessOrEqual(t, atP, 5.0-weight+1e-6, "the debit minted a bucket that credits the refill before the sweep again")
 }
 
 // A pick takes a missing bucket as full at its transaction's start, which comes before its
@@ -233,44 +248,15 @@ func TestABucketSweptDuringAPickNeverCreditsTheRefillTwice(t *testing.T) {
 // that pick too early. The sweep prunes a bucket only once it has been full for a while (GC: a
 // minute), so a bucket that was not full when a running pick began is left for it to read.
 func TestASweepLeavesABucketThatWasNotFullWhenAPickBegan(t *testing.T) {
-	pool := durabledbtest.Pool(t, 4)
-	schema := durabledbtest.Schema(t, pool)
-	s, err := New(schema)
-	require.NoError(t, err)
+	r := newBucketRace(t, 10)
 	ctx := context.Background()
-	const rate, burst = 10.0, 10.0
-	rates := &Rates{Names: []string{"r"}, Rates: []float64{rate}, Bursts: []float64{burst}}
-	var in []InsertRow
-	for range 10 {
-		in = append(in, InsertRow{Machine: "m", Step: "s", State: "{}", Queue: "q", Priority: 5, MaxAttempts: 1, RateLimit: "r:a", Weight: 1})
-	}
-	_, err = s.InsertMany(ctx, pool, in)
-	require.NoError(t, err)
-
-	pick, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = pick.Rollback(ctx) }()
-	var p time.Time
-	require.NoError(t, pick.QueryRow(ctx, `SELECT now()`).Scan(&p))
-	// Half a burst at p, full half a second later; the sweep runs after that.
-	_, err = pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %q.buckets (key, tokens, rate, burst, updated_at)
-		VALUES ('r:a', 0, $1, $2, $3::timestamptz - interval '500 milliseconds')`, schema), rate, burst, p)
-	require.NoError(t, err)
-	for {
-		var passed bool
-		require.NoError(t, pool.QueryRow(ctx, `SELECT clock_timestamp() > $1::timestamptz + interval '600 milliseconds'`, p).Scan(&passed))
-		if passed {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	n, err := s.GCBuckets(ctx, pool, rates, time.Minute)
+	n, err := r.s.GCBuckets(ctx, r.pool, r.rates, time.Minute)
 	require.NoError(t, err)
 	require.Zero(t, n, "the sweep pruned a bucket full for less than its minute")
 
 	// The pick, its snapshot taken now, still reads the bucket: half a burst at p.
-	res, err := s.Pick(ctx, pick, "q", 10, "o", PickOpts{Lease: time.Minute, Rates: rates})
+	res, err := r.s.Pick(ctx, r.pick, "q", 10, "o", PickOpts{Lease: time.Minute, Rates: r.rates})
 	require.NoError(t, err)
-	require.NoError(t, pick.Commit(ctx))
-	require.Len(t, res.Rows, int(burst/2), "the pick granted more than the bucket held at its start")
+	require.NoError(t, r.pick.Commit(ctx))
+	require.Len(t, res.Rows, 5, "the pick granted more than the bucket held at its start")
 }
