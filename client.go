@@ -232,7 +232,9 @@ func (c *Client) insertClaimed(ctx context.Context, row *store.InsertRow, owner 
 
 // InsertTx inserts one instance inside the caller's transaction: workers see it only once tx
 // commits, and never if it rolls back. With PokePostgres its poke rides tx and leaves with the
-// commit; with the other transports nothing is poked (the queue's poll finds the row).
+// commit; with the other transports no other node is poked (their poll finds the row), and
+// this client, if it works the queue, watches for the commit and starts the instance once it
+// sees it (see docs/operations.md).
 func (c *Client) InsertTx(ctx context.Context, tx pgx.Tx, in Input, opts *InsertOpts) (InsertResult, error) {
 	res, err := c.insert(ctx, tx, []InsertManyParams{{Input: in, Opts: opts}})
 	if err != nil {
@@ -283,11 +285,11 @@ func (c *Client) insertRows(ctx context.Context, db store.DB, rows []store.Inser
 		return nil, fmt.Errorf("gendurable: insert %d rows: %w", len(rows), err)
 	}
 	out := make([]InsertResult, len(ins))
-	due := map[string]bool{}
+	due := map[string]int64{} // queue → one of its new due rows
 	for i, r := range ins {
 		out[i] = InsertResult{ID: r.ID, Duplicate: r.Duplicate}
 		if !r.Duplicate && rows[i].ScheduledAt == nil && rows[i].Delay == 0 {
-			due[rows[i].Queue] = true
+			due[rows[i].Queue] = r.ID
 		}
 	}
 	queues := make([]string, 0, len(due))
@@ -296,9 +298,19 @@ func (c *Client) insertRows(ctx context.Context, db store.DB, rows []store.Inser
 	}
 	if tx, ok := db.(pgx.Tx); ok {
 		// Nothing may wake a node before the rows are visible: the transport sends with the
-		// commit if it can, and otherwise the queues' poll finds the rows.
-		if err := c.eng.PokeTx(ctx, tx, queues); err != nil {
+		// commit if it can; otherwise this node looks for one row of each queue (the rows of a
+		// transaction become visible together) and starts them once it sees it, and the other
+		// nodes' poll finds them.
+		sent, err := c.eng.PokeTx(ctx, tx, queues)
+		if err != nil {
 			return nil, err
+		}
+		if !sent {
+			ids := make([]int64, len(queues))
+			for i, q := range queues {
+				ids[i] = due[q]
+			}
+			c.eng.WatchCommit(ids, queues)
 		}
 	} else {
 		c.eng.Poke(queues...)

@@ -58,7 +58,7 @@ func (c *Client) Signal(ctx context.Context, target Target, name string, payload
 func (c *Client) SignalTx(ctx context.Context, tx pgx.Tx, target Target, name string, payload any) (SignalResult, error) {
 	res, queue, err := c.signal(ctx, tx, target, name, payload)
 	if err == nil && res.Woke {
-		if err := c.eng.PokeTx(ctx, tx, []string{queue}); err != nil {
+		if _, err := c.eng.PokeTx(ctx, tx, []string{queue}); err != nil {
 			return SignalResult{}, err
 		}
 	}

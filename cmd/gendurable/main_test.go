@@ -72,12 +72,13 @@ func TestBenchSmoke(t *testing.T) {
 	code, out, errOut := runCLI(t, "bench", "--database-url", durabledbtest.URL(t), "--schema", "t_cli_bench", "--n", "300", "--json")
 	require.Equal(t, 0, code, errOut)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	require.Len(t, lines, 9)
+	require.Len(t, lines, 10)
 	want := map[string][]string{
 		"jobs":           {"insert_per_s", "work_per_s"},
 		"chain":          {"steps_per_s"},
 		"latency":        {"p50_ms", "p95_ms", "p99_ms"},
 		"latency-remote": {"p50_ms", "p95_ms", "p99_ms"},
+		"latency-tx":     {"p50_ms", "p95_ms", "p99_ms"},
 		"await":          {"steps_per_s", "p50_ms", "p99_ms"},
 		"signal":         {"steps_per_s", "p50_ms", "p99_ms"},
 		"fanout":         {"steps_per_s"},

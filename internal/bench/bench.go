@@ -126,6 +126,7 @@ func scenarios() []scenario {
 		{name: "chain", defaultN: 50000, summary: "N/5 instances of a 5-step no-op FSM inserted in bulk, worked by one client", run: runChain},
 		{name: "latency", defaultN: 500, summary: "an idle running client; N single Inserts 5 ms apart; time from the Insert call to the step's start", run: runLatency},
 		{name: "latency-remote", defaultN: 500, summary: "latency across nodes: a client that works no queue inserts, a worker client on its own pool starts the step, woken by the poke transport (PokePostgres)", run: runLatencyRemote},
+		{name: "latency-tx", defaultN: 500, summary: "an idle running client on the default configuration; N InsertTx, each in a transaction of its own committed at once, 5 ms apart; time from the Commit call to the step's start", run: runLatencyTx},
 		{name: "await", defaultN: 500, summary: "an idle running client; N sequential Insert + client.Await of a one-step job; time from the Insert call to Await's answer", run: runAwait},
 		{name: "signal", defaultN: 5000, summary: "N instances parked on Await, each signalled (4 senders at once); time from the Signal call to the woken step's start", run: runSignal},
 		{name: "fanout", defaultN: 20000, summary: "one parent spawning N one-step children in another queue, then joining", run: runFanout},
@@ -506,6 +507,61 @@ func runLatency(ctx context.Context, r *runner, n int) (Result, error) {
 // the poke transport (Options.Poke, default PokePostgres).
 func runLatencyRemote(ctx context.Context, r *runner, n int) (Result, error) {
 	return latency(ctx, r, n, true)
+}
+
+// runLatencyTx is the transactional outbox's pickup: each instance is inserted with InsertTx in
+// a transaction of its own, committed at once, on the client that works the queue, whose
+// default poke transport cannot send with the commit.
+func runLatencyTx(ctx context.Context, r *runner, n int) (Result, error) {
+	var mu sync.Mutex
+	began := make(map[int64]time.Time, n)
+	job := gendurable.Job[latArgs]{Name: "latency", Queue: "bench", Perform: func(c *gendurable.Ctx, _ latArgs) error {
+		mu.Lock()
+		began[c.ID] = time.Now()
+		mu.Unlock()
+		return nil
+	}}
+	var finished atomic.Int64
+	cl, err := r.client([]gendurable.Machine{job}, finishedCounter(&finished))
+	if err != nil {
+		return Result{}, err
+	}
+	if err := cl.Start(ctx); err != nil {
+		return Result{}, err
+	}
+	defer func() { _ = stop(cl) }()
+	time.Sleep(500 * time.Millisecond) // the client settles into its idle state
+	committed := make(map[int64]time.Time, n)
+	t0 := time.Now()
+	for range n {
+		tx, err := r.pool.Begin(ctx)
+		if err != nil {
+			return Result{}, err
+		}
+		res, err := cl.InsertTx(ctx, tx, job.With(latArgs{}), nil)
+		if err != nil {
+			_ = tx.Rollback(ctx)
+			return Result{}, err
+		}
+		at := time.Now()
+		if err := tx.Commit(ctx); err != nil {
+			return Result{}, err
+		}
+		committed[res.ID] = at
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := waitFor(ctx, time.Minute, "all latency-tx jobs done", func() bool { return finished.Load() >= int64(n) }); err != nil {
+		return Result{}, err
+	}
+	d := time.Since(t0)
+	mu.Lock()
+	defer mu.Unlock()
+	lat := make([]time.Duration, 0, n)
+	for id, at := range committed {
+		lat = append(lat, began[id].Sub(at))
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	return Result{Seconds: round(d.Seconds()), P50ms: pct(lat, 0.50), P95ms: pct(lat, 0.95), P99ms: pct(lat, 0.99)}, nil
 }
 
 func latency(ctx context.Context, r *runner, n int, remote bool) (Result, error) {

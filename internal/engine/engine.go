@@ -17,6 +17,7 @@
 //   - lease.go: gate leases and rate lanes, the state behind the scheduler's lean picks.
 //   - await.go: the await bridge behind Client.Await.
 //   - drain.go: the test kit's inline drain, through the same pick, executor and outcome.
+//   - txwatch.go: the commit watcher, which starts an InsertTx's rows once the caller commits.
 //   - machine.go (MachineDef, Call), poke.go (transports), events.go (hooks), ops.go.
 //
 // docs/architecture.md follows one row through these files.
@@ -127,6 +128,7 @@ type Engine struct {
 	upgrading atomic.Bool        // a bulk-upgrade request is being worked (serveUpgrades)
 	poker     atomic.Pointer[PokeConn]
 	awaits    *awaiter
+	commits   *commitWatch // rows of InsertTx waiting for their transaction's commit
 	// firer fires due schedules (nodes that run the reaper); nil elsewhere.
 	firer *maintenance.Firer
 	// retentionsSet says the machines' retentions were recorded (by register at Start, else by
@@ -178,6 +180,7 @@ func New(pool Pool, st *store.Store, cfg Config) *Engine {
 		}
 	}
 	e.awaits = newAwaiter(e)
+	e.commits = newCommitWatch(e)
 	if cfg.ReaperInterval > 0 {
 		e.firer = maintenance.NewFirer()
 	}
@@ -262,6 +265,10 @@ func (e *Engine) Start(ctx context.Context) error {
 	}
 	e.bg.Add(1)
 	go func() { defer e.bg.Done(); e.awaits.watch(e.bgStop) }()
+	if len(e.runners) > 0 {
+		e.bg.Add(1)
+		go func() { defer e.bg.Done(); e.commits.run(e.bgCtx, e.bgStop) }()
+	}
 	if len(e.cfg.Queues) == 0 {
 		e.log.Info("gendurable: no queues configured: this node runs no workers", "client", e.cfg.Name)
 	}

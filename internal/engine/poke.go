@@ -39,18 +39,29 @@ func (e *Engine) Poke(queues ...string) {
 	}
 }
 
-// PokeTx sends pokes for queues inside tx when the transport can (they leave with its commit);
-// otherwise it does nothing and the queues' poll finds the rows. Nothing is sent before tx
-// commits in any case.
-func (e *Engine) PokeTx(ctx context.Context, tx pgx.Tx, queues []string) error {
+// PokeTx sends pokes for queues inside tx when the transport can (they leave with its commit)
+// and reports whether it did; otherwise it does nothing and the queues' poll finds the rows (or
+// WatchCommit, for new rows). Nothing is sent before tx commits in any case.
+func (e *Engine) PokeTx(ctx context.Context, tx pgx.Tx, queues []string) (bool, error) {
 	p := e.poker.Load()
 	if p == nil || len(queues) == 0 {
-		return nil
+		return false, nil
 	}
 	if tp, ok := (*p).(TxPoker); ok {
-		return tp.PublishTx(ctx, tx, queues)
+		return true, tp.PublishTx(ctx, tx, queues)
 	}
-	return nil
+	return false, nil
+}
+
+// WatchCommit has this node start the rows ids (inserted due now in a caller's transaction, in
+// queues, one per id) once that transaction commits, looking for them (commitWatch): for
+// transports that cannot send with the commit. Rows of queues this node does not run are left
+// to the nodes that do (and their poll); so is everything while the client is not running.
+func (e *Engine) WatchCommit(ids []int64, queues []string) {
+	if len(ids) == 0 || len(e.runners) == 0 || !e.Running() {
+		return
+	}
+	e.commits.add(ids, queues)
 }
 
 func (e *Engine) queueNames() []string {

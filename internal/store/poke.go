@@ -47,3 +47,13 @@ func (s *Store) Listen(ctx context.Context, conn *pgx.Conn, channels []string) e
 	_, err := conn.Exec(ctx, b.String())
 	return err
 }
+
+// Committed returns which of ids are visible now: their inserting transaction has committed
+// (rows that were rolled back, or deleted since, are not).
+func (s *Store) Committed(ctx context.Context, db DB, ids []int64) ([]int64, error) {
+	rows, err := db.Query(ctx, s.sql("poke_committed"), ids)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[int64])
+}

@@ -1,4 +1,5 @@
--- Statement family: pokes over LISTEN/NOTIFY (the PokePostgres transport). No row locks: NOTIFY
+-- Statement family: pokes over LISTEN/NOTIFY (the PokePostgres transport), and the commit watcher
+-- of InsertTx (poke_committed). No row locks: NOTIFY
 -- takes only the server's notification-queue lock at commit, and a poke's payload is the
 -- sending client's origin tag, never data.
 
@@ -7,3 +8,9 @@
 -- Postgres folds identical notifications of one transaction into one.
 -- name: poke_notify
 SELECT pg_notify(ch, $2) FROM unnest($1::text[]) AS ch;
+
+-- Which of the rows an InsertTx inserted are visible now, i.e. their transaction committed (the
+-- commit watcher: the transport could not send with the caller's commit). Read-only, by primary
+-- key; no locks. $1 the ids.
+-- name: poke_committed
+SELECT id FROM {schema}.instances WHERE id = ANY($1::bigint[]);
