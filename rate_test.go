@@ -199,12 +199,16 @@ func TestUnknownRateLimitStallsVisiblyAndTheQueueGoesOn(t *testing.T) {
 	require.Equal(t, gendurable.StatusAvailable, in.Status, "stalled, not lost")
 }
 
-func TestBucketGCPrunesRefilledAndUnconfiguredBuckets(t *testing.T) {
+// GC prunes the buckets that have been full for a minute, by the rate and burst they were
+// written with and by the configured ones: not a drained one, not one that refilled by its old
+// rate but not by the slower rate configured since, and not a drained one of a limit this node
+// does not know (another node may use it: pruning it would hand that node a full burst).
+func TestBucketGCPrunesOnlyBucketsFullForAMinute(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	var buckets atomic.Int64
 	cl := e.client(t, &gendurable.Config{
-		RateLimits: map[string]gendurable.Rate{"api": {Allowed: 10, Period: time.Second}},
+		RateLimits: map[string]gendurable.Rate{"api": {Allowed: 10, Period: time.Second}, "slow": {Allowed: 1, Period: time.Hour}},
 		GC:         &gendurable.GCConfig{Interval: 50 * time.Millisecond},
 		Hooks: []func(gendurable.Event){func(ev gendurable.Event) {
 			if ev.Name == gendurable.EventGCSwept {
@@ -212,12 +216,17 @@ func TestBucketGCPrunesRefilledAndUnconfiguredBuckets(t *testing.T) {
 			}
 		}}})
 	e.exec(t, `INSERT INTO {schema}.buckets (key, tokens, rate, burst, updated_at) VALUES
-		('api:full', 10, 10, 10, now() - interval '1 minute'),
+		('api:full', 10, 10, 10, now() - interval '61 seconds'),
+		('api:recent', 10, 10, 10, now() - interval '30 seconds'),
 		('api:busy', 0, 0.001, 10, now()),
+		('slow:x', 0, 10, 1, now() - interval '2 minutes'),
+		('removed:full', 1, 1, 1, now() - interval '2 minutes'),
 		('removed:x', 0, 0.001, 10, now())`)
 	start(t, cl)
 	eventually(t, 10*time.Second, "two buckets pruned", func() bool { return buckets.Load() == 2 })
-	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM {schema}.buckets WHERE key = 'api:busy'`))
+	var left []string
+	require.NoError(t, e.pool.QueryRow(context.Background(), expand(`SELECT array_agg(key ORDER BY key) FROM {schema}.buckets`, e.schema)).Scan(&left))
+	require.Equal(t, []string{"api:busy", "api:recent", "removed:x", "slow:x"}, left)
 }
 
 func TestInvalidRateConfigAndOptions(t *testing.T) {

@@ -160,10 +160,11 @@ func (s *Store) ReconcileGates(ctx context.Context, db DB, g *Gates) (repaired, 
 	return int(rep), int(rem), tx.Commit(ctx)
 }
 
-// GCBuckets deletes up to 1,000 buckets that have been full for fullFor or whose limit is not
-// configured.
+// GCBuckets deletes up to 1,000 buckets that have been full for fullFor, by their own rate and
+// burst and by r's where r configures their limit.
 func (s *Store) GCBuckets(ctx context.Context, db DB, r *Rates, fullFor time.Duration) (int, error) {
-	tag, err := db.Exec(ctx, s.sql("gc_buckets"), pgx.NamedArgs{"r_names": r.Names, "full_ms": fullFor.Milliseconds()})
+	tag, err := db.Exec(ctx, s.sql("gc_buckets"), pgx.NamedArgs{"r_names": r.Names, "r_rates": r.Rates, "r_bursts": r.Bursts,
+		"full_ms": fullFor.Milliseconds()})
 	if err != nil {
 		return 0, err
 	}

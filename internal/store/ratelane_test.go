@@ -190,11 +190,10 @@ func newBucketRace(t *testing.T, rows int) *bucketRace {
 
 // A bucket the GC sweep deletes as refilled while a pick that read it is writing its debit: the
 // pick's balance came from its own clock (now(), its transaction's start), before the sweep saw
-// the bucket full, so a debit that minted a fresh bucket dated then would credit it again the
-// refill between the two. The fresh bucket is dated when it is written instead: whatever it
-// says, it never holds more than the pick's balance less its grant, refilled since. (The sweep
-// here prunes buckets the moment they are full; GC's wait for a full minute makes this a pick
-// whose transaction began a minute before its statement.)
+// the bucket full, so a debit that minted the bucket full less the grant would credit again the
+// refill between the two. The debit mints the balance the pick read less its grant instead.
+// (The sweep here prunes buckets the moment they are full; GC's wait for a full minute makes
+// this a pick whose transaction began a minute before its statement.)
 func TestABucketSweptDuringAPickNeverCreditsTheRefillTwice(t *testing.T) {
 	const weight = 5
 	r := newBucketRace(t, weight)

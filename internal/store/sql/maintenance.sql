@@ -335,28 +335,33 @@ DELETE FROM {schema}.retention WHERE machine = ANY(@unset::text[]);
 -- Rate-limit buckets (the GC sweep, the reaper's report).
 
 -- Prune buckets that carry no information: idle so long that they have been full for @full_ms
--- by the rate and burst they were last written with (a missing bucket is a full one), or of a
--- limit no longer configured. Full for a while, not just full: a pick takes a missing bucket as
--- full at its transaction's start (now()), which comes before its snapshot; a bucket pruned the
--- moment it refilled, between a pick's now() and its snapshot, would be full to that pick too
--- early, by the refill in between. @full_ms is far longer than that gap. A node that configures no rate limit at all (a maintenance node set up without
--- them) cannot tell a removed limit from one it was not told about: it prunes refilled buckets
--- only, so that it never resets a drained bucket of a live limit to full. (A removed limit's
--- buckets refill by their own rate and are pruned then.) Bounded per statement.
+-- (a missing bucket is a full one). Full by the slowest rate and the largest burst the bucket
+-- may be read with: the rate and burst it was last written with, and, for a limit configured
+-- here, the configured ones (a limit slowed since the last write has not refilled by its old
+-- rate). A bucket of a limit this node does not configure is judged by what it was written with
+-- alone, and never pruned for being unknown here: nodes may configure different limits (a
+-- rolling deploy adding one), and pruning a drained bucket would hand a full burst to the nodes
+-- that use it. A removed limit's buckets refill by their own rate and are pruned then. Full for
+-- a while, not just full: a pick takes a missing bucket as full at its transaction's start
+-- (now()), which comes before its snapshot; a bucket pruned the moment it refilled, between a
+-- pick's now() and its snapshot, would be full to that pick too early, by the refill in between.
+-- @full_ms is far longer than that gap. Bounded per statement.
 -- Locks: the buckets it deletes, FOR UPDATE SKIP LOCKED in key order (a bucket a pick is writing
 -- is left for the next sweep; sweepers never wait on each other).
--- @r_names: the configured limits; @full_ms: how long a bucket must have been full. Returns how
--- many it deleted.
+-- @r_names, @r_rates, @r_bursts: the configured limits; @full_ms: how long a bucket must have
+-- been full. Returns how many it deleted.
 
 -- name: gc_buckets
 WITH stale AS (
-  SELECT key
+  SELECT b.key
   FROM {schema}.buckets AS b
-  WHERE (cardinality(@r_names::text[]) > 0 AND NOT (split_part(b.key, ':', 1) = ANY(@r_names::text[])))
-     OR b.tokens + b.rate * (extract(epoch FROM now() - b.updated_at) - @full_ms::bigint / 1000.0) >= b.burst
-  ORDER BY key
+  LEFT JOIN unnest(@r_names::text[], @r_rates::double precision[], @r_bursts::double precision[]) AS rc(name, rate, burst)
+    ON rc.name = split_part(b.key, ':', 1)
+  WHERE b.tokens + least(b.rate, coalesce(rc.rate, b.rate)) * (extract(epoch FROM now() - b.updated_at) - @full_ms::bigint / 1000.0)
+        >= greatest(b.burst, coalesce(rc.burst, b.burst))
+  ORDER BY b.key
   LIMIT 1000
-  FOR UPDATE SKIP LOCKED
+  FOR UPDATE OF b SKIP LOCKED
 )
 DELETE FROM {schema}.buckets AS b
 USING stale

@@ -338,15 +338,15 @@ limited AS MATERIALIZED (
 ), granted AS (
   -- Each bucket's grant: all of its rows' weight when it fits, else the prefix that fits (a
   -- prefix in urgency order: its weight is the largest cumulative weight in it).
-  SELECT l.rkey, l.w AS weight, l.rate, l.burst
+  SELECT l.rkey, l.w AS weight, l.rate, l.burst, l.balance
   FROM limited AS l
   WHERE l.w <= l.balance
   UNION ALL
-  SELECT r.rkey, max(r.upto), l.rate, l.burst
+  SELECT r.rkey, max(r.upto), l.rate, l.burst, l.balance
   FROM rated AS r
   JOIN limited AS l ON l.rkey = r.rkey
   WHERE r.upto <= r.balance
-  GROUP BY r.rkey, l.rate, l.burst
+  GROUP BY r.rkey, l.rate, l.burst, l.balance
 )
 
 -- The grant of a rate lane: the weight of all the lane's rows in the window, if a full bucket
@@ -355,34 +355,34 @@ limited AS MATERIALIZED (
 
 -- fragment: lane_grant
 granted AS (
-  SELECT CAST(@lr_key AS text) AS rkey, w.weight, rc.rate, rc.burst
+  SELECT CAST(@lr_key AS text) AS rkey, w.weight, rc.rate, rc.burst, rc.burst AS balance
   FROM (SELECT sum(c.weight) AS weight, bool_or(c.ckey IS NOT NULL) AS keyed
         FROM candidates AS c WHERE c.rkey = @lr_key) AS w
   JOIN rcfg AS rc ON rc.name = split_part(@lr_key, ':', 1)
   WHERE w.weight <= rc.burst AND NOT w.keyed
 )
 
--- The writeback of each grant (granted: rkey, weight, rate, burst; a grant is never more than a
--- full bucket holds). Returns the buckets whose grant applied.
+-- The writeback of each grant (granted: rkey, weight, rate, burst, and balance, the bucket's
+-- balance as the pick read it, a full one for a lane, which reads none; a grant is never more
+-- than a full bucket holds). Returns the buckets whose grant applied.
 --
--- A missing bucket is minted full less the grant, dated when the row is written
--- (clock_timestamp(), not the transaction's now()): the GC sweep may have deleted, as refilled
--- at its own later now(), a bucket this pick read half empty, and a fresh bucket dated at this
--- pick's now() would credit again the refill between the two. Dated at the write, it holds at
--- most what the pick's balance less its grant has refilled to by then.
+-- A missing bucket is minted as the balance the pick read less the grant, dated at the pick's
+-- now(): exact whether the bucket was missing when the pick read it (a full one) or was deleted
+-- by the GC sweep since (a bucket the pick read half empty must not come back full less the
+-- grant: that would credit again the refill up to the sweep).
 
 -- fragment: bucket_debit
 rdebit AS (
   INSERT INTO {schema}.buckets (key, tokens, rate, burst, updated_at)
-  SELECT g.rkey, greatest(g.burst - g.weight, 0), g.rate, g.burst, clock_timestamp()
+  SELECT g.rkey, greatest(g.balance - g.weight, 0), g.rate, g.burst, now()
   FROM granted AS g
   ORDER BY g.rkey
   ON CONFLICT (key) DO UPDATE
     SET tokens = greatest(least(EXCLUDED.burst, buckets.tokens + EXCLUDED.rate * extract(epoch FROM now() - buckets.updated_at))
-                          - (EXCLUDED.burst - EXCLUDED.tokens), 0),
+                          - (SELECT g.weight FROM granted AS g WHERE g.rkey = EXCLUDED.key), 0),
         rate = EXCLUDED.rate, burst = EXCLUDED.burst, updated_at = now()
     WHERE least(EXCLUDED.burst, buckets.tokens + EXCLUDED.rate * extract(epoch FROM now() - buckets.updated_at))
-          - (EXCLUDED.burst - EXCLUDED.tokens) >= -1e-9
+          - (SELECT g.weight FROM granted AS g WHERE g.rkey = EXCLUDED.key) >= -1e-9
   RETURNING key
 )
 
