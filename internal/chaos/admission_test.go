@@ -92,58 +92,27 @@ func TestGateNeverOverAdmitsAcrossProcesses(t *testing.T) {
 	var mu sync.Mutex
 	killed := map[int]bool{}
 	maxExec, maxInflight := map[string]int{}, map[string]int{}
-	samples := 0
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		conn, err := e.side.Acquire(ctx)
-		if err != nil {
-			t.Error(err)
-			return
+	dead := func() []any {
+		mu.Lock()
+		defer mu.Unlock()
+		var pids []int32
+		for p := range killed {
+			pids = append(pids, int32(p))
 		}
-		defer conn.Release()
-		tick := time.NewTicker(5 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-			}
-			mu.Lock()
-			var dead []int32
-			for p := range killed {
-				dead = append(dead, int32(p))
-			}
-			mu.Unlock()
-			rows, err := conn.Query(ctx, e.q(`SELECT 'x' || concurrency_key, count(*) FROM {schema}.instances
-				WHERE status = 'executing' AND concurrency_key IS NOT NULL GROUP BY 1
-				UNION ALL SELECT 'f' || key, count(*) FROM {schema}.t_inflight WHERE pid <> ALL($1) GROUP BY 1`), dead)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			mu.Lock()
-			for rows.Next() {
-				var k string
-				var c int
-				if err := rows.Scan(&k, &c); err != nil {
-					t.Error(err)
-					break
-				}
-				if k[0] == 'x' {
-					maxExec[k[1:]] = max(maxExec[k[1:]], c)
-				} else {
-					maxInflight[k[1:]] = max(maxInflight[k[1:]], c)
-				}
-			}
-			samples++
-			mu.Unlock()
-			rows.Close()
+		return []any{pids}
+	}
+	stopSampler := sampler(t, e, dead, `SELECT 'x' || concurrency_key, count(*) FROM {schema}.instances
+		WHERE status = 'executing' AND concurrency_key IS NOT NULL GROUP BY 1
+		UNION ALL SELECT 'f' || key, count(*) FROM {schema}.t_inflight WHERE pid <> ALL($1) GROUP BY 1`, func(v []any) {
+		k, c := v[0].(string), int(v[1].(int64))
+		mu.Lock()
+		defer mu.Unlock()
+		if k[0] == 'x' {
+			maxExec[k[1:]] = max(maxExec[k[1:]], c)
+		} else {
+			maxInflight[k[1:]] = max(maxInflight[k[1:]], c)
 		}
-	}()
+	})
 
 	done := func() int { return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'done'`) }
 	eventually(t, 3*time.Minute, "30 % done", func() bool { return done() >= n*3/10 })
@@ -160,8 +129,7 @@ func TestGateNeverOverAdmitsAcrossProcesses(t *testing.T) {
 	eventually(t, 30*time.Second, "gate counters back to 0", func() bool {
 		return e.count(t, `SELECT coalesce(sum(held), 0) FROM {schema}.gates`) == 0
 	})
-	close(stop)
-	wg.Wait()
+	samples := stopSampler()
 	for _, w := range workers {
 		w.stop(t)
 	}

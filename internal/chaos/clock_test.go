@@ -290,6 +290,19 @@ func clockVisitor(fset *token.FileSet, names map[string]bool, nowOK map[*ast.Cal
 	return visit
 }
 
+// timeWork is T12's clock-bound work: sched stamp jobs due 1.5s after their insert, and awaits
+// timed instances whose await times out after 1s.
+func timeWork(stamp gendurable.Job[string], timed gendurable.FSM[walkState], sched, awaits int) []gendurable.InsertManyParams {
+	var params []gendurable.InsertManyParams
+	for range sched {
+		params = append(params, gendurable.InsertManyParams{Input: stamp.With("x"), Opts: &gendurable.InsertOpts{In: 1500 * time.Millisecond}})
+	}
+	for range awaits {
+		params = append(params, gendurable.InsertManyParams{Input: timed.With(walkState{})})
+	}
+	return params
+}
+
 // T12, the live half: two worker processes whose time zones are 26 hours apart (TZ and the
 // sessions' TimeZone, +14 and -12) run linear5, rows scheduled 1.5 s ahead by the database
 // clock, and awaits that time out after 1 s. Their Go clocks cannot be set apart without a clock
@@ -317,13 +330,7 @@ func TestTimezoneSkewedWorkersAgreeOnTime(t *testing.T) {
 	for range n {
 		params = append(params, gendurable.InsertManyParams{Input: walk.With(walkState{})})
 	}
-	for range sched {
-		params = append(params, gendurable.InsertManyParams{Input: stamp.With("x"), Opts: &gendurable.InsertOpts{In: 1500 * time.Millisecond}})
-	}
-	for range awaits {
-		params = append(params, gendurable.InsertManyParams{Input: timed.With(walkState{})})
-	}
-	_, err := ins.InsertMany(ctx, params)
+	_, err := ins.InsertMany(ctx, append(params, timeWork(stamp, timed, sched, awaits)...))
 	require.NoError(t, err)
 	var pids []int
 	for i, tz := range []string{"Pacific/Kiritimati", "Etc/GMT+12"} {
@@ -538,14 +545,7 @@ func clockSkewRun(t *testing.T, lib, offset string, want time.Duration) {
 
 	// Phases 1 and 3: no fault.
 	n, sched, awaits := oracle.Size(16, 200), oracle.Size(20, 200), oracle.Size(20, 200)
-	var params []gendurable.InsertManyParams
-	for range sched {
-		params = append(params, gendurable.InsertManyParams{Input: stamp.With("x"), Opts: &gendurable.InsertOpts{In: 1500 * time.Millisecond}})
-	}
-	for range awaits {
-		params = append(params, gendurable.InsertManyParams{Input: timed.With(walkState{})})
-	}
-	_, err := ins.InsertMany(ctx, params)
+	_, err := ins.InsertMany(ctx, timeWork(stamp, timed, sched, awaits))
 	require.NoError(t, err)
 	insertWalks(n)
 	total := n + sched + awaits

@@ -492,60 +492,6 @@ func TestInsertClaimedStepsUnderKillsAndPauses(t *testing.T) {
 	require.GreaterOrEqual(t, stale, c.pauses, "every pause drops at least one late outcome")
 }
 
-// sampler runs query (one statement: one snapshot) on a connection of its own every 5ms until
-// stop is called, passing each row's values to each; stop returns how many samples it took.
-func sampler(t *testing.T, e *env, query string, each func(vals []any)) (stop func() int) {
-	t.Helper()
-	quit := make(chan struct{})
-	var wg sync.WaitGroup
-	var samples atomic.Int64
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		conn, err := e.side.Acquire(context.Background())
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer conn.Release()
-		tick := time.NewTicker(5 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-quit:
-				return
-			case <-tick.C:
-			}
-			rows, err := conn.Query(context.Background(), e.q(query))
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			for rows.Next() {
-				vals, err := rows.Values()
-				if err != nil {
-					t.Error(err)
-					break
-				}
-				each(vals)
-			}
-			rows.Close()
-			if err := rows.Err(); err != nil {
-				t.Error(err)
-				return
-			}
-			samples.Add(1)
-		}
-	}()
-	var once sync.Once
-	stop = func() int {
-		once.Do(func() { close(quit); wg.Wait() })
-		return int(samples.Load())
-	}
-	t.Cleanup(func() { stop() }) // before the database goes, if the test ends early
-	return stop
-}
-
 // Gate leases under kills and pauses: three worker processes (4 slots each) run fast5 instances
 // of one gated key, under a gate of limit 120 on one shard: far from its limit, so each runner
 // leases a block of its slots (4, growing by 4 while the shard has 16 free, to at most 32) and
@@ -591,7 +537,7 @@ func TestGateLeasesUnderKillsAndPauses(t *testing.T) {
 	var mu sync.Mutex
 	maxKey, maxHeld, over := 0, 0, 0
 	var overExample string
-	stopSampler := sampler(t, e, `SELECT x.key, x.shard::bigint, x.n, coalesce(g.held, 0)::bigint,
+	stopSampler := sampler(t, e, nil, `SELECT x.key, x.shard::bigint, x.n, coalesce(g.held, 0)::bigint,
 		  sum(x.n) OVER (PARTITION BY x.key)::bigint
 		FROM (SELECT concurrency_key AS key, concurrency_shard AS shard, count(*) AS n FROM {schema}.instances
 		      WHERE status = 'executing' AND concurrency_key IS NOT NULL GROUP BY 1, 2) x

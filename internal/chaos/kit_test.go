@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -268,4 +270,63 @@ func percentile(xs []time.Duration, p float64) time.Duration {
 func oracleEnv(t *testing.T) (*env, context.Context) {
 	t.Helper()
 	return newEnv(t, 16), context.Background()
+}
+
+// sampler runs query (one statement: one snapshot) on a connection of its own every 5ms until
+// stop is called, with the arguments args gives for that sample (nil: none), passing each row's
+// values to each; stop returns how many samples it took.
+func sampler(t *testing.T, e *env, args func() []any, query string, each func(vals []any)) (stop func() int) {
+	t.Helper()
+	quit := make(chan struct{})
+	var wg sync.WaitGroup
+	var samples atomic.Int64
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		conn, err := e.side.Acquire(context.Background())
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer conn.Release()
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-tick.C:
+			}
+			var a []any
+			if args != nil {
+				a = args()
+			}
+			rows, err := conn.Query(context.Background(), e.q(query), a...)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			for rows.Next() {
+				vals, err := rows.Values()
+				if err != nil {
+					t.Error(err)
+					break
+				}
+				each(vals)
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				t.Error(err)
+				return
+			}
+			samples.Add(1)
+		}
+	}()
+	var once sync.Once
+	stop = func() int {
+		once.Do(func() { close(quit); wg.Wait() })
+		return int(samples.Load())
+	}
+	t.Cleanup(func() { stop() }) // before the database goes, if the test ends early
+	return stop
 }

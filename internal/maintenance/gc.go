@@ -20,7 +20,7 @@ const bucketBatch = 1000
 const bucketFullFor = time.Minute
 
 // GC collects what no longer carries information: finished instances past their retention (with
-// their inboxes), rate-limit buckets that have refilled or whose limit is gone, gate counters
+// their inboxes), rate-limit buckets that have been full for a minute (bucketFullFor), gate counters
 // that disagree with the executing rows or the configuration (reconciled, or removed), and the
 // finished counts' rows (folded, one per queue and status). At least
 // one node of a cluster runs it; duplicates are safe (every statement claims its rows with
@@ -43,8 +43,8 @@ type GC struct {
 	// Gates is the concurrency-gate configuration the reconciler checks counters against (nil:
 	// none configured; counters of gates no longer configured are still cleaned up).
 	Gates *store.Gates
-	// Rates is the rate-limit configuration buckets are pruned against (nil: none; then only
-	// refilled buckets are pruned).
+	// Rates is the rate-limit configuration buckets are judged full against, beside the rate
+	// and burst each was written with (nil: none; then by those alone).
 	Rates *store.Rates
 
 	// beforeBatch and afterBatch, when set, see every instance batch (tests): the cursor it
