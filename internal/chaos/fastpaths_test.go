@@ -496,10 +496,10 @@ func TestInsertClaimedStepsUnderKillsAndPauses(t *testing.T) {
 // of one gated key, under a gate of limit 120 on one shard: far from its limit, so each runner
 // leases a block of its slots (4, growing by 4 while the shard has 16 free, to at most 32) and
 // admits its claims against the lease instead of the counter; the limit leaves room for a new
-// lease beside what the others lease, so that a restarted or resumed worker leases again. A random worker is SIGKILLed (restarted at once) or
-// SIGSTOPped, each time while it holds a live lease and runs steps claimed against it; a paused
-// worker stays stopped until the others hold all its claims and the reconciler has removed its
-// expired lease, then goes on. A sampler reads, every 5ms in one snapshot, the rows executing
+// lease beside what the others lease, so that a restarted or resumed worker leases again. A
+// random worker is SIGKILLed (restarted at once) or SIGSTOPped, each time while it holds a live
+// lease and runs steps claimed against it; a paused worker stays stopped until the others hold
+// all its claims and the reconciler has removed its expired lease, then goes on. A sampler reads, every 5ms in one snapshot, the rows executing
 // per key and per shard, and the shard's counter. Pass: in every sample at most 120 executing
 // rows of the key and never more in a shard than its counter holds (every execution holds one of
 // the counter's slots, leased or not); leases were taken (a trigger logs them) and claims were
