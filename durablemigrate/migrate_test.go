@@ -423,3 +423,39 @@ func TestFinishedRowsAreCountedByTheMigrationThatAddsTheCounts(t *testing.T) {
 	exec(`TRUNCATE {schema}.instances CASCADE`)
 	require.Empty(t, counts())
 }
+
+// Migration 9 has the churning tables vacuumed at a hundredth dead, unthrottled, and leaves an
+// operator's own storage parameters alone; down resets them to the server's.
+func TestVacuumSettingsOfTheChurningTables(t *testing.T) {
+	t.Parallel()
+	pool := durabledbtest.Pool(t, 2)
+	ctx := context.Background()
+	schema := fmt.Sprintf("t_migrate_vacuum_%d", os.Getpid())
+	require.NoError(t, durablemigrate.Drop(ctx, pool, schema))
+	t.Cleanup(func() { _ = durablemigrate.Drop(context.Background(), pool, schema) })
+	options := func(table string) []string {
+		var o []string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT coalesce(c.reloptions, '{}') FROM pg_class c
+			JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2`, schema, table).Scan(&o))
+		return o
+	}
+	require.NoError(t, durablemigrate.MigrateTo(ctx, pool, schema, 8))
+	require.Equal(t, []string{"fillfactor=80"}, options("instances"))
+	// An operator's own setting on a table the migration does not tune stays.
+	_, err := pool.Exec(ctx, `ALTER TABLE "`+schema+`".nodes SET (autovacuum_vacuum_scale_factor = 0.05)`)
+	require.NoError(t, err)
+
+	require.NoError(t, durablemigrate.MigrateTo(ctx, pool, schema, 9))
+	require.ElementsMatch(t, []string{"fillfactor=80", "autovacuum_vacuum_scale_factor=0.01",
+		"autovacuum_vacuum_insert_scale_factor=0.01", "autovacuum_analyze_scale_factor=0.02",
+		"autovacuum_vacuum_cost_delay=0"}, options("instances"))
+	for _, table := range []string{"signals", "finished_counts"} {
+		require.ElementsMatch(t, []string{"autovacuum_vacuum_scale_factor=0.01", "autovacuum_vacuum_cost_delay=0"}, options(table), table)
+	}
+	require.Equal(t, []string{"autovacuum_vacuum_scale_factor=0.05"}, options("nodes"))
+
+	require.NoError(t, durablemigrate.MigrateTo(ctx, pool, schema, 8))
+	require.Equal(t, []string{"fillfactor=80"}, options("instances"))
+	require.Empty(t, options("signals"))
+	require.Empty(t, options("finished_counts"))
+}
