@@ -95,7 +95,7 @@ func TestGateNeverOverAdmitsAcrossProcesses(t *testing.T) {
 	dead := func() []any {
 		mu.Lock()
 		defer mu.Unlock()
-		var pids []int32
+		pids := []int32{} // not nil: pgx sends a nil slice as NULL, and "<> ALL(NULL)" passes no row
 		for p := range killed {
 			pids = append(pids, int32(p))
 		}

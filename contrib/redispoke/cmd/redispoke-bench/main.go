@@ -20,6 +20,7 @@ import (
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/contrib/redispoke"
 	"github.com/gendurable/gendurable/internal/bench"
+	"github.com/gendurable/gendurable/internal/devdb"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 )
@@ -35,7 +36,7 @@ func main() {
 
 func run(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("redispoke-bench", flag.ContinueOnError)
-	url := fs.String("database-url", os.Getenv("DATABASE_URL"), "the Postgres to measure (default $DATABASE_URL, else 127.0.0.1:5432)")
+	url := fs.String("database-url", os.Getenv("DATABASE_URL"), "the Postgres to measure (default $DATABASE_URL, else 127.0.0.1:5432, else a throwaway cluster)")
 	schema := fs.String("schema", "gendurable_bench", "the schema the scenario recreates and drops")
 	addr := fs.String("redis", "127.0.0.1:6379", "the Redis server's address")
 	n := fs.Int("n", 0, "inserts measured (default the scenario's)")
@@ -44,9 +45,21 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	if *url == "" {
-		*url = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+		// As `gendurable bench`: DATABASE_URL, else 127.0.0.1:5432, else a throwaway cluster.
+		db, err := devdb.Resolve(ctx, devdb.Options{Log: os.Stderr})
+		if err != nil {
+			return err
+		}
+		defer func() { _ = db.Close() }()
+		*url = db.URL
 	}
-	pool, err := pgxpool.New(ctx, *url)
+	cfg, err := pgxpool.ParseConfig(*url)
+	if err != nil {
+		return fmt.Errorf("database url: %w", err)
+	}
+	// The pool `gendurable bench` measures latency-remote with: at least 20 connections.
+	cfg.MaxConns = max(cfg.MaxConns, 20)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return err
 	}
