@@ -361,3 +361,56 @@ func TestAStuckOutcomeStatementDoesNotHoldBackOthers(t *testing.T) {
 		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE id = $1 AND status = 'done'`, a.ID) == 1
 	})
 }
+
+// A step's transaction whose connection is lost at its commit (a primary that changed, a
+// terminated backend) hands its claim back at once: the step runs again as soon as the database
+// answers, long before its lease (a minute here) could have run out, and only the second try's
+// write commits.
+func TestTransactionalStepLostAtCommitIsHandedBack(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	e.exec(t, `CREATE TABLE {schema}.ledger (instance bigint, attempt int, try int)`)
+	var tries atomic.Int64
+	job := gendurable.Job[counter]{
+		Name: "ledger",
+		Perform: func(c *gendurable.Ctx, _ counter) error {
+			try := tries.Add(1)
+			tx, err := c.Tx()
+			if err != nil {
+				return err
+			}
+			if _, err := tx.Exec(c, expand(`INSERT INTO {schema}.ledger VALUES ($1, $2, $3)`, e.schema), c.ID, c.Attempt, try); err != nil {
+				return err
+			}
+			if try == 1 {
+				// The server ends the transaction's session before the engine commits it.
+				pid := tx.Conn().PgConn().PID()
+				e.exec(t, `SELECT pg_terminate_backend($1)`, pid)
+				eventually(t, 10*time.Second, "the backend gone", func() bool {
+					return e.count(t, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid) == 0
+				})
+			}
+			return nil
+		},
+	}
+	cl := e.client(t, &gendurable.Config{
+		Machines: []gendurable.Machine{job},
+		Queues:   map[string]gendurable.QueueConfig{"default": {Concurrency: 2}},
+		Lease:    time.Minute,
+	})
+	start(t, cl)
+	began := time.Now()
+	res, err := cl.Insert(ctx, job.With(counter{}), nil)
+	require.NoError(t, err)
+	eventually(t, 50*time.Second, "job done", func() bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE id = $1 AND status = 'done'`, res.ID) == 1
+	})
+	require.Less(t, time.Since(began), time.Minute, "finished before the lease could have run out")
+	require.EqualValues(t, 2, tries.Load())
+	// The first try's write was lost with its session; the second's committed, on the same
+	// attempt (a hand-back is not a failure), and no lease ran out.
+	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM {schema}.ledger WHERE instance = $1`, res.ID))
+	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM {schema}.ledger WHERE instance = $1 AND try = 2 AND attempt = 1`, res.ID))
+	require.Zero(t, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE id = $1 AND errors IS NOT NULL`, res.ID))
+}

@@ -55,6 +55,10 @@ const (
 	// machinesFast: fast5 and solo (fastpaths_test.go), queue "fast": each step records its
 	// effect, sleeps StepMS whatever becomes of its claim, and names the client that ran it.
 	machinesFast = "fast"
+	// machinesHA: hachain and haprobe (failover_test.go), queue of the insert: chains of
+	// instances that wake each other with signals sent in their steps' transactions, through a
+	// gate, each step recording its effect in its own transaction.
+	machinesHA = "ha"
 )
 
 // workerCfg configures a worker process. Durations are in milliseconds; a zero ReaperMS or GCMS
@@ -74,6 +78,8 @@ type workerCfg struct {
 	Queues []string
 	Conc   int
 	Probes int
+	// QueuePollMS overrides PollMS for some queues.
+	QueuePollMS map[string]int
 	// The client's timing.
 	LeaseMS, HeartbeatMS, PollMS, ReaperMS, GCMS, RetentionMS int
 	// Gates: name -> {limit, shards}; Rates: name -> {allowed, period ms, burst}.
@@ -150,6 +156,9 @@ type workerReport struct {
 	Events map[string]int `json:"events"`
 	// StaleClaims are the claims of the outcomes it dropped as stale (outcome.stale).
 	StaleClaims []staleClaim `json:"stale_claims"`
+	// LostClaims are the instances whose running steps the heartbeat cancelled, their claims
+	// lost (from the log's "lost claims" lines: at most ten a line).
+	LostClaims []int64 `json:"lost_claims,omitempty"`
 	// CommitFailed counts the committer's failed tries (commit.failed without an instance: not
 	// its final give-up), Unknown those whose outcome is unknown (not pgconn.SafeToRetry).
 	CommitFailed int `json:"commit_failed"`
@@ -212,6 +221,7 @@ func sum(all ...workerReport) workerReport {
 			s.Events[name] += n
 		}
 		s.StaleClaims = append(s.StaleClaims, x.StaleClaims...)
+		s.LostClaims = append(s.LostClaims, x.LostClaims...)
 		s.CommitFailed += x.CommitFailed
 		s.Unknown += x.Unknown
 		s.Errors22P02 += x.Errors22P02
@@ -253,6 +263,17 @@ func (c *tally) scanLog(s string) {
 	}
 	if strings.Contains(s, "prepared statement") {
 		c.r.Prepared++
+	}
+	if _, ids, ok := strings.Cut(s, "lost claims;"); ok {
+		// "ids=<id> (<token>), …": the instances whose running steps the heartbeat cancelled.
+		if _, list, ok := strings.Cut(ids, "ids="); ok {
+			for _, f := range strings.Split(list, ", ") {
+				var id int64
+				if _, err := fmt.Sscan(f, &id); err == nil {
+					c.r.LostClaims = append(c.r.LostClaims, id)
+				}
+			}
+		}
 	}
 }
 
@@ -382,6 +403,7 @@ func workerMain(cfgJSON string) int {
 
 	var machines []gendurable.Machine
 	var fast *fastWorker
+	var ha *haWorker
 	switch cfg.Machines {
 	case machinesCrash:
 		rec := effectRecorder(pool, cfg.Schema, pid)
@@ -397,12 +419,15 @@ func workerMain(cfgJSON string) int {
 	case machinesFast:
 		fast = newFastWorker(cfg, fx)
 		machines = fast.machines()
+	case machinesHA:
+		ha = &haWorker{cfg: cfg}
+		machines = ha.machines()
 	default:
 		return fail(fmt.Errorf("unknown machine set %q", cfg.Machines))
 	}
 	queues := map[string]gendurable.QueueConfig{}
 	for _, q := range cfg.Queues {
-		queues[q] = gendurable.QueueConfig{Concurrency: cfg.Conc}
+		queues[q] = gendurable.QueueConfig{Concurrency: cfg.Conc, PollInterval: ms(cfg.QueuePollMS[q])}
 	}
 	// Probe queues of one slot each: a probe insert goes to a queue of its own, so that only a
 	// poke, never a poll of a busy queue, can start it fast.
@@ -458,6 +483,9 @@ func workerMain(cfgJSON string) int {
 	cl, err := gendurable.NewClient(pool, c)
 	if err != nil {
 		return fail(err)
+	}
+	if ha != nil {
+		ha.cl = cl
 	}
 	if err := cl.Start(ctx); err != nil {
 		return fail(err)

@@ -110,3 +110,60 @@ func TestPgBouncerInFront(t *testing.T) {
 	_, err = os.Stat(dir)
 	require.True(t, os.IsNotExist(err), "the pooler's folder is removed")
 }
+
+// The HA formation the failover tests use: it comes up with a primary and a synchronous standby
+// behind one multi-host URL; a switchover moves the primary and the URL follows it; a killed
+// primary is replaced by its standby, and the killed node rejoins as the new standby.
+func TestHAFormation(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	h, err := StartHA(ctx, HAOptions{Log: testWriter{t}, Unhealthy: 2 * time.Second, DemoteTimeout: 4 * time.Second})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, h.Close()) }()
+	port := func() int {
+		conn, err := pgx.Connect(ctx, h.URL)
+		require.NoError(t, err)
+		defer func() { _ = conn.Close(ctx) }()
+		var p int
+		var sync string
+		require.NoError(t, conn.QueryRow(ctx, "SELECT inet_server_port(), current_setting('synchronous_standby_names')").Scan(&p, &sync))
+		_, err = conn.Exec(ctx, "CREATE TABLE IF NOT EXISTS t_ha (n int); INSERT INTO t_ha VALUES (1)")
+		require.NoError(t, err)
+		return p
+	}
+	first, err := h.Primary(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "n1", first)
+	require.Equal(t, h.Nodes[0].Port, port())
+
+	require.NoError(t, h.Switchover(ctx))
+	second, err := h.Primary(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "n2", second)
+	require.Equal(t, h.Nodes[1].Port, port())
+
+	killed := time.Now()
+	require.NoError(t, h.Kill("n2"))
+	require.NoError(t, h.WaitStable(ctx, 2*time.Minute))
+	third, err := h.Primary(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "n1", third)
+	t.Logf("failover after a kill: %s", time.Since(killed).Round(time.Millisecond))
+	require.Equal(t, h.Nodes[0].Port, port())
+	require.NoError(t, h.Restart("n2"))
+	require.NoError(t, h.WaitStable(ctx, 2*time.Minute))
+	states, err := h.States(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "secondary", states[1].Reported, "the killed node rejoined as the standby: %+v", states)
+
+	conn, err := pgx.Connect(ctx, h.URL)
+	require.NoError(t, err)
+	var rows int
+	require.NoError(t, conn.QueryRow(ctx, "SELECT count(*) FROM t_ha").Scan(&rows))
+	require.NoError(t, conn.Close(ctx))
+	require.Equal(t, 3, rows, "every committed row survived both changes of primary")
+	logs, err := h.ServerLogs()
+	require.NoError(t, err)
+	require.NotEmpty(t, logs)
+}

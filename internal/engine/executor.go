@@ -43,7 +43,19 @@ func (e *Engine) runStep(queue string, c *store.Claimed, gl *gateLease, release 
 		f.gaveBack = true
 	}
 	if call != nil && call.tx != nil {
+		e.committing(f)
 		applied, woken, err := e.commitInTx(call, &out)
+		if err != nil && store.Retryable(err) && e.handOff(f) {
+			// The commit's fate is unknown (its connection was lost, the primary changed) or
+			// the server refused it for now: the claim goes back through the committer, which
+			// retries until the database answers. If the commit did land, the hand-back finds
+			// the claim gone and is dropped; if not, the row is runnable again at once rather
+			// than once its lease runs out, and the step runs again (its writes rolled back).
+			e.log.Warn("gendurable: a step's transaction failed to commit; handing its claim back",
+				"client", e.cfg.Name, "queue", f.queue, "id", f.id, "error", err)
+			e.committer.submit(&commitReq{flight: f, out: store.HandBack(out.Claim, out.Credit, 0), release: release})
+			return
+		}
 		release()
 		e.finish(f, &out, applied, err)
 		e.wakeAll(woken)
@@ -123,6 +135,11 @@ func (e *Engine) commitInTx(call *Call, out *store.Outcome) (applied bool, woken
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return false, nil, err
+	}
+	if fault.Enabled {
+		if err := fault.PointFor(fault.AfterStepTxCommit, out.Claim.Owner); err != nil {
+			return false, nil, err // the acknowledgement "lost": the engine takes the fate as unknown
+		}
 	}
 	return true, woken, nil
 }

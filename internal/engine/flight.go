@@ -34,9 +34,10 @@ type flight struct {
 type flightState int
 
 const (
-	flightRunning   flightState = iota // the step is running
-	flightHanded                       // the outcome is with the committer
-	flightAbandoned                    // released at shutdown; a late outcome is dropped
+	flightRunning    flightState = iota // the step is running
+	flightCommitting                    // the step's own transaction is committing its outcome
+	flightHanded                        // the outcome is with the committer
+	flightAbandoned                     // released at shutdown; a late outcome is dropped
 )
 
 // abandon cancels the steps still running at the end of the drain and hands their claims back.
@@ -96,6 +97,17 @@ func (e *Engine) handOff(f *flight) bool {
 	f.state = flightHanded
 	e.sends.Add(1)
 	return true
+}
+
+// committing marks a running flight whose step's own transaction is about to commit its outcome:
+// from then on a heartbeat that finds the claim gone (the commit landed) does not take the step
+// for one that lost its claim.
+func (e *Engine) committing(f *flight) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if f.state == flightRunning {
+		f.state = flightCommitting
+	}
 }
 
 // settle forgets a flight whose outcome committed or was dropped.

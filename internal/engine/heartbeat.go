@@ -2,6 +2,8 @@ package engine
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/gendurable/gendurable/durabletype"
@@ -116,16 +118,20 @@ func (e *Engine) beat() bool {
 func (e *Engine) cancelAll(ids []int64, owners []string) {
 	e.mu.Lock()
 	n := 0
+	var some []string // the first few, for the log
 	for i, id := range ids {
 		if f, ok := e.flights[id]; ok && f.owner == owners[i] && f.state == flightRunning {
 			f.cancel(durabletype.ErrLeaseLost)
 			n++
+			if len(some) < 10 {
+				some = append(some, fmt.Sprintf("%d (%s)", id, owners[i]))
+			}
 		}
 	}
 	e.mu.Unlock()
 	if n > 0 {
 		e.log.Warn("gendurable: lost claims; their steps are cancelled and their outcomes will be dropped",
-			"client", e.cfg.Name, "claims", n)
+			"client", e.cfg.Name, "claims", n, "ids", strings.Join(some, ", "))
 		e.Emit(durabletype.Event{Name: durabletype.EventHeartbeatLost, Count: n})
 	}
 }

@@ -35,6 +35,11 @@ const (
 	// waits. An error drops the outcome, as a worker that died before committing would: the claim
 	// is reclaimed when its lease runs out.
 	BeforeOutcome = "before_outcome"
+	// AfterStepTxCommit is reached by an executor right after a step's own transaction
+	// (Ctx.Tx) committed the step's outcome, before the engine hears of it (subject: the claim
+	// token). A hook that blocks holds the engine in the window where the outcome has landed and
+	// the step is not yet settled; an error stands for the commit's lost acknowledgement.
+	AfterStepTxCommit = "after_step_tx_commit"
 	// AwaitBetweenStmts is reached between the park (the outcome statement that set a row
 	// awaiting, holding its row lock) and the re-check of its inbox, inside the outcome
 	// transaction (subject: the claim token of each parked row). See store.ApplyOutcomes.
@@ -76,6 +81,6 @@ const (
 
 // Names lists every named point.
 func Names() []string {
-	return []string{AfterClaimCommit, BeforeOutcome, AwaitBetweenStmts, DeliverBeforeWake, Heartbeat,
+	return []string{AfterClaimCommit, BeforeOutcome, AfterStepTxCommit, AwaitBetweenStmts, DeliverBeforeWake, Heartbeat,
 		ReaperBetweenSelectUpdate, GCBetweenSelectDelete, GateBeforeCredit, BucketBeforeWriteback, InboxPurge}
 }

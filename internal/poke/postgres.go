@@ -295,8 +295,13 @@ func (p *Postgres) send(ctx context.Context) {
 		if len(queues) == 0 {
 			continue
 		}
+		// After a restart or a change of primary the pool hands out its dead connections one by
+		// one: a poke sent on one is sent again at once on the next (a poke twice is harmless),
+		// not lost until the poll finds its rows.
 		sendCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := p.store.Notify(sendCtx, p.pool, p.chans(queues), p.origin)
+		err := store.RetryConnLost(sendCtx, func() error {
+			return p.store.Notify(sendCtx, p.pool, p.chans(queues), p.origin)
+		})
 		cancel()
 		switch {
 		case err != nil && !failing && !errors.Is(err, context.Canceled):
