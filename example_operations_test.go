@@ -142,3 +142,24 @@ func Example_transactionPooler() {
 	fmt.Println(a.Status)
 	// Output: done
 }
+
+// On a highly available Postgres (a primary and standbys behind a failover tool), give the
+// client every node: pgx connects to the one that accepts writes.
+func Example_highAvailability() {
+	ctx := context.Background()
+	// docs:begin ha
+	// pgx tries the hosts in turn and keeps the first that accepts writes; every connection the
+	// client opens later (its pool's, the poke listener's) does the same.
+	cfg, err := pgxpool.ParseConfig("postgres://app@db1:5432,db2:5432/app?target_session_attrs=read-write")
+	if err != nil {
+		panic(err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	// docs:end
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	fmt.Println(cfg.ConnConfig.Host, "then", cfg.ConnConfig.Fallbacks[len(cfg.ConnConfig.Fallbacks)-1].Host)
+	// Output: db1 then db2
+}

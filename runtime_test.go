@@ -362,11 +362,11 @@ func TestAStuckOutcomeStatementDoesNotHoldBackOthers(t *testing.T) {
 	})
 }
 
-// A step's transaction whose connection is lost at its commit (a primary that changed, a
+// A step's transaction whose session dies before its outcome commits (a primary that changed, a
 // terminated backend) hands its claim back at once: the step runs again as soon as the database
 // answers, long before its lease (a minute here) could have run out, and only the second try's
 // write commits.
-func TestTransactionalStepLostAtCommitIsHandedBack(t *testing.T) {
+func TestTransactionalStepWhoseSessionDiesIsHandedBack(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx := context.Background()
@@ -400,13 +400,12 @@ func TestTransactionalStepLostAtCommitIsHandedBack(t *testing.T) {
 		Lease:    time.Minute,
 	})
 	start(t, cl)
-	began := time.Now()
 	res, err := cl.Insert(ctx, job.With(counter{}), nil)
 	require.NoError(t, err)
+	// Done well within the lease: only the hand-back, not the reaper, can have made it runnable.
 	eventually(t, 50*time.Second, "job done", func() bool {
 		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE id = $1 AND status = 'done'`, res.ID) == 1
 	})
-	require.Less(t, time.Since(began), time.Minute, "finished before the lease could have run out")
 	require.EqualValues(t, 2, tries.Load())
 	// The first try's write was lost with its session; the second's committed, on the same
 	// attempt (a hand-back is not a failure), and no lease ran out.

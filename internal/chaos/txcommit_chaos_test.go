@@ -56,8 +56,9 @@ func TestChaosStepTransactionCommitWindow(t *testing.T) {
 					}
 				}}})
 			held, release := make(chan struct{}), make(chan struct{})
+			var once sync.Once
 			t.Cleanup(fault.Set(fault.AfterStepTxCommit, func(string) error {
-				close(held)
+				once.Do(func() { close(held) })
 				<-release
 				if c.ackLost {
 					return errors.New("test: the commit's acknowledgement was lost")

@@ -159,6 +159,8 @@ type workerReport struct {
 	// LostClaims are the instances whose running steps the heartbeat cancelled, their claims
 	// lost (from the log's "lost claims" lines: at most ten a line).
 	LostClaims []int64 `json:"lost_claims,omitempty"`
+	// HandBacks counts the claims of steps whose own transaction lost its session, handed back.
+	HandBacks int `json:"hand_backs,omitempty"`
 	// CommitFailed counts the committer's failed tries (commit.failed without an instance: not
 	// its final give-up), Unknown those whose outcome is unknown (not pgconn.SafeToRetry).
 	CommitFailed int `json:"commit_failed"`
@@ -222,6 +224,7 @@ func sum(all ...workerReport) workerReport {
 		}
 		s.StaleClaims = append(s.StaleClaims, x.StaleClaims...)
 		s.LostClaims = append(s.LostClaims, x.LostClaims...)
+		s.HandBacks += x.HandBacks
 		s.CommitFailed += x.CommitFailed
 		s.Unknown += x.Unknown
 		s.Errors22P02 += x.Errors22P02
@@ -263,6 +266,9 @@ func (c *tally) scanLog(s string) {
 	}
 	if strings.Contains(s, "prepared statement") {
 		c.r.Prepared++
+	}
+	if strings.Contains(s, "handing its claim back") {
+		c.r.HandBacks++
 	}
 	if _, ids, ok := strings.Cut(s, "lost claims;"); ok {
 		// "ids=<id> (<token>), …": the instances whose running steps the heartbeat cancelled.

@@ -140,7 +140,10 @@ func StartHA(ctx context.Context, opts HAOptions) (*HA, error) {
 		"--hostname", "127.0.0.1", "--auth", "trust", "--no-ssl", "--pgctl", pgCtl); err != nil {
 		return fail(err)
 	}
-	mon := map[string]string{"listen_addresses": "'127.0.0.1'"}
+	// Sockets in the formation's own folder: the distribution's may not be writable, and a
+	// killed server leaves its socket behind.
+	sockets := fmt.Sprintf("'%s'", filepath.Join(dir, "run"))
+	mon := map[string]string{"listen_addresses": "'127.0.0.1'", "unix_socket_directories": sockets}
 	if opts.Unhealthy > 0 {
 		ms := opts.Unhealthy.Milliseconds()
 		mon["pgautofailover.node_considered_unhealthy_timeout"] = fmt.Sprint(ms)
@@ -165,7 +168,8 @@ func StartHA(ctx context.Context, opts HAOptions) (*HA, error) {
 	}
 	// A node that rejoins after a crash may take a base backup, which waits for a checkpoint:
 	// an unspread one is over in moments rather than minutes.
-	nodeConf := map[string]string{"listen_addresses": "'127.0.0.1'", "max_connections": "300", "fsync": "off",
+	nodeConf := map[string]string{"listen_addresses": "'127.0.0.1'", "unix_socket_directories": sockets,
+		"max_connections": "300", "fsync": "off",
 		"checkpoint_completion_target": "0"}
 	for k, v := range opts.Settings {
 		nodeConf[k] = v
@@ -174,6 +178,7 @@ func StartHA(ctx context.Context, opts HAOptions) (*HA, error) {
 	var hosts []string
 	for i := 1; i <= 2; i++ {
 		n := &HANode{Name: fmt.Sprint("n", i), Port: ports[i], data: filepath.Join(dir, fmt.Sprint("n", i))}
+		h.Nodes = append(h.Nodes, n) // Close stops whatever of it a failure below leaves running
 		if err := h.autoctlRun(ctx, "create", "postgres", "--pgdata", n.data, "--pgport", fmt.Sprint(n.Port),
 			"--hostname", "127.0.0.1", "--name", n.Name, "--auth", "trust", "--no-ssl", "--monitor", monURL,
 			"--dbname", "gendurable", "--pgctl", pgCtl); err != nil {
@@ -193,7 +198,6 @@ func StartHA(ctx context.Context, opts HAOptions) (*HA, error) {
 		if err := h.start(n); err != nil {
 			return fail(err)
 		}
-		h.Nodes = append(h.Nodes, n)
 		hosts = append(hosts, fmt.Sprintf("127.0.0.1:%d", n.Port))
 		if err := h.WaitStable(ctx, 2*time.Minute); err != nil {
 			return fail(err)
@@ -373,10 +377,17 @@ func (h *HA) WaitStable(ctx context.Context, timeout time.Duration) error {
 	}
 }
 
-// stable says whether states show every running node settled, one of them primary.
+// stable says whether states show every running node settled, one of them primary: with every
+// node running, a primary and synchronous secondaries; with some down, wait_primary is enough.
 func (h *HA) stable(states []NodeState) bool {
 	if len(states) != len(h.Nodes) {
 		return false
+	}
+	running := 0
+	for _, n := range h.Nodes {
+		if n.cmd != nil && !n.gone() {
+			running++
+		}
 	}
 	primary := false
 	for _, s := range states {
@@ -390,7 +401,9 @@ func (h *HA) stable(states []NodeState) bool {
 		switch {
 		case s.Reported != s.Goal:
 			return false
-		case s.Goal == "primary" || s.Goal == "wait_primary" || s.Goal == "single":
+		case s.Goal == "primary", s.Goal == "single" && len(h.Nodes) == 1:
+			primary = true
+		case s.Goal == "wait_primary" && running < len(h.Nodes):
 			primary = true
 		case s.Goal != "secondary":
 			return false
@@ -449,20 +462,29 @@ func (h *HA) Restart(name string) error {
 	if err != nil {
 		return err
 	}
+	if n.cmd != nil && !n.gone() {
+		return fmt.Errorf("devdb: node %s is running", name)
+	}
 	return h.start(n)
+}
+
+// postmasterPID is the pid recorded in data's postmaster.pid (0: none).
+func postmasterPID(data string) int {
+	b, err := os.ReadFile(filepath.Join(data, "postmaster.pid"))
+	if err != nil {
+		return 0
+	}
+	var pid int
+	if _, err := fmt.Sscan(strings.SplitN(string(b), "\n", 2)[0], &pid); err != nil || pid <= 0 {
+		return 0
+	}
+	return pid
 }
 
 // postmasterAlive says whether the postmaster recorded in data's postmaster.pid still runs.
 func postmasterAlive(data string) bool {
-	b, err := os.ReadFile(filepath.Join(data, "postmaster.pid"))
-	if err != nil {
-		return false
-	}
-	var pid int
-	if _, err := fmt.Sscan(strings.SplitN(string(b), "\n", 2)[0], &pid); err != nil || pid <= 0 {
-		return false
-	}
-	return syscall.Kill(pid, 0) == nil
+	pid := postmasterPID(data)
+	return pid > 0 && syscall.Kill(pid, 0) == nil
 }
 
 // ServerLogs returns what the nodes' servers have logged (pg_autoctl's servers write their logs
@@ -507,14 +529,37 @@ func (h *HA) Close() error {
 			_ = syscall.Kill(-n.cmd.Process.Pid, syscall.SIGKILL)
 			<-n.exited
 		}
-		for range 100 {
-			if !postmasterAlive(n.data) {
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
+	}
+	// Every server the keepers started, or a create left behind, is gone before its folder.
+	var errs []error
+	for _, n := range nodes {
+		if err := stopPostmaster(n.data); err != nil {
+			errs = append(errs, fmt.Errorf("devdb: node %s: %w", n.Name, err))
 		}
 	}
-	return os.RemoveAll(h.dir)
+	errs = append(errs, os.RemoveAll(h.dir))
+	return errors.Join(errs...)
+}
+
+// stopPostmaster waits up to 5 s for the postmaster recorded in data to exit, then SIGKILLs it
+// and its backends (they exit with it), and fails if it still runs.
+func stopPostmaster(data string) error {
+	for range 100 {
+		if !postmasterAlive(data) {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if pid := postmasterPID(data); pid > 0 {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	for range 100 {
+		if !postmasterAlive(data) {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return errors.New("its postmaster survived SIGKILL")
 }
 
 // waitPing pings url until it answers or a minute passes.

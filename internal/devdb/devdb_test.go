@@ -121,13 +121,16 @@ func TestHAFormation(t *testing.T) {
 	h, err := StartHA(ctx, HAOptions{Log: testWriter{t}, Unhealthy: 2 * time.Second, DemoteTimeout: 4 * time.Second})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, h.Close()) }()
-	port := func() int {
+	// port writes a row on the primary and returns its port; sync: both nodes run, so the
+	// primary replicates synchronously (alone, it does not: wait_primary).
+	port := func(sync bool) int {
 		conn, err := pgx.Connect(ctx, h.URL)
 		require.NoError(t, err)
 		defer func() { _ = conn.Close(ctx) }()
 		var p int
-		var sync string
-		require.NoError(t, conn.QueryRow(ctx, "SELECT inet_server_port(), current_setting('synchronous_standby_names')").Scan(&p, &sync))
+		var names string
+		require.NoError(t, conn.QueryRow(ctx, "SELECT inet_server_port(), current_setting('synchronous_standby_names')").Scan(&p, &names))
+		require.Equal(t, sync, names != "", "synchronous_standby_names %q", names)
 		_, err = conn.Exec(ctx, "CREATE TABLE IF NOT EXISTS t_ha (n int); INSERT INTO t_ha VALUES (1)")
 		require.NoError(t, err)
 		return p
@@ -135,13 +138,13 @@ func TestHAFormation(t *testing.T) {
 	first, err := h.Primary(ctx)
 	require.NoError(t, err)
 	require.Equal(t, "n1", first)
-	require.Equal(t, h.Nodes[0].Port, port())
+	require.Equal(t, h.Nodes[0].Port, port(true))
 
 	require.NoError(t, h.Switchover(ctx))
 	second, err := h.Primary(ctx)
 	require.NoError(t, err)
 	require.Equal(t, "n2", second)
-	require.Equal(t, h.Nodes[1].Port, port())
+	require.Equal(t, h.Nodes[1].Port, port(true))
 
 	killed := time.Now()
 	require.NoError(t, h.Kill("n2"))
@@ -150,7 +153,7 @@ func TestHAFormation(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "n1", third)
 	t.Logf("failover after a kill: %s", time.Since(killed).Round(time.Millisecond))
-	require.Equal(t, h.Nodes[0].Port, port())
+	require.Equal(t, h.Nodes[0].Port, port(false))
 	require.NoError(t, h.Restart("n2"))
 	require.NoError(t, h.WaitStable(ctx, 2*time.Minute))
 	states, err := h.States(ctx)

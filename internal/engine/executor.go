@@ -44,15 +44,21 @@ func (e *Engine) runStep(queue string, c *store.Claimed, gl *gateLease, release 
 	}
 	if call != nil && call.tx != nil {
 		e.committing(f)
+		tx := call.tx
 		applied, woken, err := e.commitInTx(call, &out)
-		if err != nil && store.Retryable(err) && e.handOff(f) {
-			// The commit's fate is unknown (its connection was lost, the primary changed) or
-			// the server refused it for now: the claim goes back through the committer, which
-			// retries until the database answers. If the commit did land, the hand-back finds
-			// the claim gone and is dropped; if not, the row is runnable again at once rather
-			// than once its lease runs out, and the step runs again (its writes rolled back).
-			e.log.Warn("gendurable: a step's transaction failed to commit; handing its claim back",
+		if err != nil && tx.Conn().IsClosed() && e.handOff(f) {
+			// The transaction's session was lost (terminated, reset, timed out, the primary
+			// changed): if the commit was sent its fate is unknown, else nothing committed. The
+			// claim goes back through the committer, which retries it like any outcome: if the
+			// commit did land, the hand-back finds the claim gone and is dropped; if not, the row
+			// is runnable again at once rather than once its lease runs out, and the step runs
+			// again (its writes rolled back). An error that leaves the session open (the step
+			// misused its transaction, a value that cannot be encoded) is no such loss: it waits
+			// for the lease like any failed commit, so that it cannot loop without a count.
+			e.log.Warn("gendurable: a step's transaction lost its session; handing its claim back",
 				"client", e.cfg.Name, "queue", f.queue, "id", f.id, "error", err)
+			e.Emit(durabletype.Event{Name: durabletype.EventCommitFailed, Queue: f.queue, Machine: f.machine, Step: f.step,
+				InstanceID: f.id, Attempt: f.attempt, Count: 1, Err: err})
 			e.committer.submit(&commitReq{flight: f, out: store.HandBack(out.Claim, out.Credit, 0), release: release})
 			return
 		}
@@ -138,7 +144,9 @@ func (e *Engine) commitInTx(call *Call, out *store.Outcome) (applied bool, woken
 	}
 	if fault.Enabled {
 		if err := fault.PointFor(fault.AfterStepTxCommit, out.Claim.Owner); err != nil {
-			return false, nil, err // the acknowledgement "lost": the engine takes the fate as unknown
+			// The session "lost" with the commit's acknowledgement: the fate is unknown here.
+			_ = tx.Conn().Close(ctx)
+			return false, nil, err
 		}
 	}
 	return true, woken, nil

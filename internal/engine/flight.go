@@ -45,7 +45,10 @@ func (e *Engine) abandon() error {
 	e.mu.Lock()
 	var rows []store.Outcome
 	for _, f := range e.flights {
-		if f.state != flightRunning {
+		// A step committing through its own transaction is handed back too: the hand-back
+		// waits for that transaction's row lock, then finds the claim gone (the commit landed)
+		// or takes it back; the step's own path, finding the flight abandoned, hands nothing.
+		if f.state != flightRunning && f.state != flightCommitting {
 			continue
 		}
 		f.state = flightAbandoned

@@ -38,7 +38,8 @@ const (
 	// AfterStepTxCommit is reached by an executor right after a step's own transaction
 	// (Ctx.Tx) committed the step's outcome, before the engine hears of it (subject: the claim
 	// token). A hook that blocks holds the engine in the window where the outcome has landed and
-	// the step is not yet settled; an error stands for the commit's lost acknowledgement.
+	// the step is not yet settled; an error stands for the session lost with the commit's
+	// acknowledgement (the engine closes the connection).
 	AfterStepTxCommit = "after_step_tx_commit"
 	// AwaitBetweenStmts is reached between the park (the outcome statement that set a row
 	// awaiting, holding its row lock) and the re-check of its inbox, inside the outcome
