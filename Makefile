@@ -14,7 +14,7 @@ TESTFLAGS ?=
 # partitioned worker's takeover, the bad-input canary), or need the machine's full throughput for
 # their fault to land (connection resets during commits). Then, at once, vet and lint, each
 # contrib module's tests, and the tests that run a Postgres cluster of their own (the soaks, the
-# session kills, the clock skew and the failover's pg_auto_failover formation, together): each of those offers a fixed load well under what
+# session kills and the clock skew together, then the failover's pg_auto_failover formation): each of those offers a fixed load well under what
 # its cluster can do (a soak offers 40% of the capacity it measured) and judges its cluster
 # against itself (the clock skew's time bounds are its cluster's clock, with seconds of slack),
 # so neighbours slow nothing it measures, and they leave most of the cores idle. Then two jobs at
@@ -26,6 +26,9 @@ TESTFLAGS ?=
 # regexps over the root package's and internal/chaos's tests; every other run skips them.
 LATENCY := ^(TestAwait.*|TestSecurity.*|TestSaturatedKeyDoesNotStarveTheWorkBehindIt|TestRateLimitConservesTokensAcrossEightClients|TestPoke.*|TestLostPokesCostAtMostAPoll|TestSignalPokesTheParkedInstancesNode|TestFanOutRoundTripWithoutPolling|TestBadInput|TestPostgresRestartMidRun|TestSmokeSuite.*|TestPartitionedWorkerIsFencedOut|TestConnectionResetsLoseCommitAcks)$$
 CLUSTER := ^(TestBloatSoak|TestLongSnapshotDuringSoak|TestSessionKills|TestWorkersOffTheDatabaseClockKeepLeasesHonest|TestFailoverLosesNothing)$$
+# FAILOVER: the cluster test that is no light neighbour (a pg_auto_failover formation of three
+# servers and three busy workers); test/cluster runs it after the others, not beside them.
+FAILOVER := ^TestFailoverLosesNothing$$
 # contrib/redispoke's tests measure a poke's trip between processes through Redis, and its
 # pings' answers within 100ms: test/latency runs them, with the others; test/contrib vets it.
 # SIDE: the packages whose tests make test runs after the root package's, in the same job.
@@ -78,8 +81,9 @@ test/faults: ## internal/chaos's fault tests at their CI size, but the latency-b
 test/tagged: ## the deterministic race tests, which drive the engine's fault points (-tags chaos)
 	$(GO) test -count=1 -tags chaos -run '^TestChaos' -timeout 10m $(TESTFLAGS) ./internal/fault/ ./internal/chaos/
 
-test/cluster: ## the fault tests that run a Postgres cluster of their own (soaks, session kills, clock skew, failover), together
-	$(GO) test -count=1 -parallel 3 -timeout 10m -run '$(CLUSTER)' $(TESTFLAGS) ./internal/chaos/
+test/cluster: ## the fault tests that run a Postgres cluster of their own (soaks, session kills, clock skew) together, then the failover
+	$(GO) test -count=1 -parallel 3 -timeout 10m -run '$(CLUSTER)' -skip '$(FAILOVER)' $(TESTFLAGS) ./internal/chaos/
+	$(GO) test -count=1 -timeout 10m -run '$(FAILOVER)' $(TESTFLAGS) ./internal/chaos/
 
 test/contrib: $(CONTRIB_JOBS) ## vet and test the contrib modules and e2e (contrib/redispoke's tests are test/latency's)
 
