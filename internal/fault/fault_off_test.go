@@ -144,7 +144,8 @@ func guards(cond ast.Expr) bool {
 // pointConst maps the Go name of a point's constant to the point's name.
 func pointConst(goName string) (string, bool) {
 	m := map[string]string{
-		"AfterClaimCommit": AfterClaimCommit, "BeforeOutcome": BeforeOutcome, "AwaitBetweenStmts": AwaitBetweenStmts,
+		"AfterClaimCommit": AfterClaimCommit, "BeforeOutcome": BeforeOutcome, "AfterStepTxCommit": AfterStepTxCommit,
+		"AwaitBetweenStmts": AwaitBetweenStmts,
 		"DeliverBeforeWake": DeliverBeforeWake, "Heartbeat": Heartbeat, "ReaperBetweenSelectUpdate": ReaperBetweenSelectUpdate,
 		"GCBetweenSelectDelete": GCBetweenSelectDelete, "GateBeforeCredit": GateBeforeCredit,
 		"BucketBeforeWriteback": BucketBeforeWriteback, "InboxPurge": InboxPurge,
