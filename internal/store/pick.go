@@ -161,36 +161,43 @@ var pickVariants = map[string]pickVariant{
 	},
 }
 
-// pickTemplates writes each variant as a statement of fragment splices, for New to expand.
+// pickTemplates writes each variant as a statement of fragment splices, for New to expand: once
+// with rows due now, and once ("_horizon") with rows due within a horizon (the test kit's Drain).
 func pickTemplates() map[string]string {
-	out := make(map[string]string, len(pickVariants))
-	splice := func(name string) string { return "{{" + name + "}}" }
+	out := make(map[string]string, 2*len(pickVariants))
 	for name, v := range pickVariants {
-		scan := splice("scan_begin")
-		for _, f := range v.filters {
-			alts := strings.Split(f, " OR ")
-			for i, a := range alts {
-				alts[i] = splice(a)
-			}
-			test := alts[0]
-			if len(alts) > 1 {
-				test = "(" + strings.Join(alts, " OR ") + ")"
-			}
-			scan += "\n    AND " + test
-		}
-		scan += "\n" + splice("scan_end")
-		var ctes []string
-		for _, c := range v.config {
-			ctes = append(ctes, splice(c))
-		}
-		ctes = append(ctes, scan)
-		for _, c := range v.admit {
-			ctes = append(ctes, splice(c))
-		}
-		ctes = append(ctes, splice(v.chosen), splice(v.refused))
-		out[name] = "WITH " + strings.Join(ctes, ",\n") + "\n" + splice("claim")
+		out[name] = pickTemplate(v, "due")
+		out[name+"_horizon"] = pickTemplate(v, "due_within_horizon")
 	}
 	return out
+}
+
+// pickTemplate writes one variant whose scan tests due rows with the fragment due.
+func pickTemplate(v pickVariant, due string) string {
+	splice := func(name string) string { return "{{" + name + "}}" }
+	scan := splice("scan_begin") + "\n    AND " + splice(due)
+	for _, f := range v.filters {
+		alts := strings.Split(f, " OR ")
+		for i, a := range alts {
+			alts[i] = splice(a)
+		}
+		test := alts[0]
+		if len(alts) > 1 {
+			test = "(" + strings.Join(alts, " OR ") + ")"
+		}
+		scan += "\n    AND " + test
+	}
+	scan += "\n" + splice("scan_end")
+	var ctes []string
+	for _, c := range v.config {
+		ctes = append(ctes, splice(c))
+	}
+	ctes = append(ctes, scan)
+	for _, c := range v.admit {
+		ctes = append(ctes, splice(c))
+	}
+	ctes = append(ctes, splice(v.chosen), splice(v.refused))
+	return "WITH " + strings.Join(ctes, ",\n") + "\n" + splice("claim")
 }
 
 // pickLockTimeout bounds how long a pick waits for a lock (see Pick).
@@ -284,7 +291,7 @@ type PickOpts struct {
 // Pick claims up to limit due rows of queue for the claim token owner.
 func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner string, o PickOpts) (PickResult, error) {
 	args := pgx.NamedArgs{"queue": queue, "limit": limit, "owner": owner, "lease": o.Lease.Milliseconds(),
-		"horizon": o.Horizon.Milliseconds(), "mv_names": []string{}, "mv_versions": []int32{},
+		"mv_names": []string{}, "mv_versions": []int32{},
 		"paused_machines": o.PausedMachines}
 	if o.PausedMachines == nil {
 		args["paused_machines"] = []string{}
@@ -325,7 +332,12 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 	// kept for a row its scan then found already claimed: a deadlock.
 	// (In a caller's transaction, the test kit's Drain, the setting would outlive the pick, and
 	// nothing races the drain: it is left alone there.)
-	if fault.Enabled && stmt == "pick_admitted" && len(rates.Names) > 0 {
+	if o.Horizon != 0 {
+		// The test kit's Drain: rows scheduled up to the horizon are due (see pick.sql).
+		stmt += "_horizon"
+		args["horizon"] = o.Horizon.Milliseconds()
+	}
+	if fault.Enabled && strings.HasPrefix(stmt, "pick_admitted") && len(rates.Names) > 0 {
 		if err := fault.PointFor(fault.BucketBeforeWriteback, queue); err != nil {
 			return PickResult{}, err
 		}
@@ -339,11 +351,7 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 		rows = r
 	} else {
 		b := &pgx.Batch{}
-		settings := "pick_settings_admission"
-		if stmt == "pick" {
-			settings = "pick_settings"
-		}
-		b.Queue(s.sql(settings), pickLockTimeout)
+		b.Queue(s.sql("pick_settings"), pickLockTimeout)
 		b.Queue(s.sql(stmt), args)
 		br := db.SendBatch(ctx, b)
 		defer func() { _ = br.Close() }()

@@ -137,16 +137,13 @@ func everyPickClaimsByPrimaryKey(t *testing.T, size int) {
 		return strings.Join(plan, "\n")
 	}
 	for _, stmt := range []string{"pick", "pick_gated", "pick_rated", "pick_admitted", "pick_leased", "pick_rate_lane"} {
-		settings := "pick_settings_admission"
-		if stmt == "pick" {
-			settings = "pick_settings"
-		}
+		settings := "pick_settings"
 		// The plan for these arguments (a custom plan), under the pick's settings.
 		plan := explain(settings, "EXPLAIN (COSTS OFF) "+s.sql(stmt), args)
 		require.NotContains(t, plan, "Seq Scan on instances", "%s, %d rows:\n%s", stmt, size, plan)
 
-		// The plan cached for any arguments (the generic plan, which the admission picks use from
-		// their first run).
+		// The plan cached for any arguments (the generic plan, which every pick uses from its
+		// first run).
 		var names, values []string
 		positional := regexp.MustCompile(`@\w+`).ReplaceAllStringFunc(s.sql(stmt), func(m string) string {
 			if i := slices.Index(names, m[1:]); i >= 0 {
@@ -167,8 +164,8 @@ func everyPickClaimsByPrimaryKey(t *testing.T, size int) {
 // The statements every step pays for are planned once per connection, not on every execution:
 // after a few runs Postgres settles on their generic plan. (The single insert over arrays, and
 // the plain pick when it ran with plan_cache_mode forced to custom, were planned anew each time,
-// and planning cost more than executing.) The admission picks use their generic plan from the
-// first run (TestEveryPickClaimsByPrimaryKey checks that plan).
+// and planning cost more than executing.) The picks use their generic plan from the first run
+// (TestEveryPickClaimsByPrimaryKey checks that plan).
 func TestHotStatementsKeepTheirCachedPlan(t *testing.T) {
 	pool := durabledbtest.Pool(t, 2)
 	schema := durabledbtest.Schema(t, pool)

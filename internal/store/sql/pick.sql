@@ -31,8 +31,8 @@
 -- exactly the awaited ones among them; a signal committed later is a latecomer and stays), and
 -- for a parent whose join step is due (join_due), the children of its latest wave.
 --
--- @queue, @limit, @owner claim token, @lease ms, @horizon ms (rows scheduled up to now() +
--- horizon are due: 0 in production; the test kit's Drain passes a large horizon to collapse
+-- @queue, @limit, @owner claim token, @lease ms, @horizon ms (the "_horizon" variants only: rows
+-- scheduled up to now() + horizon are due; the test kit's Drain passes a large horizon to collapse
 -- delays). The picks that admit against gates or rate limits also take their configuration
 -- (see "Admission" below).
 --
@@ -59,22 +59,18 @@
 -- table was small (a new installation, or stale statistics) would read a tiny table whole or hash
 -- it, and Postgres keeps a cached plan until the table is analyzed again, by which time it may
 -- hold millions of rows. With these off, the plan is the same at every size.
+--
+-- Every pick also runs on its cached generic plan from its first execution. Planning is a large
+-- share of a pick's cost (about 1 ms against 3 ms of execution for a batch of 100), and Postgres,
+-- left to choose, keeps planning a statement whose generic plan's estimates look dearer than its
+-- custom plans': the admission picks always (their generic plan guesses a batch of a tenth of
+-- the table), the plain pick once the table holds millions of finished rows or many rows
+-- scheduled for later (docs/PERFORMANCE.md, "How cost grows with the table"). The generic plan
+-- is safe at any size: the candidates are an index scan in the pick index's order stopped by
+-- LIMIT, every gate counter and bucket is read by key, and the claim walks an array by primary
+-- key (see claim), with the join methods that could read a table whole turned off as above
+-- (TestEveryPickClaimsByPrimaryKey checks every variant's generic plan).
 -- name: pick_settings
-SELECT pg_catalog.set_config('lock_timeout', $1, true),
-       pg_catalog.set_config('jit', 'off', true),
-       pg_catalog.set_config('enable_seqscan', 'off', true),
-       pg_catalog.set_config('enable_hashjoin', 'off', true),
-       pg_catalog.set_config('enable_mergejoin', 'off', true);
-
--- The admission picks' settings add a generic plan from the first execution on: planning is a
--- large share of an admission pick's cost (docs/PERFORMANCE.md), and Postgres, left to choose,
--- would keep planning them forever, since their generic plan's estimates (a batch of a tenth of the table) make it
--- look dearer than any custom plan. Their generic plan is safe at any size: the candidates are an
--- index scan in the pick index's order stopped by LIMIT, every gate counter and bucket is read by
--- key, and the claim walks an array by primary key (see claim), with the join methods that
--- could read a table whole turned off as above. The plain pick keeps the server's choice: its
--- generic plan is chosen on its own, and a role's plan_cache_mode stays in force.
--- name: pick_settings_admission
 SELECT pg_catalog.set_config('lock_timeout', $1, true),
        pg_catalog.set_config('jit', 'off', true),
        pg_catalog.set_config('enable_seqscan', 'off', true),
@@ -136,7 +132,6 @@ candidates AS MATERIALIZED (
     WHERE i.status = 'available'
       AND i.queue = @queue
       AND i.priority = p.priority::smallint
-      AND i.scheduled_at <= now() + @horizon::bigint * interval '1 millisecond'
 
 -- fragment: scan_end
     ORDER BY i.scheduled_at, i.id
@@ -145,6 +140,19 @@ candidates AS MATERIALIZED (
   ) AS c
   LIMIT @limit
 )
+
+-- Filter: the row is due. In production, due is "scheduled up to now()": a stable function, not a
+-- parameter, so the plan cache's generic plan is estimated with the clock's value and chosen
+-- after a few runs. (With a parameter there, a table holding many rows scheduled for later made
+-- every custom plan look cheaper than the generic one, and the pick was planned on every call:
+-- about 1 ms of planning a pick, and a slower plan.) The test kit's Drain, which collapses
+-- delays, uses the variants with a horizon (@horizon ms; the "_horizon" statements).
+
+-- fragment: due
+i.scheduled_at <= now()
+
+-- fragment: due_within_horizon
+i.scheduled_at <= now() + @horizon::bigint * interval '1 millisecond'
 
 -- Filter: the row's machine version is one this node knows: version 1 (every machine's first),
 -- or at most the version of its machine this node registers (@mv_names, @mv_versions: the
