@@ -30,7 +30,6 @@ type HA struct {
 
 	dir     string
 	autoctl string
-	pgCtl   string
 	runAs   *account
 	logw    io.Writer
 	env     []string
@@ -121,10 +120,9 @@ func StartHA(ctx context.Context, opts HAOptions) (*HA, error) {
 		_ = os.RemoveAll(dir)
 		return nil, fmt.Errorf("give %s to the postgres user: %w", dir, err)
 	}
-	h := &HA{dir: dir, autoctl: autoctl, pgCtl: pgCtl, runAs: acct, logw: logw,
+	h := &HA{dir: dir, autoctl: autoctl, runAs: acct, logw: logw,
 		env: []string{"PATH=" + binDir + ":" + os.Getenv("PATH"), "XDG_CONFIG_HOME=" + filepath.Join(dir, "config"),
-			"XDG_DATA_HOME=" + filepath.Join(dir, "share"), "XDG_RUNTIME_DIR=" + filepath.Join(dir, "run"),
-			"PG_AUTOCTL_DEBUG=0"}}
+			"XDG_DATA_HOME=" + filepath.Join(dir, "share"), "XDG_RUNTIME_DIR=" + filepath.Join(dir, "run")}}
 	fail := func(err error) (*HA, error) {
 		_ = h.Close()
 		return nil, err

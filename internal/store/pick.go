@@ -317,6 +317,11 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 	case hasRates:
 		stmt = "pick_rated"
 	}
+	if o.Horizon != 0 {
+		// The test kit's Drain: rows scheduled up to the horizon are due (see pick.sql).
+		stmt += "_horizon"
+		args["horizon"] = o.Horizon.Milliseconds()
+	}
 	if hasGates {
 		args["g_names"], args["g_limits"], args["g_shards"] = gates.Names, gates.Limits, gates.Shards
 		args["g_hint"] = hint.GateKeys
@@ -332,11 +337,6 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 	// kept for a row its scan then found already claimed: a deadlock.
 	// (In a caller's transaction, the test kit's Drain, the setting would outlive the pick, and
 	// nothing races the drain: it is left alone there.)
-	if o.Horizon != 0 {
-		// The test kit's Drain: rows scheduled up to the horizon are due (see pick.sql).
-		stmt += "_horizon"
-		args["horizon"] = o.Horizon.Milliseconds()
-	}
 	if fault.Enabled && strings.HasPrefix(stmt, "pick_admitted") && len(rates.Names) > 0 {
 		if err := fault.PointFor(fault.BucketBeforeWriteback, queue); err != nil {
 			return PickResult{}, err
