@@ -120,6 +120,9 @@ func TestBadInput(t *testing.T) {
 	bigWeight := badStep("big-weight", routed, func(s path) gendurable.Outcome {
 		return gendurable.Next("b", s, gendurable.RateLimit("r"), gendurable.Weight(math.MaxInt32+1))
 	})
+	badFairKey := badStep("bad-fair-key", routed, func(s path) gendurable.Outcome {
+		return gendurable.Next("b", s, gendurable.FairnessKey(""))
+	})
 	ghostJob := gendurable.Job[path]{Name: "ghost", Perform: func(*gendurable.Ctx, path) error { return nil }}
 
 	var evMu sync.Mutex
@@ -136,7 +139,7 @@ func TestBadInput(t *testing.T) {
 	}
 	cfg := &gendurable.Config{
 		Machines: []gendurable.Machine{canary, parker, bigDone, bigNext, nulNext, unknownNext, bigSpawn, badChild,
-			badTimeout, noNames, bigWeight},
+			badTimeout, noNames, bigWeight, badFairKey},
 		Queues:       map[string]gendurable.QueueConfig{gendurable.DefaultQueue: {Concurrency: 4}, "work": {Concurrency: 4}},
 		MaxChildren:  maxChildren,
 		PollInterval: 20 * time.Millisecond,
@@ -278,6 +281,8 @@ func TestBadInput(t *testing.T) {
 		{name: "scheduled before 4714 BC", call: insert(canary.With(path{}), &gendurable.InsertOpts{ScheduledAt: time.Date(-5000, 1, 1, 0, 0, 0, 0, time.UTC)}), want: gendurable.ErrInvalidInput},
 		{name: "correlation key with \\u0000", call: insert(canary.With(path{}), &gendurable.InsertOpts{CorrelationKey: "k\x00"}), want: gendurable.ErrInvalidInput},
 		{name: "correlation key of 513 bytes", call: insert(canary.With(path{}), &gendurable.InsertOpts{CorrelationKey: strings.Repeat("k", 513)}), want: gendurable.ErrInvalidInput},
+		{name: "fairness key of 513 bytes", call: insert(canary.With(path{}), &gendurable.InsertOpts{FairnessKey: strings.Repeat("k", 513)}), want: gendurable.ErrInvalidInput},
+		{name: "fairness key with a NUL", call: batch(77, &gendurable.InsertOpts{FairnessKey: "a\x00b"}, canary.With(path{})), want: gendurable.ErrInvalidInput},
 		{name: "weight without a rate limit", call: insert(canary.With(path{}), &gendurable.InsertOpts{Weight: 2}), want: gendurable.ErrInvalidInput},
 		{name: "queue with a control character", call: insert(canary.With(path{}), &gendurable.InsertOpts{Queue: "a\tb"}), want: gendurable.ErrInvalidInput},
 		{name: "zero Input", call: insert(gendurable.Input{}, nil), want: gendurable.ErrInvalidInput},
@@ -373,6 +378,7 @@ func TestBadInput(t *testing.T) {
 		stepFails(badTimeout, nil, nil),
 		stepFails(noNames, nil, nil),
 		stepFails(bigWeight, nil, nil),
+		stepFails(badFairKey, nil, nil),
 	}
 
 	// Accepted by design: an insert of a machine this node does not know (a web node inserts

@@ -171,6 +171,11 @@ type InsertOpts struct {
 	// step takes (default 1, at most 2^31 - 1; keep it at or below the limit's Burst).
 	RateLimit string
 	Weight    int
+	// FairnessKey schedules the instance's steps fairly against the other keys of its queue (a
+	// tenant, say): while several keys have runnable instances, each gets picks in proportion to
+	// its weight (Config.FairnessWeights), so one key's burst does not hold up the others. Up to
+	// 512 characters. See docs/fairness.md.
+	FairnessKey string
 	// CorrelationScope adds finished statuses (StatusDone, StatusFailed, StatusCancelled) to the
 	// deduplication scope, so that an insert also returns a finished instance with that key.
 	// The live statuses are always in scope.
@@ -280,6 +285,11 @@ func (c *Client) insert(ctx context.Context, db store.DB, params []InsertManyPar
 
 // insertRows inserts validated rows and pokes the queues of those due now.
 func (c *Client) insertRows(ctx context.Context, db store.DB, rows []store.InsertRow) ([]InsertResult, error) {
+	for i := range rows {
+		if rows[i].FairKey != "" {
+			rows[i].FairWeight = c.eng.FairWeight(rows[i].FairKey)
+		}
+	}
 	ins, err := c.store.InsertMany(ctx, db, rows)
 	if err != nil {
 		return nil, fmt.Errorf("gendurable: insert %d rows: %w", len(rows), err)
@@ -410,10 +420,16 @@ func buildRow(input Input, opts *InsertOpts, index, maxPayload int, machine func
 	if opts.Weight < 0 || opts.Weight > maxCount || (opts.Weight > 0 && opts.RateLimit == "") {
 		return bad("Weight", "%d: a weight of 1 to %d, with a RateLimit", opts.Weight, maxCount)
 	}
+	if opts.FairnessKey != "" {
+		if err := checkKey(opts.FairnessKey); err != nil {
+			return bad("FairnessKey", "%v", err)
+		}
+	}
 	*r = store.InsertRow{
 		Machine: in.machine, Step: in.step, State: string(state), Queue: queue, Priority: prio,
 		Delay: opts.In, MaxAttempts: maxAtt, CorrelationKey: key, ScopeMask: mask, ConcurrencyKey: opts.ConcurrencyKey,
 		RateLimit: opts.RateLimit, Weight: max(opts.Weight, 1), MachineVersion: in.version,
+		FairKey: opts.FairnessKey,
 	}
 	if !opts.ScheduledAt.IsZero() {
 		t := opts.ScheduledAt
@@ -448,7 +464,10 @@ type MigrateOpts struct {
 	// Schema to create or migrate; default "gendurable".
 	Schema string
 	// Target is the schema version to migrate to, up or down; 0 means the newest this library
-	// knows (durablemigrate.Version).
+	// knows (durablemigrate.Version), except that an existing schema older than the oldest this
+	// library runs against stops there: the migrations after it remove what earlier libraries
+	// read, and wait for a second Migrate once every node runs this library
+	// (durablemigrate.DefaultTarget; docs/upgrading.md).
 	Target int
 }
 
@@ -462,7 +481,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *MigrateOpts) error {
 		o = *opts
 	}
 	if o.Target == 0 {
-		o.Target = durablemigrate.Version
+		return durablemigrate.Migrate(ctx, pool, o.Schema)
 	}
 	return durablemigrate.MigrateTo(ctx, pool, o.Schema, o.Target)
 }

@@ -62,6 +62,15 @@ type Config struct {
 	// the configuration named by its part before the first ':'. Every node must configure the
 	// same limits; a step naming a limit this node does not configure stalls here.
 	RateLimits map[string]Rate
+	// FairnessWeights are the fairness keys' weights (InsertOpts.FairnessKey, the FairnessKey
+	// option of Next): while several keys of a queue and priority have runnable instances, each
+	// gets a share of the picks in proportion to its weight, and a key alone gets them all. A key
+	// not named here, and the instances without a key (which share as one key), weigh
+	// FairnessDefaultWeight (default 1). Weights are between 0.001 and 1,000,000. A row takes its
+	// place in the fair order from the client that inserts it or moves it on, so every client
+	// should configure the same weights (docs/fairness.md).
+	FairnessWeights       map[string]float64
+	FairnessDefaultWeight float64
 	// Logger receives the engine's logs. Default slog.Default().
 	Logger *slog.Logger
 	// Hooks receive every event, on a goroutine of their own: a slow hook never blocks the
@@ -296,6 +305,12 @@ func (c *Config) resolve() (engine.Config, string, error) {
 		ec.Rates = r
 	}
 
+	fair, err := c.fairWeights()
+	if err != nil {
+		return ec, "", err
+	}
+	ec.Fair = fair
+
 	ec.Queues = make(map[string]engine.QueueConfig, len(c.Queues))
 	for name, q := range c.Queues {
 		field := "Queues[" + name + "]"
@@ -427,4 +442,29 @@ func printable(s string) bool {
 		}
 	}
 	return true
+}
+
+// Fairness weights are kept within a range where a tag's increments (1/weight) stay exact enough
+// over years of tags.
+const minFairWeight, maxFairWeight = 0.001, 1_000_000
+
+// fairWeights checks and returns the fairness weights.
+func (c *Config) fairWeights() (*store.FairWeights, error) {
+	okWeight := func(w float64) bool {
+		return !math.IsNaN(w) && w >= minFairWeight && w <= maxFairWeight
+	}
+	def := c.FairnessDefaultWeight
+	if def != 0 && !okWeight(def) {
+		return nil, cfgErr("FairnessDefaultWeight", "%v: must be between %v and %v (0 means 1)", def, minFairWeight, maxFairWeight)
+	}
+	for _, key := range slices.Sorted(maps.Keys(c.FairnessWeights)) {
+		field := "FairnessWeights[" + key + "]"
+		if err := checkKey(key); err != nil {
+			return nil, cfgErr(field, "%v", err)
+		}
+		if w := c.FairnessWeights[key]; !okWeight(w) {
+			return nil, cfgErr(field, "%v: must be between %v and %v", w, minFairWeight, maxFairWeight)
+		}
+	}
+	return store.NewFairWeights(c.FairnessWeights, def), nil
 }

@@ -77,6 +77,12 @@ func TestConfigInvalidFieldsFailBeforeAnySideEffect(t *testing.T) {
 		{gendurable.Config{RateLimits: map[string]gendurable.Rate{"r": {Allowed: 1, Period: -time.Second}}}, "RateLimits[r].Period"},
 		{gendurable.Config{RateLimits: map[string]gendurable.Rate{"r": {Allowed: -1, Period: time.Second}}}, "RateLimits[r].Allowed"},
 		{gendurable.Config{RateLimits: map[string]gendurable.Rate{"r": {Allowed: 1, Period: time.Second, Burst: -1}}}, "RateLimits[r].Burst"},
+		{gendurable.Config{FairnessWeights: map[string]float64{"t": 0}}, "FairnessWeights[t]"},
+		{gendurable.Config{FairnessWeights: map[string]float64{"t": math.NaN()}}, "FairnessWeights[t]"},
+		{gendurable.Config{FairnessWeights: map[string]float64{"t": math.Inf(1)}}, "FairnessWeights[t]"},
+		{gendurable.Config{FairnessWeights: map[string]float64{"": 1}}, "FairnessWeights[]"},
+		{gendurable.Config{FairnessDefaultWeight: -1}, "FairnessDefaultWeight"},
+		{gendurable.Config{FairnessDefaultWeight: 2e6}, "FairnessDefaultWeight"},
 	}
 	before := runtime.NumGoroutine()
 	for _, c := range cases {

@@ -42,6 +42,7 @@ const (
 	ExplainBlocked     = durabletype.ExplainBlocked
 	ExplainGateFull    = durabletype.ExplainGateFull
 	ExplainRateLimited = durabletype.ExplainRateLimited
+	ExplainFairShare   = durabletype.ExplainFairShare
 	ExplainWaiting     = durabletype.ExplainWaiting
 )
 
@@ -52,8 +53,9 @@ const (
 // instance, its queue or its machine), scheduled for later or backing off after an error (until
 // when), blocked (no running node works its queue or knows its machine, version or step), its
 // concurrency key's gate full or key busy (the limit and the instances holding it), its rate
-// limit's bucket empty (when the next token comes), and otherwise waiting for a free slot (how
-// many due instances are ahead of it). It reads a few rows by index in one snapshot, and the
+// limit's bucket empty (when the next token comes), waiting for its fair share (an instance with
+// a fairness key behind instances of other keys in its queue's fair order), and otherwise waiting
+// for a free slot (how many due instances are ahead of it). It reads a few rows by index in one snapshot, and the
 // node registry; it changes nothing. No instance: ErrNotFound.
 func (c *Client) Explain(ctx context.Context, id int64) (*Explanation, error) {
 	r, err := c.store.Explain(ctx, c.pool, id)
@@ -208,6 +210,12 @@ func explain(id int64, r *store.ExplainRow, nodes []store.Node) *Explanation {
 		ahead = "1 due instance is"
 	case r.Ahead >= 10000:
 		ahead = "10,000 or more due instances are"
+	}
+	if r.FairKey != nil && r.AheadOtherKeys > 0 {
+		x.Reason, x.FairnessKey, x.AheadOtherKeys = ExplainFairShare, *r.FairKey, r.AheadOtherKeys
+		x.Text = fmt.Sprintf("It is runnable and waits for its fair share of queue %s (fairness key %s): %s ahead of it "+
+			"in the fair order, %d of them of other keys.", r.Queue, *r.FairKey, ahead, r.AheadOtherKeys)
+		return x
 	}
 	x.Text = fmt.Sprintf("It is runnable and waits for a free slot on a node that works queue %s; %s ahead of it.", r.Queue, ahead)
 	return x

@@ -245,7 +245,7 @@ func (m FSM[S]) encode(ctx *Ctx, o Outcome) (store.Outcome, error) {
 			return store.Outcome{}, outcomeErrorf("Next(%q): option Weight without RateLimit", o.step)
 		}
 		return store.Outcome{Kind: store.KindNext, Step: o.step, State: b, Delay: o.delay, Key: o.keyChange, NewKey: o.key,
-			RateLimit: o.rate, Weight: max(o.weight, 1)}, nil
+			RateLimit: o.rate, Weight: max(o.weight, 1), FairSet: o.fairSet, FairKey: o.fairKey}, nil
 	case outcomeAwait:
 		if m.Steps[o.step] == nil {
 			return store.Outcome{}, outcomeError{fmt.Errorf("%w: Await(…, %q): machine %q has no such step", ErrUnknownStep, o.step, m.Name)}

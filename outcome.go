@@ -39,6 +39,8 @@ type Outcome struct {
 	key       string
 	rate      string
 	weight    int
+	fairSet   bool
+	fairKey   string
 	opts      []OutcomeOption
 }
 
@@ -142,6 +144,22 @@ func ReleaseConcurrencyKey() OutcomeOption {
 			return fmt.Errorf("option ReleaseConcurrencyKey applies to Next only")
 		}
 		o.keyChange, o.key = store.KeyRelease, ""
+		return nil
+	}}
+}
+
+// FairnessKey runs the next step, and those after it, under fairness key key (see
+// InsertOpts.FairnessKey): the step takes its place in its queue's fair order as that key's. It
+// applies to Next.
+func FairnessKey(key string) OutcomeOption {
+	return OutcomeOption{name: "FairnessKey", apply: func(o *Outcome) error {
+		if o.kind != outcomeNext {
+			return fmt.Errorf("option FairnessKey applies to Next only")
+		}
+		if err := checkKey(key); err != nil {
+			return fmt.Errorf("option FairnessKey: %w", err)
+		}
+		o.fairSet, o.fairKey = true, key
 		return nil
 	}}
 }

@@ -41,8 +41,13 @@ type Migration struct {
 	// version such a library knows. By the rolling-deploy rule it is Version−1 (the library
 	// before keeps working), unless the migration's up says "-- readers: N".
 	Readers int
-	up      string
-	down    string
+	// Contract says the migration only removes what libraries that know the version before it
+	// no longer use (its up says "-- contract"): such a library runs with or without it, and
+	// Migrate applies it to an existing schema only once the schema is at the version before it
+	// (see DefaultTarget).
+	Contract bool
+	up       string
+	down     string
 	// pre are index builds (CREATE INDEX CONCURRENTLY IF NOT EXISTS, from NNN_name.pre.sql) that
 	// come before the up: on an existing schema the migrator builds them concurrently, outside a
 	// transaction, so that writers are never blocked for the build; otherwise they run plainly in
@@ -80,6 +85,29 @@ var migrations = mustLoad(files)
 // Readers allow it (a fleet migrated ahead of its deploy).
 var Version = migrations[len(migrations)-1].Version
 
+// Required is the oldest schema version this library runs against: Version, less the contract
+// migrations it ends with (this library no longer uses what they remove).
+var Required = required(migrations)
+
+func required(ms []Migration) int {
+	v := len(ms)
+	for v > 1 && ms[v-1].Contract {
+		v--
+	}
+	return ms[v-1].Version
+}
+
+// DefaultTarget is the version Migrate brings a schema at version current to when no target is
+// given: Version, except that a schema that exists below Required stops at Required. The contract
+// migrations after it remove what the libraries before this one read, so they wait for a second
+// run, once every node runs a library that knows Required (a rolling deploy in between).
+func DefaultTarget(current int) int {
+	if current >= 1 && current < Required {
+		return Required
+	}
+	return Version
+}
+
 // Migrations returns every migration, oldest first.
 func Migrations() []Migration { return slices.Clone(migrations) }
 
@@ -89,6 +117,9 @@ var fileRE = regexp.MustCompile(`^(\d{3})_([a-z0-9_]+)\.(up|down|pre)\.sql$`)
 // that can be run again.
 var preRE = regexp.MustCompile(`(?s)^CREATE INDEX CONCURRENTLY IF NOT EXISTS ([a-z0-9_]+) ON .+$`)
 var readersRE = regexp.MustCompile(`(?m)^-- readers: (\d+)$`)
+
+// contractRE marks a contract migration (Migration.Contract).
+var contractRE = regexp.MustCompile(`(?m)^-- contract$`)
 
 // mustLoad reads the migrations folder: NNN_name.up.sql and, optionally, NNN_name.down.sql,
 // numbered from 1 without gaps. A malformed folder is a bug in this package: it panics.
@@ -122,6 +153,7 @@ func mustLoad(fsys fs.FS) []Migration {
 			if r := readersRE.FindStringSubmatch(mig.up); r != nil {
 				mig.Readers, _ = strconv.Atoi(r[1])
 			}
+			mig.Contract = contractRE.MatchString(mig.up)
 		case "down":
 			mig.down = string(b)
 		default:
@@ -192,14 +224,15 @@ type VersionError struct {
 	Schema string
 	// Have is the schema's version; Readers the oldest library that runs against it.
 	Have, Readers int
-	// Library is the newest schema version this library knows (Version).
-	Library int
+	// Library is the newest schema version this library knows (Version); Required the oldest it
+	// runs against (Required).
+	Library, Required int
 }
 
 func (e *VersionError) Error() string {
-	if e.Have < e.Library {
+	if e.Have < e.Required {
 		return fmt.Sprintf("gendurable: schema %q is at version %d, older than this library's %d: migrate it first "+
-			"(gendurable migrate --schema %s, or gendurable.Migrate)", e.Schema, e.Have, e.Library, e.Schema)
+			"(gendurable migrate --schema %s, or gendurable.Migrate)", e.Schema, e.Have, e.Required, e.Schema)
 	}
 	return fmt.Sprintf("gendurable: schema %q is at version %d, which needs a library that knows schema version %d or later; "+
 		"this library knows up to %d: upgrade gendurable (or migrate the schema down: gendurable migrate --schema %s --target %d)",
@@ -209,7 +242,7 @@ func (e *VersionError) Error() string {
 // Is makes a VersionError match ErrSchemaMismatch.
 func (e *VersionError) Is(target error) bool { return target == durabletype.ErrSchemaMismatch }
 
-// Check returns nil if this library can run against the schema: at Version, or later with
+// Check returns nil if this library can run against the schema: at Required or later, with
 // Readers at most Version. It returns ErrNotMigrated if the schema does not exist, a
 // *VersionError for a version it cannot run against, and ErrSchemaMismatch for a schema built
 // from a text that predates numbered migrations.
@@ -230,8 +263,8 @@ func Check(ctx context.Context, db DB, schema string) error {
 	if st.Version == 0 {
 		return fmt.Errorf("%w: schema %q (run gendurable.Migrate or `gendurable migrate`)", durabletype.ErrNotMigrated, schema)
 	}
-	if st.Version < Version || st.Readers > Version {
-		return &VersionError{Schema: schema, Have: st.Version, Readers: st.Readers, Library: Version}
+	if st.Version < Required || st.Readers > Version {
+		return &VersionError{Schema: schema, Have: st.Version, Readers: st.Readers, Library: Version, Required: Required}
 	}
 	return nil
 }
@@ -339,9 +372,14 @@ func recordVersion(schema string, version int) string {
 		ident.Quote(schema), version, readers, baseFingerprint)
 }
 
-// Migrate brings the schema to Version, creating it if it does not exist. See MigrateTo.
+// Migrate brings the schema to DefaultTarget (Version, unless contract migrations wait for a
+// second run), creating it at Version if it does not exist. See MigrateTo.
 func Migrate(ctx context.Context, db DB, schema string) error {
-	return MigrateTo(ctx, db, schema, Version)
+	st, err := Current(ctx, db, schema)
+	if err != nil {
+		return err
+	}
+	return MigrateTo(ctx, db, schema, DefaultTarget(st.Version))
 }
 
 // MigrateTo migrates the schema up or down to target, one version per transaction: each step

@@ -215,7 +215,7 @@ func TestUpDownUpLeavesTheSameSchema(t *testing.T) {
 
 	require.NoError(t, durablemigrate.MigrateTo(ctx, pool, schema, 1))
 	one := catalog(t, pool, schema)
-	require.NoError(t, durablemigrate.Migrate(ctx, pool, schema))
+	require.NoError(t, durablemigrate.MigrateTo(ctx, pool, schema, durablemigrate.Version))
 	latest := catalog(t, pool, schema)
 	require.NotEqual(t, one, latest)
 	st, err := durablemigrate.Current(ctx, pool, schema)
@@ -228,7 +228,7 @@ func TestUpDownUpLeavesTheSameSchema(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, st.Version)
 
-	require.NoError(t, durablemigrate.Migrate(ctx, pool, schema))
+	require.NoError(t, durablemigrate.MigrateTo(ctx, pool, schema, durablemigrate.Version))
 	require.Equal(t, latest, catalog(t, pool, schema), "up again builds the same schema")
 
 	err = durablemigrate.MigrateTo(ctx, pool, schema, 0)
@@ -294,15 +294,17 @@ func TestCheckNamesBothVersions(t *testing.T) {
 	schema := fmt.Sprintf("t_migrate_check_%d", os.Getpid())
 	require.NoError(t, durablemigrate.Drop(ctx, pool, schema))
 	t.Cleanup(func() { _ = durablemigrate.Drop(context.Background(), pool, schema) })
-	require.NoError(t, durablemigrate.MigrateTo(ctx, pool, schema, durablemigrate.Version-1))
+	require.NoError(t, durablemigrate.MigrateTo(ctx, pool, schema, durablemigrate.Required-1))
 
 	err := durablemigrate.Check(ctx, pool, schema)
 	var ve *durablemigrate.VersionError
 	require.ErrorAs(t, err, &ve)
 	require.ErrorIs(t, err, durabletype.ErrSchemaMismatch)
-	require.Contains(t, err.Error(), fmt.Sprintf("version %d, older than this library's %d", durablemigrate.Version-1, durablemigrate.Version))
+	require.Contains(t, err.Error(), fmt.Sprintf("version %d, older than this library's %d", durablemigrate.Required-1, durablemigrate.Required))
 	require.Contains(t, err.Error(), "gendurable migrate --schema "+schema)
 
+	require.NoError(t, durablemigrate.Migrate(ctx, pool, schema))
+	require.NoError(t, durablemigrate.Check(ctx, pool, schema))
 	require.NoError(t, durablemigrate.Migrate(ctx, pool, schema))
 	require.NoError(t, durablemigrate.Check(ctx, pool, schema))
 
@@ -344,7 +346,7 @@ func TestIndexesOfAnExistingSchemaAreBuiltConcurrently(t *testing.T) {
 		fmt.Sprintf("%q.instances_finished_by_machine", schema))
 	require.NoError(t, err)
 
-	require.NoError(t, durablemigrate.Migrate(ctx, pool, schema))
+	require.NoError(t, durablemigrate.MigrateTo(ctx, pool, schema, durablemigrate.Version))
 	var valid bool
 	var def string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT i.indisvalid, pg_catalog.pg_get_indexdef(i.indexrelid) FROM pg_catalog.pg_index i
@@ -458,4 +460,40 @@ func TestVacuumSettingsOfTheChurningTables(t *testing.T) {
 	require.Equal(t, []string{"fillfactor=80"}, options("instances"))
 	require.Empty(t, options("signals"))
 	require.Empty(t, options("finished_counts"))
+}
+
+// A contract migration waits for a second run: Migrate brings an existing schema older than the
+// oldest this library runs against (Required) to Required and stops, the libraries before this
+// one still able to run against it; run again, it applies the contract migrations. A schema being
+// created goes to Version at once.
+func TestContractMigrationsWaitForASecondRun(t *testing.T) {
+	t.Parallel()
+	require.Less(t, durablemigrate.Required, durablemigrate.Version, "this library ends with a contract migration")
+	for v := durablemigrate.Required + 1; v <= durablemigrate.Version; v++ {
+		require.True(t, durablemigrate.Migrations()[v-1].Contract, "migration %d", v)
+	}
+	pool := durabledbtest.Pool(t, 2)
+	ctx := context.Background()
+	schema := fmt.Sprintf("t_migrate_contract_%d", os.Getpid())
+	require.NoError(t, durablemigrate.Drop(ctx, pool, schema))
+	t.Cleanup(func() { _ = durablemigrate.Drop(context.Background(), pool, schema) })
+	state := func() durablemigrate.State {
+		st, err := durablemigrate.Current(ctx, pool, schema)
+		require.NoError(t, err)
+		return st
+	}
+
+	require.NoError(t, durablemigrate.MigrateTo(ctx, pool, schema, 9))
+	require.Equal(t, durablemigrate.Required, durablemigrate.DefaultTarget(9))
+	require.NoError(t, durablemigrate.Migrate(ctx, pool, schema))
+	require.Equal(t, durablemigrate.State{Version: durablemigrate.Required, Readers: 9}, state(),
+		"the first run stops before the contract; the library that knows 9 still reads it")
+	require.NoError(t, durablemigrate.Check(ctx, pool, schema), "this library runs against it")
+	require.NoError(t, durablemigrate.Migrate(ctx, pool, schema))
+	require.Equal(t, durablemigrate.State{Version: durablemigrate.Version, Readers: durablemigrate.Version - 1}, state())
+
+	require.NoError(t, durablemigrate.Drop(ctx, pool, schema))
+	require.Equal(t, durablemigrate.Version, durablemigrate.DefaultTarget(0))
+	require.NoError(t, durablemigrate.Migrate(ctx, pool, schema))
+	require.Equal(t, durablemigrate.Version, state().Version, "a new schema is built whole")
 }

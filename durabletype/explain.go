@@ -6,7 +6,8 @@ import "time"
 type ExplainReason string
 
 // The reasons Client.Explain gives, the first that applies, in this order for a runnable row:
-// paused, scheduled or backing off, blocked, gate full (or key busy), rate-limited, waiting.
+// paused, scheduled or backing off, blocked, gate full (or key busy), rate-limited, fair share,
+// waiting.
 const (
 	// ExplainFinished: it is done, failed or cancelled.
 	ExplainFinished ExplainReason = "finished"
@@ -29,6 +30,10 @@ const (
 	ExplainGateFull ExplainReason = "gate_full"
 	// ExplainRateLimited: its rate limit's bucket lacks the tokens its step needs (Rate).
 	ExplainRateLimited ExplainReason = "rate_limited"
+	// ExplainFairShare: it is runnable, has a fairness key (FairnessKey), and waits for its
+	// key's turn: AheadOtherKeys of the Ahead instances before it in its queue's fair order are
+	// of other keys.
+	ExplainFairShare ExplainReason = "fair_share"
 	// ExplainWaiting: it is runnable and waits for a free slot on a node that works its queue,
 	// behind Ahead instances due before it.
 	ExplainWaiting ExplainReason = "waiting"
@@ -67,8 +72,12 @@ type Explanation struct {
 	Rate *ExplainRate
 	// Claim is the claim of its running step (executing).
 	Claim *ExplainClaim
-	// Ahead counts the instances of its queue due before it, up to 10,000 (waiting).
-	Ahead int64
+	// Ahead counts the instances of its queue due before it, up to 10,000 (waiting, fair share);
+	// AheadOtherKeys those of them of another fairness key than FairnessKey, its own (fair
+	// share).
+	Ahead          int64
+	AheadOtherKeys int64
+	FairnessKey    string
 }
 
 // ExplainPause is what pauses an instance: Kind "instance", "queue" or "machine".

@@ -65,6 +65,18 @@ func TestMigrateCreatesTheSchema(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, latest)
 	require.NotContains(t, out, "pending:")
+
+	// From a schema the libraries before this one run against, the contract migrations wait for
+	// a second run.
+	code, _, errOut = runCLI(t, "migrate", "--database-url", durabledbtest.URL(t), "--schema", schema, "--target", "9")
+	require.Equal(t, 0, code, errOut)
+	code, out, errOut = runCLI(t, "migrate", "--database-url", durabledbtest.URL(t), "--schema", schema)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, fmt.Sprintf("is at version %d", durablemigrate.Required))
+	require.Contains(t, out, "run gendurable migrate again once every node runs this library")
+	code, out, errOut = runCLI(t, "migrate", "--database-url", durabledbtest.URL(t), "--schema", schema)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, latest)
 }
 
 // The benchmark in miniature: every available scenario runs and reports the fields it must.
@@ -72,7 +84,7 @@ func TestBenchSmoke(t *testing.T) {
 	code, out, errOut := runCLI(t, "bench", "--database-url", durabledbtest.URL(t), "--schema", "t_cli_bench", "--n", "300", "--json")
 	require.Equal(t, 0, code, errOut)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	require.Len(t, lines, 10)
+	require.Len(t, lines, 11)
 	want := map[string][]string{
 		"jobs":           {"insert_per_s", "work_per_s"},
 		"chain":          {"steps_per_s"},
@@ -83,6 +95,7 @@ func TestBenchSmoke(t *testing.T) {
 		"signal":         {"steps_per_s", "p50_ms", "p99_ms"},
 		"fanout":         {"steps_per_s"},
 		"gated":          {"insert_per_s", "work_per_s"},
+		"fair":           {"insert_per_s", "work_per_s"},
 		"rated":          {"insert_per_s", "work_per_s"},
 	}
 	for _, l := range lines {

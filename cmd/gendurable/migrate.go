@@ -18,7 +18,8 @@ func runMigrate(ctx context.Context, args []string, out io.Writer) error {
 	var db dbFlags
 	db.register(fs, "gendurable")
 	print := fs.Bool("print", false, "print the SQL of each pending step instead of applying it (for your own migration tool)")
-	target := fs.Int("target", durablemigrate.Version, "the version to migrate to, up or down")
+	target := fs.Int("target", durablemigrate.Version, "the version to migrate to, up or down (default: the newest, but an existing schema older than "+
+		fmt.Sprint(durablemigrate.Required)+" stops there, and a second run, once every node runs this library, goes on)")
 	from := fs.Int("from", -1, "with --print: the schema's version, instead of reading it from the database (0: no schema yet)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -29,6 +30,8 @@ func runMigrate(ctx context.Context, args []string, out io.Writer) error {
 	if *from >= 0 && !*print {
 		return fmt.Errorf("--from only applies to --print")
 	}
+	explicit := false
+	fs.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "target" })
 	current := *from
 	if current < 0 {
 		pool, closeDB, err := db.open(ctx, false, os.Stderr)
@@ -41,6 +44,9 @@ func runMigrate(ctx context.Context, args []string, out io.Writer) error {
 			return err
 		}
 		current = st.Version
+		if !explicit {
+			*target = durablemigrate.DefaultTarget(current)
+		}
 		steps, err := durablemigrate.Plan(current, *target)
 		if err != nil {
 			return err
@@ -54,6 +60,10 @@ func runMigrate(ctx context.Context, args []string, out io.Writer) error {
 				return err
 			}
 			fmt.Fprintf(out, "schema %q is at version %d\n", db.schema, *target)
+			if !explicit && *target < durablemigrate.Version {
+				fmt.Fprintf(out, "versions %d to %d remove what libraries before this one read: "+
+					"run gendurable migrate again once every node runs this library\n", *target+1, durablemigrate.Version)
+			}
 			return nil
 		}
 	}

@@ -131,6 +131,7 @@ func scenarios() []scenario {
 		{name: "signal", defaultN: 5000, summary: "N instances parked on Await, each signalled (4 senders at once); time from the Signal call to the woken step's start", run: runSignal},
 		{name: "fanout", defaultN: 20000, summary: "one parent spawning N one-step children in another queue, then joining", run: runFanout},
 		{name: "gated", defaultN: 50000, summary: "jobs, each under one gate key whose limit (100,000 over 8 shards) never binds: the admission cost", run: runGated},
+		{name: "fair", defaultN: 50000, summary: "jobs, spread over 10,000 fairness keys (InsertOpts.FairnessKey, the key of job i is i mod 10,000): the fair order's cost", run: runFair},
 		{name: "rated", defaultN: 50000, summary: "jobs, each under one rate limit that never binds (10 million a second): the admission cost", run: runRated},
 		{name: "soak", named: true, summary: "a constant load (--rate, default 1,000/s) for --duration (default 1h) with GC at --retention; a report every --window (default 1m): work rate, pickup p50/p99, the instances table's sizes, live and dead tuples, autovacuum runs, GC deletions, lock waits", run: runSoak},
 		{name: "cron", defaultN: 1000, named: true, summary: "N schedules firing every second for --duration (default 10 s) on one node that runs no queue; work/s = fires/s, latency = fire lag (fire time to the insert's commit), db_ms_per_fire", run: runCron},
@@ -361,21 +362,35 @@ func finishedCounter(n *atomic.Int64) func(gendurable.Event) {
 type noArgs struct{}
 
 func runJobs(ctx context.Context, r *runner, n int) (Result, error) {
-	return jobs(ctx, r, n, nil)
+	return jobs(ctx, r, n, func(int) *gendurable.InsertOpts { return nil })
 }
 
 // runGated is jobs with every job under one gate key whose limit never binds.
 func runGated(ctx context.Context, r *runner, n int) (Result, error) {
 	r.limits = map[string]gendurable.ConcurrencyLimit{"gate": {Limit: 100_000, Shards: 8}}
 	defer func() { r.limits = nil }()
-	return jobs(ctx, r, n, &gendurable.InsertOpts{ConcurrencyKey: "gate:bench"})
+	return jobs(ctx, r, n, func(int) *gendurable.InsertOpts { return &gendurable.InsertOpts{ConcurrencyKey: "gate:bench"} })
+}
+
+// fairKeys is how many fairness keys the fair scenario spreads its jobs over.
+const fairKeys = 10_000
+
+// runFair is jobs spread over fairKeys fairness keys.
+func runFair(ctx context.Context, r *runner, n int) (Result, error) {
+	keys := make([]string, fairKeys)
+	for i := range keys {
+		keys[i] = fmt.Sprint("tenant-", i)
+	}
+	return jobs(ctx, r, n, func(i int) *gendurable.InsertOpts {
+		return &gendurable.InsertOpts{FairnessKey: keys[i%fairKeys]}
+	})
 }
 
 // runRated is jobs with every job under one rate limit that never binds.
 func runRated(ctx context.Context, r *runner, n int) (Result, error) {
 	r.rates = map[string]gendurable.Rate{"rate": {Allowed: 10_000_000, Period: time.Second, Burst: 1_000_000}}
 	defer func() { r.rates = nil }()
-	return jobs(ctx, r, n, &gendurable.InsertOpts{RateLimit: "rate:bench"})
+	return jobs(ctx, r, n, func(int) *gendurable.InsertOpts { return &gendurable.InsertOpts{RateLimit: "rate:bench"} })
 }
 
 // noopJob is the jobs scenario's machine.
@@ -383,8 +398,8 @@ func noopJob() gendurable.Job[noArgs] {
 	return gendurable.Job[noArgs]{Name: "noop", Queue: "bench", Perform: func(*gendurable.Ctx, noArgs) error { return nil }}
 }
 
-// jobs inserts n no-op jobs with opts and works them.
-func jobs(ctx context.Context, r *runner, n int, opts *gendurable.InsertOpts) (Result, error) {
+// jobs inserts n no-op jobs, job i with opts(i), and works them.
+func jobs(ctx context.Context, r *runner, n int, opts func(i int) *gendurable.InsertOpts) (Result, error) {
 	job := noopJob()
 	var finished atomic.Int64
 	cs, err := r.cluster([]gendurable.Machine{job}, finishedCounter(&finished))
@@ -394,7 +409,7 @@ func jobs(ctx context.Context, r *runner, n int, opts *gendurable.InsertOpts) (R
 	cl := cs[0]
 	params := make([]gendurable.InsertManyParams, n)
 	for i := range params {
-		params[i] = gendurable.InsertManyParams{Input: job.With(noArgs{}), Opts: opts}
+		params[i] = gendurable.InsertManyParams{Input: job.With(noArgs{}), Opts: opts(i)}
 	}
 	t0 := time.Now()
 	for i := 0; i < n; i += 1000 {

@@ -59,6 +59,9 @@ const (
 	// instances that wake each other with signals sent in their steps' transactions, through a
 	// gate, each step recording its effect in its own transaction.
 	machinesHA = "ha"
+	// machinesFair: fairjob (fairness_test.go), queue of the insert: a job that sleeps StepMS,
+	// under the client's FairWeights.
+	machinesFair = "fair"
 )
 
 // workerCfg configures a worker process. Durations are in milliseconds; a zero ReaperMS or GCMS
@@ -105,6 +108,8 @@ type workerCfg struct {
 	OwnSchedules                       int
 	SharedSchedules                    []string
 	ScheduleEveryMS, ScheduleCatchUpMS int
+	// FairWeights are the client's fairness weights (Config.FairnessWeights).
+	FairWeights map[string]float64
 	// Inserters (fast set): this many goroutines insert solo instances with Insert, so that the
 	// worker's own Insert claims them, until SIGUSR1; the worker then prints "inserted <n>"
 	// (fastWorker.insertLoop).
@@ -428,6 +433,8 @@ func workerMain(cfgJSON string) int {
 	case machinesHA:
 		ha = &haWorker{cfg: cfg}
 		machines = ha.machines()
+	case machinesFair:
+		machines = []gendurable.Machine{fairJob(ms(cfg.StepMS))}
 	default:
 		return fail(fmt.Errorf("unknown machine set %q", cfg.Machines))
 	}
@@ -451,13 +458,14 @@ func workerMain(cfgJSON string) int {
 	}
 	c := &gendurable.Config{
 		Name: cfg.Name, Schema: cfg.Schema, Machines: machines, Queues: queues,
-		Lease:        ms(cfg.LeaseMS),
-		Heartbeat:    ms(cfg.HeartbeatMS),
-		PollInterval: ms(cfg.PollMS),
-		Reaper:       &gendurable.ReaperConfig{Disabled: cfg.ReaperMS == 0, Interval: ms(cfg.ReaperMS)},
-		GC:           &gendurable.GCConfig{Disabled: cfg.GCMS == 0, Interval: ms(cfg.GCMS), Retention: ms(cfg.RetentionMS)},
-		Hooks:        []func(gendurable.Event){counts.hook},
-		Logger:       slog.New(logs),
+		Lease:           ms(cfg.LeaseMS),
+		Heartbeat:       ms(cfg.HeartbeatMS),
+		PollInterval:    ms(cfg.PollMS),
+		Reaper:          &gendurable.ReaperConfig{Disabled: cfg.ReaperMS == 0, Interval: ms(cfg.ReaperMS)},
+		GC:              &gendurable.GCConfig{Disabled: cfg.GCMS == 0, Interval: ms(cfg.GCMS), Retention: ms(cfg.RetentionMS)},
+		Hooks:           []func(gendurable.Event){counts.hook},
+		Logger:          slog.New(logs),
+		FairnessWeights: cfg.FairWeights,
 	}
 	if cfg.Poke == "postgres" {
 		c.Poke = gendurable.PokePostgres()

@@ -75,7 +75,9 @@ type Config struct {
 	// Gates is the concurrency-gate configuration (nil or empty: every key is K = 1).
 	Gates *store.Gates
 	// Rates is the rate-limit configuration (nil or empty: none).
-	Rates  *store.Rates
+	Rates *store.Rates
+	// Fair are the fairness weights (nil: every key weighs 1).
+	Fair   *store.FairWeights
 	Logger *slog.Logger
 	Hooks  []func(durabletype.Event)
 	// Committers is how many outcome statements may be in flight at once: they take turns, and
@@ -105,6 +107,9 @@ func StatementTimeout(lease time.Duration) time.Duration {
 // on it, short enough that a node that has it (after a deploy) is not kept waiting.
 const unknownDelay = 5 * time.Second
 
+// FairWeight returns the weight the configuration gives a fairness key.
+func (e *Engine) FairWeight(key string) float64 { return e.cfg.Fair.Of(key) }
+
 // Engine is one client's runtime.
 type Engine struct {
 	cfg    Config
@@ -123,9 +128,12 @@ type Engine struct {
 	// inFlight counts steps executing now (dispatched, outcome not yet handed off).
 	inFlight atomic.Int64
 
-	runners   map[string]*runner // one per configured queue; written only by New
-	versions  *store.Versions    // the machines registered at a version above 1 (the picks claim up to it)
-	upgrading atomic.Bool        // a bulk-upgrade request is being worked (serveUpgrades)
+	runners map[string]*runner // one per configured queue; written only by New
+	// fairOrder holds, per queue picked, whether it is picked with the fair scan (*atomic.Bool;
+	// see pickOnce).
+	fairOrder sync.Map
+	versions  *store.Versions // the machines registered at a version above 1 (the picks claim up to it)
+	upgrading atomic.Bool     // a bulk-upgrade request is being worked (serveUpgrades)
 	poker     atomic.Pointer[PokeConn]
 	awaits    *awaiter
 	commits   *commitWatch // rows of InsertTx waiting for their transaction's commit

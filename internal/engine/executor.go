@@ -103,6 +103,7 @@ func (e *Engine) execute(ctx context.Context, db store.DB, queue string, c *stor
 			InstanceID: c.ID, Attempt: c.Attempt, Err: out.Cause, Panic: out.Panic})
 	}
 	out.Fence(c)
+	out.WeighFair(e.cfg.Fair)
 	return out, call
 }
 

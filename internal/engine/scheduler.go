@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -333,10 +334,17 @@ const pickContentionRetries = 10
 
 // pickOnce runs the pick, retrying a lost race for a concurrency key or gate slot a few times
 // (concurrency.contended), and reports throttling (concurrency.throttled).
+//
+// A queue is picked with the plain scan until a pick that does not fill its batch finds that the
+// queue holds rows with a fair tag (a plain pick claims nothing from such a queue); then with the
+// fair scan, until a fair pick claims no row with a fairness key (store: pick.sql).
 func (e *Engine) pickOnce(ctx context.Context, db store.DB, queue string, n int, owner string, horizon time.Duration, hint store.Hint, lane store.Lane) ([]store.Claimed, error) {
+	mode := e.fairMode(queue)
 	for try := 1; ; try++ {
+		fair := mode.Load()
 		res, err := e.store.Pick(ctx, db, queue, n, owner, store.PickOpts{Lease: e.cfg.Lease, Horizon: horizon,
-			Gates: e.cfg.Gates, Rates: e.cfg.Rates, Versions: e.versions, PausedMachines: e.pausedMachines(), Hint: hint, Lane: lane})
+			Gates: e.cfg.Gates, Rates: e.cfg.Rates, Versions: e.versions, PausedMachines: e.pausedMachines(),
+			Fair: e.cfg.Fair, FairOrder: fair, Hint: hint, Lane: lane})
 		if err != nil {
 			if store.GateContention(err) && try <= pickContentionRetries {
 				e.Emit(durabletype.Event{Name: durabletype.EventConcurrencyContended, Queue: queue, Err: err})
@@ -361,8 +369,34 @@ func (e *Engine) pickOnce(ctx context.Context, db store.DB, queue string, n int,
 		for i := range res.Rows {
 			res.Rows[i].Owner = owner
 		}
+		switch {
+		case fair && !slices.ContainsFunc(res.Rows, func(c store.Claimed) bool { return c.FairKey != nil }):
+			mode.Store(false)
+		case !fair && len(res.Rows) < n:
+			tagged, err := e.store.QueueTagged(ctx, db, queue)
+			if err != nil {
+				// The rows are claimed: run them; the next pick asks again.
+				e.log.Warn("gendurable: fair order probe failed", "queue", queue, "err", err)
+				break
+			}
+			if tagged {
+				mode.Store(true)
+				if len(res.Rows) == 0 {
+					continue // the plain scan claimed nothing: pick fairly at once
+				}
+			}
+		}
 		return res.Rows, nil
 	}
+}
+
+// fairMode returns whether queue is picked with the fair scan (see pickOnce).
+func (e *Engine) fairMode(queue string) *atomic.Bool {
+	if m, ok := e.fairOrder.Load(queue); ok {
+		return m.(*atomic.Bool)
+	}
+	m, _ := e.fairOrder.LoadOrStore(queue, new(atomic.Bool))
+	return m.(*atomic.Bool)
 }
 
 // dispatch hands a pick's rows to the executors; their slots were taken before the pick. The

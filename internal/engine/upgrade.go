@@ -54,6 +54,7 @@ func (e *Engine) admit(c *store.Claimed) (out store.Outcome, blocked error, ok b
 		}
 		out := store.Outcome{Kind: store.KindUpgrade, Step: step, State: state, Version: def.version()}
 		out.Fence(c)
+		out.WeighFair(e.cfg.Fair)
 		// An upgrade is not a run: the pick's claim is handed back (its attempt restored) and
 		// the gate slot with it.
 		return out, nil, false

@@ -39,7 +39,8 @@ type ExplainRow struct {
 	GateHeld, GateCapacity, GateN        int64
 	GateHolders                          []int64
 	Bucket                               *[3]float64 // tokens now, rate, burst; nil: no bucket row
-	Ahead                                int64
+	Ahead, AheadOtherKeys                int64
+	FairKey                              *string
 }
 
 // TxBeginner begins transactions with options (a pool).
@@ -57,7 +58,7 @@ func (s *Store) Explain(ctx context.Context, db TxBeginner, id int64) (*ExplainR
 		err := tx.QueryRow(ctx, s.sql("explain_row"), pgx.NamedArgs{"id": id}).Scan(&status, &r.Queue, &r.Machine, &r.Step,
 			&r.Priority, &r.ScheduledAt, &r.Attempt, &r.LastError, &r.LastErrorAttempt, &r.AwaitNames, &r.AwaitDeadline,
 			&r.PendingChildren, &r.SpawnWave, &r.LockedBy, &r.LockedUntil, &r.UpdatedAt, &r.PausedAt, &r.ConcurrencyKey,
-			&r.RateLimit, &r.Weight, &r.MachineVersion, &r.Now, &r.QueuePauseReason, &r.QueuePauseAt,
+			&r.RateLimit, &r.Weight, &r.MachineVersion, &r.FairKey, &r.Now, &r.QueuePauseReason, &r.QueuePauseAt,
 			&r.MachinePauseReason, &r.MachinePauseAt)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("%w: id %d", durabletype.ErrNotFound, id)
@@ -94,7 +95,7 @@ func (s *Store) Explain(ctx context.Context, db TxBeginner, id int64) (*ExplainR
 				return err
 			}
 		}
-		return tx.QueryRow(ctx, s.sql("explain_ahead"), pgx.NamedArgs{"id": id}).Scan(&r.Ahead)
+		return tx.QueryRow(ctx, s.sql("explain_ahead"), pgx.NamedArgs{"id": id}).Scan(&r.Ahead, &r.AheadOtherKeys)
 	})
 	if err != nil {
 		return nil, err

@@ -27,6 +27,15 @@ type InsertRow struct {
 	Weight         int
 	// MachineVersion is the version of the machine the row starts at (0 is 1).
 	MachineVersion int
+	// FairKey is the row's fairness key ("" for none) and FairWeight the key's weight (0 is 1):
+	// a row due at once with a key gets its place in its queue's fair order.
+	FairKey    string
+	FairWeight float64
+}
+
+// fairNow reports whether r gets a fair tag as it is inserted: it has a key and is due at once.
+func (r *InsertRow) fairNow() bool {
+	return r.FairKey != "" && r.ScheduledAt == nil && r.Delay <= 0
 }
 
 func (r *InsertRow) version() int { return max(r.MachineVersion, 1) }
@@ -38,9 +47,10 @@ type Inserted struct {
 }
 
 // Runnable reports whether an Insert of r may be claimed by its own client as it is inserted
-// (InsertClaim): no correlation key, concurrency key or rate limit, and due now.
+// (InsertClaim): no correlation key, concurrency key, rate limit or fairness key, and due now.
 func (r *InsertRow) Runnable() bool {
-	return r.CorrelationKey == "" && r.ConcurrencyKey == "" && r.RateLimit == "" && r.ScheduledAt == nil && r.Delay == 0
+	return r.CorrelationKey == "" && r.ConcurrencyKey == "" && r.RateLimit == "" && r.FairKey == "" &&
+		r.ScheduledAt == nil && r.Delay == 0
 }
 
 // InsertClaim inserts one row (r.Runnable() must hold) claimed for owner with a lease, unless a
@@ -111,6 +121,10 @@ func (s *Store) insertRound(ctx context.Context, db DB, in []InsertRow, idx []in
 	rates := make([]*string, n)
 	weights := make([]int32, n)
 	versions := make([]int32, n)
+	fairKeys := make([]*string, n)
+	fairRanks := make([]*int32, n)
+	fairWeights := make([]float64, n)
+	var ranks fairRankings
 	for j, i := range idx {
 		r := &in[i]
 		st, err := s.sealDocText(r.State)
@@ -131,15 +145,34 @@ func (s *Store) insertRound(ctx context.Context, db DB, in []InsertRow, idx []in
 		}
 		weights[j] = int32(max(r.Weight, 1))
 		versions[j] = int32(r.version())
+		fairWeights[j] = 1
+		if r.FairKey != "" {
+			fairKeys[j] = &in[i].FairKey
+			if r.FairWeight > 0 {
+				fairWeights[j] = r.FairWeight
+			}
+		}
+		if r.fairNow() {
+			fairRanks[j] = ranks.next(r.Queue, r.Priority, r.FairKey)
+		}
 	}
 	var rows pgx.Rows
 	var err error
 	if n == 1 {
-		rows, err = db.Query(ctx, s.sql("insert_one"), machines[0], steps[0], states[0], queues[0], prios[0], sched[0],
-			delays[0], maxAtt[0], keys[0], masks[0], ords[0], ckeys[0], rates[0], weights[0], versions[0])
+		stmt := "insert_one"
+		if fairRanks[0] != nil {
+			stmt = "insert_one_fair"
+		}
+		rows, err = db.Query(ctx, s.sql(stmt), machines[0], steps[0], states[0], queues[0], prios[0], sched[0],
+			delays[0], maxAtt[0], keys[0], masks[0], ords[0], ckeys[0], rates[0], weights[0], versions[0],
+			fairKeys[0], fairRanks[0], fairWeights[0])
 	} else {
-		rows, err = db.Query(ctx, s.sql("insert_many"), machines, steps, states, queues, prios, sched, delays, maxAtt,
-			keys, masks, ords, ckeys, rates, weights, versions)
+		stmt := "insert_many"
+		if ranks != nil {
+			stmt = "insert_many_fair"
+		}
+		rows, err = db.Query(ctx, s.sql(stmt), machines, steps, states, queues, prios, sched, delays, maxAtt,
+			keys, masks, ords, ckeys, rates, weights, versions, fairKeys, fairRanks, fairWeights)
 	}
 	if err != nil {
 		return nil, err

@@ -92,6 +92,11 @@ type Outcome struct {
 	Weight    int
 	// Version is the machine version an upgrade brings the row to (upgrade).
 	Version int
+	// FairSet makes FairKey the row's fairness key (next). FairWeight is the weight of the row's
+	// key after the outcome (0 is 1): set by the caller when the row has a key.
+	FairSet    bool
+	FairKey    string
+	FairWeight float64
 	// ErrKind and ErrMsg, when ErrKind is not empty, are recorded in the row's error history.
 	ErrKind string
 	ErrMsg  string
@@ -113,6 +118,41 @@ type Outcome struct {
 	// Credit is the gate slot the execution held, which the outcome gives back (nil: none, or
 	// the slot goes back to a gate lease instead).
 	Credit *GateSlot
+	// Queue, Priority and Fair are the row's queue, priority and fairness key ("" for none) as
+	// claimed, for its place in the fair order.
+	Queue    string
+	Priority int
+	Fair     string
+}
+
+// fairKey returns the row's fairness key after the outcome ("" for none).
+func (o *Outcome) fairKey() string {
+	if o.FairSet {
+		return o.FairKey
+	}
+	return o.Fair
+}
+
+// WeighFair sets FairWeight to the weight f gives the row's fairness key after the outcome.
+func (o *Outcome) WeighFair(f *FairWeights) {
+	if k := o.fairKey(); k != "" {
+		o.FairWeight = f.Of(k)
+	}
+}
+
+// fairNow reports whether the outcome makes the row runnable at once with a fairness key: it then
+// gets a new place in its queue's fair order.
+func (o *Outcome) fairNow() bool {
+	if o.fairKey() == "" || o.Delay > 0 {
+		return false
+	}
+	switch o.Kind {
+	case KindNext, KindRetry, KindReleased, KindUpgrade:
+		return true
+	case KindSpawn:
+		return len(o.Children) == 0
+	}
+	return false
 }
 
 // Fence makes o apply to c's claim, with what c's row held: its inbox, parent and gate slot.
@@ -120,6 +160,10 @@ type Outcome struct {
 func (o *Outcome) Fence(c *Claimed) {
 	o.Claim = Claim{ID: c.ID, Owner: c.Owner}
 	o.Signalled, o.Child, o.Credit = c.Signalled, c.Child, c.Slot()
+	o.Queue, o.Priority, o.Fair = c.Queue, c.Priority, ""
+	if c.FairKey != nil {
+		o.Fair = *c.FairKey
+	}
 	o.Seen = nil
 	if o.Kind.Progress() {
 		for _, s := range c.Inbox {
@@ -200,6 +244,11 @@ func (s *Store) ApplyOutcomesProbing(ctx context.Context, db DB, outs []Outcome,
 	crKeys := make([]*string, n)
 	crShards := make([]*int16, n)
 	versions := make([]int32, n)
+	fairSets := make([]bool, n)
+	fairKeys := make([]*string, n)
+	fairRanks := make([]*int32, n)
+	fairWeights := make([]float64, n)
+	var ranks fairRankings
 	credits := false
 	var seenInst, seenSig, purge, parked, spawners []int64
 	var children childArrays
@@ -245,6 +294,16 @@ func (s *Store) ApplyOutcomesProbing(ctx context.Context, db DB, outs []Outcome,
 		if o.Credit != nil {
 			crKeys[i], crShards[i], credits = &o.Credit.Key, &o.Credit.Shard, true
 		}
+		fairSets[i], fairWeights[i] = o.FairSet, 1
+		if o.FairSet && o.FairKey != "" {
+			fairKeys[i] = &o.FairKey
+		}
+		if o.FairWeight > 0 {
+			fairWeights[i] = o.FairWeight
+		}
+		if o.fairNow() {
+			fairRanks[i] = ranks.next(o.Queue, o.Priority, o.fairKey())
+		}
 		switch o.Kind {
 		case KindDone, KindFailed:
 			isTerminal[id] = true
@@ -279,15 +338,20 @@ func (s *Store) ApplyOutcomesProbing(ctx context.Context, db DB, outs []Outcome,
 		"results": results, "err_kinds": errKinds, "err_msgs": errMsgs, "await_names": awaitNames,
 		"await_ms": awaitMs, "spawned": spawned, "key_changes": keyChanges, "ckeys": keys,
 		"rate_limits": rateLimits, "weights": weights, "cr_keys": crKeys, "cr_shards": crShards,
-		"versions": versions,
+		"versions": versions, "fair_sets": fairSets, "fair_keys": fairKeys, "fair_ranks": fairRanks,
+		"fair_weights": fairWeights,
+	}
+	update := "outcome_update"
+	if ranks != nil || slices.Contains(fairSets, true) {
+		update = "outcome_update_fair"
 	}
 	var stmt string
 	plain := len(seenSig) == 0 && len(spawners) == 0 && !settles && !credits
 	if plain {
-		stmt = s.frag("outcome_update") // the hot path: one plain UPDATE
+		stmt = s.frag(update) // the hot path: one plain UPDATE
 	} else {
 		var b strings.Builder
-		b.WriteString("WITH upd AS (\n" + s.frag("outcome_update") + "\n)")
+		b.WriteString("WITH upd AS (\n" + s.frag(update) + "\n)")
 		if len(seenSig) > 0 {
 			b.WriteString(",\nconsumed AS (\n" + s.frag("outcome_consume") + "\n)")
 			args["seen_inst"], args["seen_sig"] = seenInst, seenSig
@@ -552,6 +616,7 @@ type childArrays struct {
 	rate        []*string
 	weight      []int32
 	version     []int32
+	fairKey     []*string
 }
 
 func (c *childArrays) add(s *Store, parent int64, rows []InsertRow) error {
@@ -588,6 +653,11 @@ func (c *childArrays) add(s *Store, parent int64, rows []InsertRow) error {
 		c.rate = append(c.rate, rate)
 		c.weight = append(c.weight, int32(max(r.Weight, 1)))
 		c.version = append(c.version, int32(r.version()))
+		var fk *string
+		if r.FairKey != "" {
+			fk = &r.FairKey
+		}
+		c.fairKey = append(c.fairKey, fk)
 	}
 	return nil
 }
@@ -597,6 +667,7 @@ func (c *childArrays) into(args pgx.NamedArgs) {
 	args["c_queue"], args["c_priority"], args["c_scheduled_at"], args["c_delay"] = c.queue, c.priority, c.scheduledAt, c.delay
 	args["c_max_attempts"], args["c_key"], args["c_ord"], args["c_ckey"] = c.maxAttempts, c.key, c.ord, c.ckey
 	args["c_rate"], args["c_weight"], args["c_version"] = c.rate, c.weight, c.version
+	args["c_fair_key"] = c.fairKey
 }
 
 // maxErrorText caps the error text recorded in an instance's history.

@@ -40,6 +40,9 @@ type Claimed struct {
 	ConcurrencyShard *int16
 	// RateLimit is the rate limit the claim was granted under (nil: none).
 	RateLimit *string
+	// Queue is the row's queue; FairKey its fairness key (nil: none).
+	Queue   string
+	FairKey *string
 	// Owner is the claim token the pick set (filled in by the caller).
 	Owner string
 	// MachineVersion is the version of its machine the row was last brought to.
@@ -107,6 +110,76 @@ func (g *Gates) configured() bool { return g != nil && len(g.Names) > 0 }
 
 func (r *Rates) configured() bool { return r != nil && len(r.Names) > 0 }
 
+// FairWeights are the fairness weights a client configures (parallel slices): a key's share of a
+// queue is its weight over the sum of the weights of the keys with runnable rows. Any other key,
+// and the rows without a key (which share as one), weigh Default.
+type FairWeights struct {
+	Keys    []string
+	Weights []float64
+	Default float64
+	by      map[string]float64
+}
+
+// NewFairWeights returns the weights of m, and def (1 if not above 0) for any other key.
+func NewFairWeights(m map[string]float64, def float64) *FairWeights {
+	if def <= 0 {
+		def = 1
+	}
+	f := &FairWeights{Keys: []string{}, Weights: []float64{}, Default: def, by: make(map[string]float64, len(m))}
+	for k, w := range m {
+		f.Keys, f.Weights = append(f.Keys, k), append(f.Weights, w)
+		f.by[k] = w
+	}
+	return f
+}
+
+// Of returns key's weight ("" is the rows without a key).
+func (f *FairWeights) Of(key string) float64 {
+	if f == nil {
+		return 1
+	}
+	if w, ok := f.by[key]; ok && key != "" {
+		return w
+	}
+	if f.Default > 0 {
+		return f.Default
+	}
+	return 1
+}
+
+// fairRankings numbers the rows one statement makes runnable at once with a fairness key, per
+// queue, priority and key, from 1: rows of one key in one statement take consecutive places in
+// the fair order (insert.sql's fair_base). The zero value is ready to use.
+type fairRankings map[fairGroup]int32
+
+type fairGroup struct {
+	queue    string
+	priority int
+	key      string
+}
+
+// next returns the next rank of key's rows in queue at priority.
+func (r *fairRankings) next(queue string, priority int, key string) *int32 {
+	if *r == nil {
+		*r = fairRankings{}
+	}
+	g := fairGroup{queue, priority, key}
+	(*r)[g]++
+	rank := (*r)[g]
+	return &rank
+}
+
+func (f *FairWeights) args() ([]string, []float64, float64) {
+	if f == nil {
+		return []string{}, []float64{}, 1
+	}
+	keys, weights := f.Keys, f.Weights
+	if keys == nil {
+		keys, weights = []string{}, []float64{}
+	}
+	return keys, weights, f.Of("")
+}
+
 // pickVariant is one pick statement, as the list of pick.sql's fragments it is made of (see the
 // shape at the top of pick.sql). A filter "a OR b" passes a row that either fragment passes.
 type pickVariant struct {
@@ -161,21 +234,29 @@ var pickVariants = map[string]pickVariant{
 	},
 }
 
-// pickTemplates writes each variant as a statement of fragment splices, for New to expand: once
-// with rows due now, and once ("_horizon") with rows due within a horizon (the test kit's Drain).
+// pickTemplates writes each variant as a statement of fragment splices, for New to expand: with
+// the plain scan and ("_fair") the fair one (see pick.sql), each once with rows due now and once
+// ("_horizon") with rows due within a horizon (the test kit's Drain).
 func pickTemplates() map[string]string {
-	out := make(map[string]string, 2*len(pickVariants))
+	out := make(map[string]string, 4*len(pickVariants))
 	for name, v := range pickVariants {
-		out[name] = pickTemplate(v, "due")
-		out[name+"_horizon"] = pickTemplate(v, "due_within_horizon")
+		for _, fair := range []bool{false, true} {
+			n := name
+			if fair {
+				n += "_fair"
+			}
+			out[n] = pickTemplate(v, "due", fair)
+			out[n+"_horizon"] = pickTemplate(v, "due_within_horizon", fair)
+		}
 	}
 	return out
 }
 
-// pickTemplate writes one variant whose scan tests due rows with the fragment due.
-func pickTemplate(v pickVariant, due string) string {
+// pickTemplate writes one variant whose scan tests due rows with the fragment due, with the plain
+// scan or the fair one.
+func pickTemplate(v pickVariant, due string, fair bool) string {
 	splice := func(name string) string { return "{{" + name + "}}" }
-	scan := splice("scan_begin") + "\n    AND " + splice(due)
+	tests := "\n        AND " + splice(due)
 	for _, f := range v.filters {
 		alts := strings.Split(f, " OR ")
 		for i, a := range alts {
@@ -185,9 +266,13 @@ func pickTemplate(v pickVariant, due string) string {
 		if len(alts) > 1 {
 			test = "(" + strings.Join(alts, " OR ") + ")"
 		}
-		scan += "\n    AND " + test
+		tests += "\n        AND " + test
 	}
-	scan += "\n" + splice("scan_end")
+	scan := splice("scan_plain_begin") + tests + "\n" + splice("scan_plain_end")
+	if fair {
+		// The tagged rows and the untagged ones, each under every test (see pick.sql).
+		scan = splice("scan_begin") + tests + "\n" + splice("scan_tagged_end") + tests + "\n" + splice("scan_end")
+	}
 	var ctes []string
 	for _, c := range v.config {
 		ctes = append(ctes, splice(c))
@@ -282,6 +367,11 @@ type PickOpts struct {
 	Versions *Versions
 	// PausedMachines are the machines whose rows the pick must leave alone.
 	PausedMachines []string
+	// Fair are the client's fairness weights (nil: every key weighs 1). FairOrder picks with the
+	// fair scan, for a queue that holds tagged rows (see QueueTagged); without it a pick claims
+	// nothing from such a queue.
+	Fair      *FairWeights
+	FairOrder bool
 	// Hint only makes an admission pick cheaper (see Hint); Lane makes it leaner still for a
 	// batch like the last one (see Lane).
 	Hint Hint
@@ -299,6 +389,7 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 	if o.Versions != nil {
 		args["mv_names"], args["mv_versions"] = o.Versions.Names, o.Versions.Versions
 	}
+	args["fw_keys"], args["fw_weights"], args["fw_default"] = o.Fair.args()
 	// The statement carries only the admission machinery the configuration can use.
 	gates, rates, hint, lane := o.Gates, o.Rates, o.Hint, o.Lane
 	hasGates, hasRates := gates.configured(), rates.configured()
@@ -316,6 +407,9 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 		stmt = "pick_gated"
 	case hasRates:
 		stmt = "pick_rated"
+	}
+	if o.FairOrder {
+		stmt += "_fair"
 	}
 	if o.Horizon != 0 {
 		// The test kit's Drain: rows scheduled up to the horizon are due (see pick.sql).
@@ -376,7 +470,8 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 		var version int32
 		if err := rows.Scan(&c.ID, &c.Machine, &c.Step, &c.State, &attempt, &maxAttempts, &priority,
 			&c.CorrelationKey, &c.InsertedAt, &c.AwaitNames, &c.Signalled, &inbox, &c.Child, &children,
-			&c.ConcurrencyKey, &c.ConcurrencyShard, &c.RateLimit, &version, &considered, &refused, &denied); err != nil {
+			&c.ConcurrencyKey, &c.ConcurrencyShard, &c.RateLimit, &version, &c.FairKey,
+			&considered, &refused, &denied); err != nil {
 			return PickResult{}, err
 		}
 		res.Considered, res.Refused, res.RateDenied = int(considered), int(refused), int(denied)
@@ -391,6 +486,7 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 				return PickResult{}, fmt.Errorf("decode inbox of %d: %w", c.ID, err)
 			}
 		}
+		c.Queue = queue
 		s.openClaim(&c)
 		out = append(out, c)
 	}
@@ -406,4 +502,12 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 	})
 	res.Rows = out
 	return res, nil
+}
+
+// QueueTagged reports whether queue holds runnable rows with a fair tag: a pick from it must use
+// the fair scan (PickOpts.FairOrder).
+func (s *Store) QueueTagged(ctx context.Context, db DB, queue string) (bool, error) {
+	var tagged bool
+	err := db.QueryRow(ctx, s.sql("pick_tagged"), pgx.NamedArgs{"queue": queue}).Scan(&tagged)
+	return tagged, err
 }

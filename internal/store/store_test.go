@@ -110,11 +110,13 @@ func everyPickClaimsByPrimaryKey(t *testing.T, size int) {
 		"g_names": []string{"g"}, "g_limits": []int32{100000}, "g_shards": []int32{8},
 		"r_names": []string{"r"}, "r_rates": []float64{1e7}, "r_bursts": []float64{1e7},
 		"g_hint": []string{"g:x"}, "r_hint": []string{"r"}, "l_key": "g:x", "l_shard": int16(0), "l_owner": "o", "lr_key": "r",
-		"mv_names": []string{"m"}, "mv_versions": []int32{2}, "paused_machines": []string{"other"}}
+		"mv_names": []string{"m"}, "mv_versions": []int32{2}, "paused_machines": []string{"other"},
+		"fw_keys": []string{"t"}, "fw_weights": []float64{2}, "fw_default": 1.0}
 	literal := map[string]string{"queue": "'q'", "limit": "100", "owner": "'o#1'", "lease": "60000", "horizon": "0",
 		"g_names": "'{g}'", "g_limits": "'{100000}'", "g_shards": "'{8}'", "r_names": "'{r}'", "r_rates": "'{1e7}'",
 		"r_bursts": "'{1e7}'", "g_hint": "'{g:x}'", "r_hint": "'{r}'", "l_key": "'g:x'", "l_shard": "0", "l_owner": "'o'", "lr_key": "'r'",
-		"mv_names": "'{m}'", "mv_versions": "'{2}'", "paused_machines": "'{other}'"}
+		"mv_names": "'{m}'", "mv_versions": "'{2}'", "paused_machines": "'{other}'",
+		"fw_keys": "'{t}'", "fw_weights": "'{2}'", "fw_default": "1"}
 	explain := func(settings, query string, args ...any) string {
 		t.Helper()
 		tx, err := pool.Begin(ctx)
@@ -136,7 +138,11 @@ func everyPickClaimsByPrimaryKey(t *testing.T, size int) {
 		}
 		return strings.Join(plan, "\n")
 	}
-	for _, stmt := range []string{"pick", "pick_gated", "pick_rated", "pick_admitted", "pick_leased", "pick_rate_lane"} {
+	var stmts []string
+	for _, name := range []string{"pick", "pick_gated", "pick_rated", "pick_admitted", "pick_leased", "pick_rate_lane"} {
+		stmts = append(stmts, name, name+"_fair") // the plain scan and the fair one
+	}
+	for _, stmt := range stmts {
 		settings := "pick_settings"
 		// The plan for these arguments (a custom plan), under the pick's settings.
 		plan := explain(settings, "EXPLAIN (COSTS OFF) "+s.sql(stmt), args)
@@ -196,6 +202,11 @@ func TestHotStatementsKeepTheirCachedPlan(t *testing.T) {
 		{"pick_leased", gates, nil, "g:l", "", Lane{Gate: &Lease{Key: "g:l", Shard: shard, Owner: "o"}}},
 		{"pick_rate_lane", nil, rates, "", "r:l", Lane{Rate: "r:l"}},
 	}
+	// The fair scan, in a queue of tagged rows.
+	fairRows := func(i int) []InsertRow {
+		return []InsertRow{{Machine: "m", Step: "s", State: "{}", Queue: "fair", Priority: 5, MaxAttempts: 1, Weight: 1,
+			FairKey: fmt.Sprint("t", i%3)}}
+	}
 	for i := range runs {
 		_, c, err := s.InsertClaim(ctx, db, &InsertRow{Machine: "m", Step: "s", State: "{}", Queue: "own", Priority: 5,
 			MaxAttempts: 1}, fmt.Sprintf("c#%d", i), time.Minute)
@@ -206,12 +217,18 @@ func TestHotStatementsKeepTheirCachedPlan(t *testing.T) {
 			_, err := s.InsertMany(ctx, db, []InsertRow{{Machine: "m", Step: "s", State: "{}", Queue: queue, Priority: 5,
 				MaxAttempts: 1, Weight: 1, ConcurrencyKey: p.ckey, RateLimit: p.rlimit}})
 			require.NoError(t, err, "insert %d", i)
+
 			res, err := s.Pick(ctx, db, queue, 10, fmt.Sprintf("o#%d", i), PickOpts{Lease: time.Minute, Gates: p.gates, Rates: p.rates, Lane: p.lane})
 			require.NoError(t, err, "%s %d", p.stmt, i)
 			require.Len(t, res.Rows, 1, p.stmt)
 		}
+		_, err = s.InsertMany(ctx, db, fairRows(i))
+		require.NoError(t, err, "fair insert %d", i)
+		res, err := s.Pick(ctx, db, "fair", 10, fmt.Sprintf("f#%d", i), PickOpts{Lease: time.Minute, FairOrder: true})
+		require.NoError(t, err, "pick_fair %d", i)
+		require.Len(t, res.Rows, 1, "pick_fair")
 	}
-	hot := []string{"insert_one", "insert_claim", "pick", "pick_gated", "pick_rated", "pick_admitted", "pick_leased", "pick_rate_lane"}
+	hot := []string{"insert_one", "insert_one_fair", "insert_claim", "pick", "pick_fair", "pick_gated", "pick_rated", "pick_admitted", "pick_leased", "pick_rate_lane"}
 	plans := map[string][2]int64{}
 	params := regexp.MustCompile(`@\w+|\$\d+`) // pgx sends named parameters as positional ones
 	rows, err := db.Query(ctx, `SELECT statement, generic_plans, custom_plans FROM pg_catalog.pg_prepared_statements`)
@@ -263,7 +280,7 @@ func TestPicksNeverReadDelayedRows(t *testing.T) {
 	require.NoError(t, err)
 	var indexPages int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT relpages FROM pg_class WHERE oid = $1::regclass`,
-		`"`+schema+`".instances_pick`).Scan(&indexPages))
+		`"`+schema+`".instances_ready`).Scan(&indexPages))
 	require.Greater(t, indexPages, 200, "the delayed rows fill the pick index")
 
 	// pages sums the buffers the plan's walks of the pick index touched.
@@ -272,7 +289,7 @@ func TestPicksNeverReadDelayedRows(t *testing.T) {
 		lines := strings.Split(explain, "\n")
 		n, walks := 0, 0
 		for i, line := range lines {
-			if !strings.Contains(line, "using instances_pick") {
+			if !strings.Contains(line, "using instances_pick") && !strings.Contains(line, "using instances_ready") {
 				continue
 			}
 			walks++
@@ -294,7 +311,8 @@ func TestPicksNeverReadDelayedRows(t *testing.T) {
 		return explainAnalyze(t, pool, "ANALYZE, BUFFERS, COSTS OFF", s.sql(stmt), args...)
 	}
 	plan := explain("pick", pgx.NamedArgs{"queue": "q", "limit": 100, "owner": "o#1", "lease": time.Minute.Milliseconds(),
-		"horizon": int64(0), "mv_names": []string{}, "mv_versions": []int32{}})
+		"horizon": int64(0), "mv_names": []string{}, "mv_versions": []int32{},
+		"fw_keys": []string{}, "fw_weights": []float64{}, "fw_default": 1.0})
 	require.Contains(t, plan, "Update on instances i (actual", "the pick ran:\n%s", plan)
 	require.Less(t, pages(plan), 60, "the pick read the delayed rows' pages:\n%s", plan)
 	claim := explain("insert_claim", "m", "s", "{}", "q", int16(9), 1, "o#1", int64(60000), 1)

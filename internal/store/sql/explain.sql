@@ -7,7 +7,7 @@
 SELECT i.status::text, i.queue, i.machine, i.step, i.priority, i.scheduled_at, i.attempt,
        i.errors -> -1 ->> 'error', coalesce((i.errors -> -1 ->> 'attempt')::int, 0), i.await_names,
        i.await_deadline, i.pending_children, i.spawn_wave, coalesce(i.locked_by, ''), i.locked_until,
-       i.updated_at, i.paused_at, i.concurrency_key, i.rate_limit, i.weight, i.machine_version, now(),
+       i.updated_at, i.paused_at, i.concurrency_key, i.rate_limit, i.weight, i.machine_version, i.fair_key, now(),
        qp.reason, qp.paused_at, mp.reason, mp.paused_at
 FROM {schema}.instances AS i
 LEFT JOIN {schema}.pauses AS qp ON qp.kind = 'queue' AND qp.name = i.queue
@@ -36,12 +36,39 @@ SELECT coalesce((SELECT sum(held) FROM {schema}.gates WHERE key = @key), 0),
 SELECT least(burst, tokens + rate * extract(epoch FROM now() - updated_at)), rate, burst
 FROM {schema}.buckets WHERE key = @key;
 
--- The due rows of a queue ahead of a row in the pick's order, up to 10,000 (a range of
--- instances_pick).
+-- The due rows of a queue ahead of a row in the pick's order, up to 10,000, and how many of them
+-- are of another fairness key than the row's: the due rows of more urgent priorities, and at its
+-- priority the tagged rows before it in tag order (for a row without a tag: every tagged row,
+-- and the untagged due rows before it in time order). Ranges of instances_ready, each bounded.
 -- name: explain_ahead
-SELECT count(*) FROM (
-  SELECT 1 FROM {schema}.instances AS a, {schema}.instances AS me
-  WHERE me.id = @id AND a.status = 'available' AND a.queue = me.queue AND a.scheduled_at <= now()
-    AND (a.priority, a.scheduled_at, a.id) < (me.priority, me.scheduled_at, me.id)
-    AND a.paused_at IS NULL
-  LIMIT 10000) AS ahead;
+SELECT count(*), count(*) FILTER (WHERE a.fair_key IS DISTINCT FROM me.fair_key)
+FROM {schema}.instances AS me,
+LATERAL (
+  SELECT y.fair_key FROM (
+    (SELECT u.fair_key
+     FROM generate_series(1, 9) AS p(priority),
+     LATERAL ((SELECT x.fair_key FROM {schema}.instances AS x
+               WHERE x.status = 'available' AND x.queue = me.queue AND x.priority = p.priority::smallint
+                 AND x.fair_tag IS NOT NULL AND x.paused_at IS NULL
+               LIMIT 10000)
+              UNION ALL
+              (SELECT x.fair_key FROM {schema}.instances AS x
+               WHERE x.status = 'available' AND x.queue = me.queue AND x.priority = p.priority::smallint
+                 AND x.fair_tag IS NULL AND x.scheduled_at <= now() AND x.paused_at IS NULL
+               LIMIT 10000)) AS u
+     WHERE p.priority < me.priority)
+    UNION ALL
+    (SELECT x.fair_key FROM {schema}.instances AS x
+     WHERE x.status = 'available' AND x.queue = me.queue AND x.priority = me.priority
+       AND x.fair_tag IS NOT NULL AND x.paused_at IS NULL
+       AND (me.fair_tag IS NULL OR (x.fair_tag, x.scheduled_at, x.id) < (me.fair_tag, me.scheduled_at, me.id))
+     LIMIT 10000)
+    UNION ALL
+    (SELECT x.fair_key FROM {schema}.instances AS x
+     WHERE me.fair_tag IS NULL AND x.status = 'available' AND x.queue = me.queue AND x.priority = me.priority
+       AND x.fair_tag IS NULL AND x.scheduled_at <= now() AND x.paused_at IS NULL
+       AND (x.scheduled_at, x.id) < (me.scheduled_at, me.id)
+     LIMIT 10000)
+  ) AS y
+  LIMIT 10000) AS a
+WHERE me.id = @id;

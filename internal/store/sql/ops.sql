@@ -63,7 +63,8 @@ RETURNING queue, status = 'available';
 DELETE FROM {schema}.signals WHERE instance_id = $1;
 
 -- Retry: a failed or cancelled instance becomes runnable again at step $2 with fresh attempts;
--- its state and error history stay.
+-- its state and error history stay. It joins its queue's fair order as a row due now without a
+-- tag (a row cancelled before it ran keeps the tag it had, which must not bring it forward).
 -- $1 id, $2 step.
 -- name: op_retry
 UPDATE {schema}.instances
@@ -76,6 +77,7 @@ SET status        = 'available',
     await_names   = NULL,
     await_deadline = NULL,
     finalized_at  = NULL,
+    fair_tag      = NULL,
     updated_at    = now()
 WHERE id = $1
   AND status IN ('failed', 'cancelled');

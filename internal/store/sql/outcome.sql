@@ -42,11 +42,49 @@
 -- (NULL: none); @spawned children count (spawn); @key_changes ('set' to @ckeys, 'release', or ''
 -- to keep the concurrency key);
 -- @rate_limits, @weights the next step's rate limit (next); @cr_keys, @cr_shards the gate slot the
--- execution held (see outcome_credit); @versions the machine version an upgrade brings the row to.
+-- execution held (see outcome_credit); @versions the machine version an upgrade brings the row to;
+-- @fair_sets, @fair_keys the fairness key a Next sets; @fair_ranks, @fair_weights the row's rank
+-- and its key's weight in the fair order (see fair_tag).
 
 -- fragment: outcome_update
 UPDATE {schema}.instances AS i
-SET status           = (CASE u.kind WHEN 'done' THEN 'done' WHEN 'failed' THEN 'failed' WHEN 'await' THEN 'awaiting'
+SET {{outcome_set}}
+FROM {{outcome_input}}
+{{outcome_match}}
+
+-- The same, for a batch with a fairness key to set or a fair tag to give (@fair_sets, @fair_keys,
+-- @fair_ranks, @fair_weights, joined by id): the other batches leave both columns as they are (the
+-- claim cleared the tag).
+-- fragment: outcome_update_fair
+UPDATE {schema}.instances AS i
+SET {{outcome_set}},
+    -- Next may set the fairness key. A row runnable at once with a key gets its place in its
+    -- queue's fair order (@fair_ranks, computed by the caller per queue, priority and key in the
+    -- batch; NULL: no tag, which every other row gets: see insert.sql's fair_base).
+    fair_key         = CASE WHEN fr.fair_set THEN fr.fair_key ELSE i.fair_key END,
+    fair_tag         = CASE WHEN fr.fair_rank IS NOT NULL THEN
+                         (SELECT {{fair_base(f)}} + fr.fair_rank / fr.fair_weight
+                          FROM (SELECT i.queue, i.priority,
+                                       CASE WHEN fr.fair_set THEN fr.fair_key ELSE i.fair_key END AS fair_key) AS f)
+                       END
+FROM {{outcome_input}}
+JOIN unnest(@ids::bigint[], @fair_sets::boolean[], @fair_keys::text[], @fair_ranks::integer[],
+            @fair_weights::double precision[]) AS fr(id, fair_set, fair_key, fair_rank, fair_weight) ON fr.id = u.id
+{{outcome_match}}
+
+-- The outcomes, one row each.
+-- fragment: outcome_input
+unnest(@ids::bigint[], @owners::text[], @kinds::text[], @steps::text[], @states::text[],
+            @delays::bigint[], @results::text[], @err_kinds::text[], @err_msgs::text[],
+            @await_names::text[], @await_ms::bigint[], @spawned::integer[], @key_changes::text[],
+            @ckeys::text[], @rate_limits::text[], @weights::integer[], @cr_keys::text[], @cr_shards::smallint[],
+            @versions::integer[])
+     AS u(id, owner, kind, step, state, delay_ms, result, err_kind, err_msg, await_names, await_ms, spawned,
+          key_change, ckey, rate_limit, weight, cr_key, cr_shard, version)
+
+-- The assignments of every outcome.
+-- fragment: outcome_set
+status           = (CASE u.kind WHEN 'done' THEN 'done' WHEN 'failed' THEN 'failed' WHEN 'await' THEN 'awaiting'
                                     WHEN 'spawn' THEN (CASE WHEN u.spawned > 0 THEN 'joining' ELSE 'available' END)
                                     ELSE 'available' END)::{schema}.status,
     step             = coalesce(u.step, i.step),
@@ -99,13 +137,9 @@ SET status           = (CASE u.kind WHEN 'done' THEN 'done' WHEN 'failed' THEN '
                             THEN (coalesce(i.path, '{}') || i.step)[greatest(cardinality(i.path) - 48, 1):]
                             ELSE i.path END,
     updated_at       = now()
-FROM unnest(@ids::bigint[], @owners::text[], @kinds::text[], @steps::text[], @states::text[],
-            @delays::bigint[], @results::text[], @err_kinds::text[], @err_msgs::text[],
-            @await_names::text[], @await_ms::bigint[], @spawned::integer[], @key_changes::text[],
-            @ckeys::text[], @rate_limits::text[], @weights::integer[], @cr_keys::text[], @cr_shards::smallint[],
-            @versions::integer[])
-     AS u(id, owner, kind, step, state, delay_ms, result, err_kind, err_msg, await_names, await_ms, spawned,
-          key_change, ckey, rate_limit, weight, cr_key, cr_shard, version)
+
+-- The fence, and what an applied outcome returns.
+-- fragment: outcome_match
 WHERE i.id = u.id
   -- The token alone is the fence (no "status = 'executing'" here): that predicate would let the
   -- planner read the whole instances_executing index, dead entries and all, instead of looking
@@ -140,20 +174,21 @@ WHERE s.id = c.signal_id
 -- @c_parent, @c_machine, @c_step, @c_state, @c_queue, @c_priority, @c_scheduled_at, @c_delay,
 -- @c_max_attempts, @c_key, @c_ord, @c_ckey, @c_rate, @c_weight, @c_version: one element per child.
 
+-- A child with a fairness key joins the fair order without a tag (the pick places it: see pick.sql).
 -- fragment: outcome_spawn
 INSERT INTO {schema}.instances (machine, step, state, queue, priority, scheduled_at, max_attempts,
                                 correlation_key, concurrency_key, rate_limit, weight, parent_id, parent_wave,
-                                machine_version)
+                                machine_version, fair_key)
 SELECT c.machine, c.step, c.state::jsonb, c.queue, c.priority,
        coalesce(c.scheduled_at, now() + c.delay_ms * interval '1 millisecond'),
        c.max_attempts, c.correlation_key, c.concurrency_key, c.rate_limit, c.weight, upd.id, upd.spawn_wave,
-       c.machine_version
+       c.machine_version, c.fair_key
 FROM unnest(@c_parent::bigint[], @c_machine::text[], @c_step::text[], @c_state::text[], @c_queue::text[],
             @c_priority::smallint[], @c_scheduled_at::timestamptz[], @c_delay::bigint[],
             @c_max_attempts::integer[], @c_key::text[], @c_ord::integer[], @c_ckey::text[], @c_rate::text[],
-            @c_weight::integer[], @c_version::integer[])
+            @c_weight::integer[], @c_version::integer[], @c_fair_key::text[])
      AS c(parent, machine, step, state, queue, priority, scheduled_at, delay_ms, max_attempts, correlation_key,
-          ord, concurrency_key, rate_limit, weight, machine_version)
+          ord, concurrency_key, rate_limit, weight, machine_version, fair_key)
 JOIN upd ON upd.id = c.parent
 ORDER BY c.machine, c.correlation_key NULLS LAST, c.ord
 ON CONFLICT (machine, correlation_key)

@@ -33,7 +33,7 @@
 --
 -- @queue, @limit, @owner claim token, @lease ms, @horizon ms (the "_horizon" variants only: rows
 -- scheduled up to now() + horizon are due; the test kit's Drain passes a large horizon to collapse
--- delays). The picks that admit against gates or rate limits also take their configuration
+-- delays), @fw_keys, @fw_weights, @fw_default the fairness weights (see the candidate scan). The picks that admit against gates or rate limits also take their configuration
 -- (see "Admission" below).
 --
 -- The statements. Every pick has the same shape, and each variant is made of the parts below
@@ -86,6 +86,9 @@ SET status            = 'executing',
     locked_by         = @owner,
     locked_until      = now() + @lease::bigint * interval '1 millisecond',
     concurrency_shard = c.shard,
+    -- The claim takes the row out of the fair order: a row that becomes runnable again gets a
+    -- new place there, or none (outcome.sql).
+    fair_tag          = NULL,
     updated_at        = now()
 -- The claim walks chosen's rows as arrays (unnested in key order) rather than joining the CTE: a
 -- plan cached for every batch size (the plan cache's generic plan) takes the array for a few
@@ -110,19 +113,37 @@ RETURNING i.id, i.machine, i.step, i.state, i.attempt, i.max_attempts, i.priorit
                               ORDER BY c.id)
              FROM {schema}.instances AS c WHERE c.parent_id = i.id AND c.parent_wave = i.spawn_wave)
           END,
-          i.concurrency_key, i.concurrency_shard, i.rate_limit, i.machine_version,
+          i.concurrency_key, i.concurrency_shard, i.rate_limit, i.machine_version, i.fair_key,
           (SELECT count(*) FROM candidates), (SELECT n FROM refused), (SELECT denied FROM refused)
 
--- The candidate scan. Its filters (the predicates below) go between its two halves, each as
--- "AND <filter>". No other join: the scan must stay in the pick index's order so that LIMIT
--- stops it early. It walks the pick index one priority at a time (1 to 9, the column's range), each with
--- the priority fixed, so that the scheduled time bounds each walk: rows scheduled for later are
--- never read. (Ordered by priority and time in one walk, the time would be a mere filter, and an
--- idle pick would read every delayed row of the queue.) The walks run in priority order and only
--- as far as the outer LIMIT pulls: a priority with a full batch due ends the scan, and rows are
--- locked only as they are taken.
+-- The candidate scan. Its filters (the predicates below) go into each of its scans, each as
+-- "AND <filter>". It walks the pick index (instances_ready) one priority at a time (1 to 9, the
+-- column's range), each with the priority fixed, so that each walk is bounded: rows scheduled for
+-- later are never read. (Ordered by priority and time in one walk, the time would be a mere
+-- filter, and an idle pick would read every delayed row of the queue.) The walks run in priority
+-- order and only as far as the outer LIMIT pulls: a priority with a full batch due ends the scan.
 --
--- fragment: scan_begin
+-- Within a priority the index holds first the rows with a fair tag, in tag order, then the rows
+-- without one, in time order (fair_tag is NULL in all of them: ordering by it too is the
+-- index's order). Every pick statement comes in two scans (store/pick.go):
+--
+-- The plain scan reads the rows without a tag, in time order, and nothing else; and only while
+-- the queue holds no tagged runnable row (queue_untagged: one probe of the index per priority).
+-- A queue whose rows have no fairness key is picked exactly as without fairness. When the queue
+-- holds tagged rows the plain scan claims nothing, and the caller picks again with the fair scan
+-- (it learns of them from pick_tagged, which it runs after a pick that did not fill its batch).
+--
+-- The fair scan (docs/fairness.md) reads up to a batch of each part per priority and merges them
+-- by tag: an untagged row (one without a key, or one that became due later than it became
+-- runnable: a delay, a backoff, a schedule, a wake) gets the tag it would have had on arriving
+-- now, within this pick: the later of the queue's head (the first tagged row of the window) and
+-- its key's last tagged row, plus its rank among the untagged rows of its key in the window over
+-- the key's weight (@fw_keys, @fw_weights, the client's configured weights, @fw_default for any
+-- other key and for the rows without one, which share as one key). The batch is the @limit rows
+-- first in that order. (Both parts lock the rows of their windows; the ones the merge leaves
+-- stay locked until the pick commits, and other picks skip them meanwhile.)
+--
+-- fragment: scan_plain_begin
 candidates AS MATERIALIZED (
   SELECT c.id, c.ckey, c.rkey, c.weight, c.priority, c.scheduled_at
   FROM generate_series(1, 9) AS p(priority),
@@ -132,11 +153,84 @@ candidates AS MATERIALIZED (
     WHERE i.status = 'available'
       AND i.queue = @queue
       AND i.priority = p.priority::smallint
+      AND i.fair_tag IS NULL
+      AND {{queue_untagged}}
 
--- fragment: scan_end
-    ORDER BY i.scheduled_at, i.id
+-- fragment: scan_plain_end
+    ORDER BY i.fair_tag, i.scheduled_at, i.id
     LIMIT @limit
     FOR NO KEY UPDATE OF i SKIP LOCKED
+  ) AS c
+  LIMIT @limit
+)
+
+-- The queue holds no tagged runnable row (of any priority: one probe of instances_ready each),
+-- as of the statement's snapshot; evaluated once per statement.
+-- fragment: queue_untagged
+NOT EXISTS (SELECT 1 FROM generate_series(1, 9) AS tp(priority),
+            LATERAL (SELECT 1 FROM {schema}.instances AS x
+                     WHERE x.status = 'available' AND x.queue = @queue AND x.priority = tp.priority::smallint
+                       AND x.fair_tag IS NOT NULL
+                     LIMIT 1) AS t)
+
+-- Whether @queue holds tagged runnable rows (the caller's cue to pick with the fair scan).
+-- name: pick_tagged
+SELECT NOT {{queue_untagged}};
+
+-- fragment: scan_begin
+candidates AS MATERIALIZED (
+  SELECT c.id, c.ckey, c.rkey, c.weight, c.priority, c.scheduled_at
+  FROM generate_series(1, 9) AS p(priority),
+  LATERAL (
+    WITH tagged AS MATERIALIZED (
+      SELECT i.id, i.concurrency_key AS ckey, i.rate_limit AS rkey, i.weight, i.priority, i.scheduled_at,
+             i.fair_tag AS etag
+      FROM {schema}.instances AS i
+      WHERE i.status = 'available'
+        AND i.queue = @queue
+        AND i.priority = p.priority::smallint
+        AND i.fair_tag IS NOT NULL
+
+-- fragment: scan_tagged_end
+      ORDER BY i.fair_tag, i.scheduled_at, i.id
+      LIMIT @limit
+      FOR NO KEY UPDATE OF i SKIP LOCKED
+    ), untagged AS MATERIALIZED (
+      SELECT i.id, i.concurrency_key AS ckey, i.rate_limit AS rkey, i.weight, i.priority, i.scheduled_at,
+             i.fair_key AS fkey
+      FROM {schema}.instances AS i
+      WHERE i.status = 'available'
+        AND i.queue = @queue
+        AND i.priority = p.priority::smallint
+        AND i.fair_tag IS NULL
+
+-- fragment: scan_end
+      -- (fair_tag is NULL in every row here: ordering by it too is the index's order, no sort.)
+      ORDER BY i.fair_tag, i.scheduled_at, i.id
+      LIMIT @limit
+      FOR NO KEY UPDATE OF i SKIP LOCKED
+    )
+    (SELECT u.id, u.ckey, u.rkey, u.weight, u.priority, u.scheduled_at
+     FROM untagged AS u
+     WHERE NOT EXISTS (SELECT 1 FROM tagged))
+    UNION ALL
+    (SELECT m.id, m.ckey, m.rkey, m.weight, m.priority, m.scheduled_at
+     FROM (SELECT t.id, t.ckey, t.rkey, t.weight, t.priority, t.scheduled_at, t.etag
+           FROM tagged AS t
+           UNION ALL
+           SELECT r.id, r.ckey, r.rkey, r.weight, r.priority, r.scheduled_at,
+                  greatest((SELECT min(t.etag) FROM tagged AS t),
+                           (SELECT x.fair_tag FROM {schema}.instances AS x
+                            WHERE r.fkey IS NOT NULL AND x.status = 'available' AND x.queue = @queue
+                              AND x.priority = r.priority AND x.fair_key = r.fkey AND x.fair_tag IS NOT NULL
+                            ORDER BY x.fair_tag DESC LIMIT 1))
+                  + r.rk / coalesce((SELECT w.weight FROM unnest(@fw_keys::text[], @fw_weights::double precision[]) AS w(key, weight)
+                                     WHERE w.key = r.fkey), @fw_default::double precision)
+           FROM (SELECT u.*, row_number() OVER (PARTITION BY u.fkey ORDER BY u.scheduled_at, u.id) AS rk
+                 FROM untagged AS u) AS r) AS m
+     WHERE EXISTS (SELECT 1 FROM tagged)
+     ORDER BY m.etag, m.scheduled_at, m.id
+     LIMIT @limit)
   ) AS c
   LIMIT @limit
 )

@@ -1,0 +1,227 @@
+package gendurable_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/durabledbtest"
+	"github.com/gendurable/gendurable/internal/chaos/oracle"
+	"github.com/stretchr/testify/require"
+)
+
+// logClaims logs every claim in t_claims (oracle.LogClaims).
+func logClaims(t *testing.T, e *env) {
+	require.NoError(t, oracle.LogClaims(context.Background(), e.pool, e.schema))
+}
+
+// insertKeyed inserts n instances of job under fairness key key, in batches.
+func insertKeyed(t *testing.T, cl *gendurable.Client, job gendurable.Job[int], key string, n int) {
+	t.Helper()
+	for done := 0; done < n; {
+		batch := min(n-done, 10_000)
+		params := make([]gendurable.InsertManyParams, batch)
+		for i := range params {
+			params[i] = gendurable.InsertManyParams{Input: job.With(done + i), Opts: &gendurable.InsertOpts{FairnessKey: key}}
+		}
+		_, err := cl.InsertMany(context.Background(), params)
+		require.NoError(t, err)
+		done += batch
+	}
+}
+
+// One tenant's burst of 100,000 instances does not hold up 50 small tenants who insert after it:
+// each small tenant's first instance starts within a second of its insert (p99 over the tenants,
+// the database's clock), and all of theirs finish while most of the burst still waits.
+func TestFairShareBurstDoesNotStarveSmallTenants(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	logClaims(t, e)
+	job := gendurable.Job[int]{Name: "fairjob", Queue: "f", Perform: func(*gendurable.Ctx, int) error { return nil }}
+	cl := e.client(t, &gendurable.Config{Name: "w", Machines: []gendurable.Machine{job},
+		Queues: map[string]gendurable.QueueConfig{"f": {Concurrency: 50}}})
+	// The burst is a backlog: it is in before the worker starts.
+	insertKeyed(t, cl, job, "A", 100_000)
+	start(t, cl)
+	eventually(t, 30*time.Second, "the burst to be under way", func() bool {
+		return e.count(t, `SELECT count(*) FROM (SELECT FROM {schema}.t_claims LIMIT 2000) AS c`) >= 2_000
+	})
+
+	const tenants, each = 50, 100
+	var wg sync.WaitGroup
+	for k := range tenants {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			insertKeyed(t, cl, job, fmt.Sprint("small-", k), each)
+		}()
+	}
+	wg.Wait()
+	// (Polled every 100 ms: each poll reads the whole table.)
+	for deadline := time.Now().Add(60 * time.Second); e.count(t, `SELECT count(*) FROM {schema}.instances
+			WHERE fair_key <> 'A' AND status = 'done'`) < tenants*each; time.Sleep(100 * time.Millisecond) {
+		require.True(t, time.Now().Before(deadline), "timed out waiting for every small tenant's instances to finish")
+	}
+	burstDone := e.count(t, `SELECT count(*) FROM {schema}.instances WHERE fair_key = 'A' AND status = 'done'`)
+
+	rows, err := e.pool.Query(context.Background(), expand(`
+		SELECT extract(epoch FROM min(c.at) - min(i.inserted_at))
+		FROM {schema}.instances AS i JOIN {schema}.t_claims AS c ON c.id = i.id
+		WHERE i.fair_key <> 'A' GROUP BY i.fair_key`, e.schema))
+	require.NoError(t, err)
+	var waits []float64
+	for rows.Next() {
+		var w float64
+		require.NoError(t, rows.Scan(&w))
+		waits = append(waits, w)
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, waits, tenants)
+	slices.Sort(waits)
+	p99 := waits[(len(waits)*99+99)/100-1]
+	t.Logf("small tenants' first start after their insert: p50 %.3f s, p99 %.3f s; the burst had %d of 100,000 done when they finished",
+		waits[len(waits)/2], p99, burstDone)
+	require.Less(t, p99, 1.0, "a small tenant waited for its first start (p99 over tenants, seconds)")
+	require.Less(t, burstDone, 50_000, "the small tenants finished only after most of the burst")
+}
+
+// With three keys backlogged at weights 1:2:4, two clients (each a pool of its own, like two
+// nodes) claim them in those proportions: in every window of the claims (the claiming picks'
+// transaction times, from the database's own log), each key's share is within 10% of its weight's.
+func TestFairSharesFollowWeightsAcrossTwoClients(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	logClaims(t, e)
+	job := gendurable.Job[int]{Name: "weighed", Queue: "w", Perform: func(ctx *gendurable.Ctx, _ int) error {
+		time.Sleep(2 * time.Millisecond)
+		return nil
+	}}
+	weights := map[string]float64{"A": 1, "B": 2, "C": 4}
+	cfg := func(name string) *gendurable.Config {
+		return &gendurable.Config{Schema: e.schema, Name: name, Machines: []gendurable.Machine{job}, FairnessWeights: weights,
+			Queues: map[string]gendurable.QueueConfig{"w": {Concurrency: 20}}}
+	}
+	one, err := gendurable.NewClient(e.pool, cfg("one"))
+	require.NoError(t, err)
+	// The backlogs are in proportion to the weights, so that all three last to the end.
+	insertKeyed(t, one, job, "A", 2_000)
+	insertKeyed(t, one, job, "B", 4_000)
+	insertKeyed(t, one, job, "C", 8_000)
+	two, err := gendurable.NewClient(durabledbtest.Pool(t, 8), cfg("two"))
+	require.NoError(t, err)
+	start(t, one)
+	start(t, two)
+	eventually(t, 60*time.Second, "every instance to finish", func() bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'done'`) == 14_000
+	})
+
+	// Windows of 250 ms of claims, from the first claim to the last full window before any key
+	// ran out.
+	counts, err := oracle.ClaimShares(context.Background(), e.pool, e.schema, 250*time.Millisecond)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(counts), 2, "windows of 250 ms while all three keys were backlogged")
+	for win, c := range counts {
+		total := c["A"] + c["B"] + c["C"]
+		t.Logf("window %d: A %d, B %d, C %d", win, c["A"], c["B"], c["C"])
+		for key, w := range weights {
+			share, want := float64(c[key])/float64(total), w/7
+			require.InDelta(t, want, share, want/10, "window %d: key %s's share of %d claims", win, key, total)
+		}
+	}
+	// Both clients took part.
+	for _, name := range []string{"one", "two"} {
+		require.Positive(t, e.count(t, `SELECT count(*) FROM {schema}.t_claims WHERE owner LIKE $1 || '%'`, name),
+			"claims of client %s", name)
+	}
+}
+
+// Fairness carries through transitions: each step of a multi-step instance takes its place in the
+// fair order as its key's, so a tenant whose instances arrive behind another's backlog of chains
+// finishes every step of them long before that backlog does; a Next with the FairnessKey option
+// moves the instance's following steps to another key.
+func TestFairShareCarriesThroughTransitions(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	logClaims(t, e)
+	chain := gendurable.FSM[int]{Name: "chain", Queue: "c", Start: "one", Steps: map[string]gendurable.StepFunc[int]{
+		"one": func(_ *gendurable.Ctx, n int) (gendurable.Outcome, error) { return gendurable.Next("two", n), nil },
+		"two": func(_ *gendurable.Ctx, n int) (gendurable.Outcome, error) {
+			if n < 0 {
+				return gendurable.Next("three", n, gendurable.FairnessKey("moved")), nil
+			}
+			return gendurable.Next("three", n), nil
+		},
+		"three": func(_ *gendurable.Ctx, n int) (gendurable.Outcome, error) { return gendurable.Done(n), nil },
+	}}
+	cl := e.client(t, &gendurable.Config{Name: "w", Machines: []gendurable.Machine{chain},
+		Queues: map[string]gendurable.QueueConfig{"c": {Concurrency: 20}}})
+	insert := func(key string, n, sign int) {
+		params := make([]gendurable.InsertManyParams, n)
+		for i := range params {
+			params[i] = gendurable.InsertManyParams{Input: chain.With(sign * (i + 1)), Opts: &gendurable.InsertOpts{FairnessKey: key}}
+		}
+		_, err := cl.InsertMany(context.Background(), params)
+		require.NoError(t, err)
+	}
+	insert("A", 20_000, 1)
+	start(t, cl)
+	eventually(t, 30*time.Second, "A's chains to be under way", func() bool {
+		return e.count(t, `SELECT count(*) FROM (SELECT FROM {schema}.t_claims LIMIT 1000) AS c`) >= 1_000
+	})
+	insert("B", 50, -1)
+	eventually(t, 60*time.Second, "B's chains to finish", func() bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE fair_key = 'moved' AND status = 'done'`) == 50
+	})
+	aClaims := e.count(t, `SELECT count(*) FROM {schema}.t_claims WHERE fair_key = 'A'`)
+	t.Logf("A's steps claimed when B's 50 chains finished: %d of 60,000", aClaims)
+	require.Less(t, aClaims, 30_000, "B's chains finished only after half of A's steps")
+	// Each of B's chains ran its first two steps as B's and its last as the key its Next set.
+	require.Equal(t, 100, e.count(t, `SELECT count(*) FROM {schema}.t_claims AS c JOIN {schema}.instances AS i ON i.id = c.id
+		WHERE i.fair_key = 'moved' AND c.fair_key = 'B'`))
+	require.Equal(t, 50, e.count(t, `SELECT count(*) FROM {schema}.t_claims AS c JOIN {schema}.instances AS i ON i.id = c.id
+		WHERE i.fair_key = 'moved' AND c.fair_key = 'moved'`))
+}
+
+// Explain says fair_share for a runnable instance with a key behind instances of other keys in
+// its queue's fair order, with how many are ahead of it and how many of those are of other keys.
+func TestExplainSaysWaitingForItsFairShare(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	job := gendurable.Job[int]{Name: "held", Queue: "h", Perform: func(ctx *gendurable.Ctx, _ int) error {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	}}
+	cl := e.client(t, &gendurable.Config{Name: "w", Machines: []gendurable.Machine{job},
+		Queues: map[string]gendurable.QueueConfig{"h": {Concurrency: 1}}})
+	start(t, cl)
+	ctx := context.Background()
+	insertKeyed(t, cl, job, "A", 5) // tags 1 to 5; the first is claimed and held
+	eventually(t, 10*time.Second, "A's first instance to run", func() bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'executing'`) == 1
+	})
+	insertKeyed(t, cl, job, "B", 5) // from the head (A's second, tag 2): tags 3 to 7
+	var last int64
+	require.NoError(t, e.pool.QueryRow(ctx, expand(`SELECT max(id) FROM {schema}.instances WHERE fair_key = 'B'`, e.schema)).Scan(&last))
+	x, err := cl.Explain(ctx, last)
+	require.NoError(t, err)
+	require.Equal(t, gendurable.ExplainFairShare, x.Reason, x.Text)
+	require.Equal(t, "B", x.FairnessKey)
+	require.Equal(t, int64(8), x.Ahead, x.Text)          // A's 2nd to 5th, B's 1st to 4th
+	require.Equal(t, int64(4), x.AheadOtherKeys, x.Text) // A's
+	require.Contains(t, x.Text, "waits for its fair share of queue h (fairness key B)")
+
+	unkeyed, err := cl.Insert(ctx, job.With(0), nil)
+	require.NoError(t, err)
+	x, err = cl.Explain(ctx, unkeyed.ID)
+	require.NoError(t, err)
+	require.Equal(t, gendurable.ExplainWaiting, x.Reason, "an instance without a key waits for a slot: %s", x.Text)
+}
