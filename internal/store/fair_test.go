@@ -161,3 +161,50 @@ func TestFairOutcomeGivesTheNextStepItsPlace(t *testing.T) {
 	require.Equal(t, tagRow{"A", 11}, got[res.Rows[0].ID])
 	require.Equal(t, tagRow{"B", 4}, got[res.Rows[1].ID])
 }
+
+// The fair order composes with concurrency keys and rate limits: the fair scan chooses the
+// candidates in tag order, and admission works on them as on the plain scan's: a key that runs
+// one at a time gets one row of the window, a bucket grants what it holds, and once the key cannot
+// run (its row executing, its bucket empty) the scan passes its rows over and the batch goes to
+// the others.
+func TestFairPickComposesWithKeysAndLimits(t *testing.T) {
+	pool := durabledbtest.Pool(t, 2)
+	schema := durabledbtest.Schema(t, pool)
+	s, err := New(schema)
+	require.NoError(t, err)
+	ctx := context.Background()
+	insert := func(queue, key string, n int, set func(*InsertRow)) {
+		t.Helper()
+		rows := make([]InsertRow, n)
+		for i := range rows {
+			rows[i] = InsertRow{Machine: "m", Step: "s", State: "{}", Queue: queue, Priority: 5, MaxAttempts: 1, Weight: 1, FairKey: key}
+			set(&rows[i])
+		}
+		_, err := s.InsertMany(ctx, pool, rows)
+		require.NoError(t, err)
+	}
+	pick := func(queue, owner string, rates *Rates) map[string]int {
+		t.Helper()
+		res, err := s.Pick(ctx, pool, queue, 20, owner, PickOpts{Lease: time.Minute, FairOrder: true, Rates: rates})
+		require.NoError(t, err)
+		out := map[string]int{}
+		for _, c := range res.Rows {
+			out[*c.FairKey]++
+		}
+		return out
+	}
+
+	// The window of 20 in tag order holds 11 of A's rows and 9 of B's (B's start at A's head).
+	// A's rows run one at a time (a concurrency key no gate owns).
+	insert("k", "A", 50, func(r *InsertRow) { r.ConcurrencyKey = "a-lock" })
+	insert("k", "B", 50, func(*InsertRow) {})
+	require.Equal(t, map[string]int{"A": 1, "B": 9}, pick("k", "k#1", nil))
+	require.Equal(t, map[string]int{"B": 20}, pick("k", "k#2", nil), "A's key runs: its rows are passed over")
+
+	// A's rows under a rate limit of burst 3 (refilled a token in 1,000 s).
+	rates := &Rates{Names: []string{"r"}, Rates: []float64{0.001}, Bursts: []float64{3}}
+	insert("r", "A", 50, func(r *InsertRow) { r.RateLimit = "r:a" })
+	insert("r", "B", 50, func(*InsertRow) {})
+	require.Equal(t, map[string]int{"A": 3, "B": 9}, pick("r", "r#1", rates))
+	require.Equal(t, map[string]int{"B": 20}, pick("r", "r#2", rates), "A's bucket is empty: its rows are passed over")
+}
