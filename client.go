@@ -463,11 +463,12 @@ func (c *Client) Get(ctx context.Context, id int64) (*Instance, error) {
 type MigrateOpts struct {
 	// Schema to create or migrate; default "gendurable".
 	Schema string
-	// Target is the schema version to migrate to, up or down; 0 means the newest this library
-	// knows (durablemigrate.Version), except that an existing schema older than the oldest this
-	// library runs against stops there: the migrations after it remove what earlier libraries
-	// read, and wait for a second Migrate once every node runs this library
-	// (durablemigrate.DefaultTarget; docs/upgrading.md).
+	// Target is the schema version to migrate to, up or down. 0 creates a schema at the newest
+	// version this library knows (durablemigrate.Version) and brings an existing one to the
+	// oldest this library runs against (durablemigrate.Required) if it is older: the contract
+	// migrations after that remove what earlier libraries read, and run only when asked for by
+	// their version, once every node runs this library (durablemigrate.DefaultTarget;
+	// docs/upgrading.md).
 	Target int
 }
 

@@ -66,7 +66,7 @@ type Config struct {
 	// option of Next): while several keys of a queue and priority have runnable instances, each
 	// gets a share of the picks in proportion to its weight, and a key alone gets them all. A key
 	// not named here, and the instances without a key (which share as one key), weigh
-	// FairnessDefaultWeight (default 1). Weights are between 0.001 and 1,000,000. A row takes its
+	// FairnessDefaultWeight (default 1). Weights are between 0.01 and 10,000. A row takes its
 	// place in the fair order from the client that inserts it or moves it on, so every client
 	// should configure the same weights (docs/fairness.md).
 	FairnessWeights       map[string]float64
@@ -444,9 +444,10 @@ func printable(s string) bool {
 	return true
 }
 
-// Fairness weights are kept within a range where a tag's increments (1/weight) stay exact enough
-// over years of tags.
-const minFairWeight, maxFairWeight = 0.001, 1_000_000
+// Fairness weights are kept within a range where a tag's increments (1/weight) stay distinct in a
+// float64 up to tags of about 10^12 (a priority that never runs dry of tagged rows adds about
+// 1/weight per row; docs/fairness.md).
+const minFairWeight, maxFairWeight = 0.01, 10_000
 
 // fairWeights checks and returns the fairness weights.
 func (c *Config) fairWeights() (*store.FairWeights, error) {

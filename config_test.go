@@ -82,7 +82,8 @@ func TestConfigInvalidFieldsFailBeforeAnySideEffect(t *testing.T) {
 		{gendurable.Config{FairnessWeights: map[string]float64{"t": math.Inf(1)}}, "FairnessWeights[t]"},
 		{gendurable.Config{FairnessWeights: map[string]float64{"": 1}}, "FairnessWeights[]"},
 		{gendurable.Config{FairnessDefaultWeight: -1}, "FairnessDefaultWeight"},
-		{gendurable.Config{FairnessDefaultWeight: 2e6}, "FairnessDefaultWeight"},
+		{gendurable.Config{FairnessDefaultWeight: 2e4}, "FairnessDefaultWeight"},
+		{gendurable.Config{FairnessWeights: map[string]float64{"t": 0.001}}, "FairnessWeights[t]"},
 	}
 	before := runtime.NumGoroutine()
 	for _, c := range cases {

@@ -28,7 +28,7 @@ type Schedule struct {
 	// Opts are the instance's insert options: Queue, Priority, MaxAttempts, ConcurrencyKey,
 	// RateLimit and Weight. The schedule sets the time (the fire time, plus Jitter) and the
 	// correlation key ("schedule/<name>/<fire time>"), so ScheduledAt, In, CorrelationKey and
-	// CorrelationScope must be empty.
+	// CorrelationScope must be empty; FairnessKey must be empty too.
 	Opts *InsertOpts
 	// Cron is a cron expression: five fields (minute, hour, day of month, month, day of week) or
 	// six (seconds first), or a descriptor (@hourly, @daily, @weekly, @monthly, @yearly). Set
@@ -128,6 +128,8 @@ func (c *Client) scheduleDef(s *Schedule, declaredBy string) (store.ScheduleDef,
 		return store.ScheduleDef{}, bad("Opts", "schedule %q: ScheduledAt and In are set by the schedule", s.Name)
 	case opts.CorrelationKey != "" || len(opts.CorrelationScope) > 0:
 		return store.ScheduleDef{}, bad("Opts", "schedule %q: the correlation key is set by the schedule (one per fire time)", s.Name)
+	case opts.FairnessKey != "":
+		return store.ScheduleDef{}, bad("Opts", "schedule %q: a schedule's instances cannot take a FairnessKey (set it with the FairnessKey option of their first step's Next)", s.Name)
 	}
 	if s.Input.err == nil && s.Input.machine != "" && c.eng.Machine(s.Input.machine) == nil {
 		return store.ScheduleDef{}, &InputError{Index: -1, Field: "Input", Err: ErrUnknownMachine,

@@ -52,6 +52,7 @@ func TestSchedulesRefuseBadInputAndStoreNothing(t *testing.T) {
 		{func(s *gendurable.Schedule) { s.Overlap = "sometimes" }, "Overlap", "sometimes"},
 		{func(s *gendurable.Schedule) { s.Opts = &gendurable.InsertOpts{CorrelationKey: "k"} }, "Opts", "correlation key"},
 		{func(s *gendurable.Schedule) { s.Opts = &gendurable.InsertOpts{In: time.Second} }, "Opts", "set by the schedule"},
+		{func(s *gendurable.Schedule) { s.Opts = &gendurable.InsertOpts{FairnessKey: "t"} }, "Opts", "cannot take a FairnessKey"},
 		{func(s *gendurable.Schedule) { s.Opts = &gendurable.InsertOpts{Priority: 12} }, "Priority", "12"},
 	} {
 		s := good

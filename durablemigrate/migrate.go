@@ -43,8 +43,8 @@ type Migration struct {
 	Readers int
 	// Contract says the migration only removes what libraries that know the version before it
 	// no longer use (its up says "-- contract"): such a library runs with or without it, and
-	// Migrate applies it to an existing schema only once the schema is at the version before it
-	// (see DefaultTarget).
+	// Migrate applies it to an existing schema only when asked for by version (see
+	// DefaultTarget).
 	Contract bool
 	up       string
 	down     string
@@ -98,14 +98,20 @@ func required(ms []Migration) int {
 }
 
 // DefaultTarget is the version Migrate brings a schema at version current to when no target is
-// given: Version, except that a schema that exists below Required stops at Required. The contract
-// migrations after it remove what the libraries before this one read, so they wait for a second
-// run, once every node runs a library that knows Required (a rolling deploy in between).
+// given: a schema being created (current 0) is built whole, to Version; an existing one is brought
+// to Required at most, never through a contract migration. Those remove what the libraries before
+// this one read, so they run only when asked for by their version (MigrateTo, `gendurable migrate
+// --target`), once every node runs this library: a Migrate that every process runs at start stays
+// safe while older nodes still run.
 func DefaultTarget(current int) int {
-	if current >= 1 && current < Required {
+	switch {
+	case current == 0:
+		return Version
+	case current < Required:
 		return Required
+	default:
+		return min(current, Version)
 	}
-	return Version
 }
 
 // Migrations returns every migration, oldest first.
@@ -372,8 +378,8 @@ func recordVersion(schema string, version int) string {
 		ident.Quote(schema), version, readers, baseFingerprint)
 }
 
-// Migrate brings the schema to DefaultTarget (Version, unless contract migrations wait for a
-// second run), creating it at Version if it does not exist. See MigrateTo.
+// Migrate brings the schema to DefaultTarget: it creates it at Version if it does not exist, and
+// brings an existing one up to Required, never through a contract migration. See MigrateTo.
 func Migrate(ctx context.Context, db DB, schema string) error {
 	st, err := Current(ctx, db, schema)
 	if err != nil {

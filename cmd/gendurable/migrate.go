@@ -18,8 +18,8 @@ func runMigrate(ctx context.Context, args []string, out io.Writer) error {
 	var db dbFlags
 	db.register(fs, "gendurable")
 	print := fs.Bool("print", false, "print the SQL of each pending step instead of applying it (for your own migration tool)")
-	target := fs.Int("target", durablemigrate.Version, "the version to migrate to, up or down (default: the newest, but an existing schema older than "+
-		fmt.Sprint(durablemigrate.Required)+" stops there, and a second run, once every node runs this library, goes on)")
+	target := fs.Int("target", durablemigrate.Version, "the version to migrate to, up or down (default: a new schema is built at the newest; an existing one "+
+		"goes up to "+fmt.Sprint(durablemigrate.Required)+" at most: the contract migrations after it run only when named here, once every node runs this library)")
 	from := fs.Int("from", -1, "with --print: the schema's version, instead of reading it from the database (0: no schema yet)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -54,22 +54,27 @@ func runMigrate(ctx context.Context, args []string, out io.Writer) error {
 		if !*print {
 			describe(out, db.schema, current, *target, steps)
 			if len(steps) == 0 {
+				contractHint(out, explicit, *target)
 				return nil
 			}
 			if err := durablemigrate.MigrateTo(ctx, pool, db.schema, *target); err != nil {
 				return err
 			}
 			fmt.Fprintf(out, "schema %q is at version %d\n", db.schema, *target)
-			if !explicit && *target < durablemigrate.Version {
-				fmt.Fprintf(out, "versions %d to %d remove what libraries before this one read: "+
-					"run gendurable migrate again once every node runs this library\n", *target+1, durablemigrate.Version)
-			}
+			contractHint(out, explicit, *target)
 			return nil
 		}
+	}
+	if !explicit {
+		*target = durablemigrate.DefaultTarget(current)
 	}
 	steps, err := durablemigrate.Plan(current, *target)
 	if err != nil {
 		return err
+	}
+	if !explicit && *target < durablemigrate.Version {
+		fmt.Fprintf(out, "-- versions %d to %d (contract migrations) are left out: once every node runs this library, "+
+			"print them with --target %d\n", *target+1, durablemigrate.Version, durablemigrate.Version)
 	}
 	for _, s := range steps {
 		sql, err := s.SQL(db.schema)
@@ -79,6 +84,15 @@ func runMigrate(ctx context.Context, args []string, out io.Writer) error {
 		fmt.Fprintf(out, "-- gendurable schema version %d: %s (%s), in one transaction\n%s\n", s.Version, s.Name, direction(s), sql)
 	}
 	return nil
+}
+
+// contractHint says, after a migration to target that no --target chose, how to apply the
+// contract migrations that wait.
+func contractHint(out io.Writer, explicit bool, target int) {
+	if !explicit && target < durablemigrate.Version {
+		fmt.Fprintf(out, "versions %d to %d remove what libraries before this one read: once every node runs this library, "+
+			"run gendurable migrate --target %d\n", target+1, durablemigrate.Version, durablemigrate.Version)
+	}
 }
 
 func direction(s durablemigrate.Step) string {

@@ -2,7 +2,7 @@
 --
 -- An expand-only migration (README.md): two nullable columns, which the library that knows
 -- version 9 neither reads nor writes (its nodes pick in time order whatever the keys, and a row
--- one of them moves on keeps the tag it had, which only brings it forward).
+-- one of them moves on keeps the tag it had: docs/fairness.md says what that does).
 --
 -- Locks: ADD COLUMN without a default changes the catalog only (no table rewrite), under a brief
 -- ACCESS EXCLUSIVE lock on instances; the lock timeout bounds how long it may wait for one.

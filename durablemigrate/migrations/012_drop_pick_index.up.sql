@@ -4,8 +4,8 @@
 --
 -- A contract migration (README.md): it removes only what the library that knows version 11 no
 -- longer reads, and the libraries before it do read. So the library that knows 12 runs against a
--- schema at 11 as well, and `gendurable migrate` applies this step to an existing schema only on
--- a second run, once every node runs a library that knows 11 (docs/upgrading.md).
+-- schema at 11 as well, and `gendurable migrate` applies this step to an existing schema only when
+-- asked for it (--target 12), once every node runs a library that knows 11 (docs/upgrading.md).
 -- contract
 --
 -- Locks: DROP INDEX takes a brief ACCESS EXCLUSIVE lock on instances; the lock timeout bounds how

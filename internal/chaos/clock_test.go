@@ -44,8 +44,8 @@ func TestEveryTimeComparisonUsesTheDatabaseClock(t *testing.T) {
 		"bulk.sql: AND inserted_at >= @since": "operator filter",
 		"bulk.sql: AND inserted_at < @until":  "operator filter",
 		// Explain's count of the rows ahead of one: row against row, no clock.
-		"explain.sql: AND (me.fair_tag IS NULL OR (x.fair_tag, x.scheduled_at, x.id) < (me.fair_tag, me.scheduled_at, me.id))": "row order",
-		"explain.sql: AND (x.scheduled_at, x.id) < (me.scheduled_at, me.id)":                                                   "row order",
+		"explain.sql: AND (x.fair_tag, x.scheduled_at, x.id) < (me.fair_tag, me.scheduled_at, me.id)": "row order",
+		"explain.sql: AND (x.scheduled_at, x.id) < (me.scheduled_at, me.id)":                          "row order",
 		// Urgency order between two candidate rows of one pick: row against row, no clock.
 		"pick.sql: WHERE d.ckey = c.ckey AND (d.priority, d.scheduled_at, d.id) < (c.priority, c.scheduled_at, c.id))": "row order",
 	}

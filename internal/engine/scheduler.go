@@ -337,7 +337,8 @@ const pickContentionRetries = 10
 //
 // A queue is picked with the plain scan until a pick that does not fill its batch finds that the
 // queue holds rows with a fair tag (a plain pick claims nothing from such a queue); then with the
-// fair scan, until a fair pick claims no row with a fairness key (store: pick.sql).
+// fair scan, until a fair pick that claims no row with a fairness key finds none (store:
+// pick.sql).
 func (e *Engine) pickOnce(ctx context.Context, db store.DB, queue string, n int, owner string, horizon time.Duration, hint store.Hint, lane store.Lane) ([]store.Claimed, error) {
 	mode := e.fairMode(queue)
 	for try := 1; ; try++ {
@@ -369,21 +370,19 @@ func (e *Engine) pickOnce(ctx context.Context, db store.DB, queue string, n int,
 		for i := range res.Rows {
 			res.Rows[i].Owner = owner
 		}
-		switch {
-		case fair && !slices.ContainsFunc(res.Rows, func(c store.Claimed) bool { return c.FairKey != nil }):
-			mode.Store(false)
-		case !fair && len(res.Rows) < n:
+		// Ask whether the queue holds tagged rows after a plain pick that did not fill its batch,
+		// and after a fair pick that claimed no row with a key (tagged rows that cannot run now,
+		// a paused one or a full key's, keep the queue fair).
+		if (!fair && len(res.Rows) < n) || (fair && !slices.ContainsFunc(res.Rows, func(c store.Claimed) bool { return c.FairKey != nil })) {
 			tagged, err := e.store.QueueTagged(ctx, db, queue)
 			if err != nil {
 				// The rows are claimed: run them; the next pick asks again.
 				e.log.Warn("gendurable: fair order probe failed", "queue", queue, "err", err)
-				break
+				return res.Rows, nil
 			}
-			if tagged {
-				mode.Store(true)
-				if len(res.Rows) == 0 {
-					continue // the plain scan claimed nothing: pick fairly at once
-				}
+			mode.Store(tagged)
+			if tagged && !fair && len(res.Rows) == 0 {
+				continue // the plain scan claimed nothing: pick fairly at once
 			}
 		}
 		return res.Rows, nil

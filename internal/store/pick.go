@@ -508,6 +508,21 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 // the fair scan (PickOpts.FairOrder).
 func (s *Store) QueueTagged(ctx context.Context, db DB, queue string) (bool, error) {
 	var tagged bool
-	err := db.QueryRow(ctx, s.sql("pick_tagged"), pgx.NamedArgs{"queue": queue}).Scan(&tagged)
+	args := pgx.NamedArgs{"queue": queue}
+	if _, inTx := db.(pgx.Tx); inTx {
+		err := db.QueryRow(ctx, s.sql("pick_tagged"), args).Scan(&tagged)
+		return tagged, err
+	}
+	// Under the pick's settings, so that its probes stay index probes whatever the statistics
+	// said when its plan was cached (see pick_settings).
+	b := &pgx.Batch{}
+	b.Queue(s.sql("pick_settings"), pickLockTimeout)
+	b.Queue(s.sql("pick_tagged"), args)
+	br := db.SendBatch(ctx, b)
+	defer func() { _ = br.Close() }()
+	if _, err := br.Exec(); err != nil {
+		return false, err
+	}
+	err := br.QueryRow().Scan(&tagged)
 	return tagged, err
 }

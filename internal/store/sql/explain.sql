@@ -38,8 +38,9 @@ FROM {schema}.buckets WHERE key = @key;
 
 -- The due rows of a queue ahead of a row in the pick's order, up to 10,000, and how many of them
 -- are of another fairness key than the row's: the due rows of more urgent priorities, and at its
--- priority the tagged rows before it in tag order (for a row without a tag: every tagged row,
--- and the untagged due rows before it in time order). Ranges of instances_ready, each bounded.
+-- priority the tagged rows before it in tag order, or, for a row without a tag, the untagged due
+-- rows before it in time order (the fair scan places an untagged row near the head of the tagged
+-- ones, where it cannot be counted exactly: they are left out). Ranges of instances_ready.
 -- name: explain_ahead
 SELECT count(*), count(*) FILTER (WHERE a.fair_key IS DISTINCT FROM me.fair_key)
 FROM {schema}.instances AS me,
@@ -59,9 +60,9 @@ LATERAL (
      WHERE p.priority < me.priority)
     UNION ALL
     (SELECT x.fair_key FROM {schema}.instances AS x
-     WHERE x.status = 'available' AND x.queue = me.queue AND x.priority = me.priority
+     WHERE me.fair_tag IS NOT NULL AND x.status = 'available' AND x.queue = me.queue AND x.priority = me.priority
        AND x.fair_tag IS NOT NULL AND x.paused_at IS NULL
-       AND (me.fair_tag IS NULL OR (x.fair_tag, x.scheduled_at, x.id) < (me.fair_tag, me.scheduled_at, me.id))
+       AND (x.fair_tag, x.scheduled_at, x.id) < (me.fair_tag, me.scheduled_at, me.id)
      LIMIT 10000)
     UNION ALL
     (SELECT x.fair_key FROM {schema}.instances AS x

@@ -17,7 +17,7 @@ GROUP BY 1, 2, 3;
 SELECT (extract(epoch FROM date_trunc('minute', now())) / 60)::bigint;
 
 -- A machine's live instances by step and status: every live row, through the status's partial
--- indexes (instances_pick, instances_executing, instances_parked) with a heap visit each:
+-- indexes (instances_ready, instances_executing, instances_parked) with a heap visit each:
 -- O(live rows).
 -- name: machine_live
 SELECT step, status::text, count(*)

@@ -163,7 +163,7 @@ ORDER BY u.ord, (e.status IN ('available', 'executing', 'awaiting', 'joining')) 
 
 -- Where the next row of a fairness key goes in its queue's fair order (start-time fair queueing):
 -- the later of the queue's head at the row's priority (the first tagged runnable row that is not
--- paused) and the key's last tagged runnable row, or 0 in an empty queue; its tag is that plus
+-- paused) and the key's last tagged runnable row that is not paused, or 0 in an empty queue; its tag is that plus
 -- its rank over its key's weight. Read without locks, through instances_ready and
 -- instances_fair_last: rows of one key inserted by transactions that have not committed yet do
 -- not see each other, so they can share a place in the order (docs/fairness.md). The parameter
@@ -175,6 +175,6 @@ greatest((SELECT x.fair_tag FROM {schema}.instances AS x
           ORDER BY x.fair_tag, x.scheduled_at, x.id LIMIT 1),
          (SELECT x.fair_tag FROM {schema}.instances AS x
           WHERE x.status = 'available' AND x.queue = {{r}}.queue AND x.priority = {{r}}.priority
-            AND x.fair_key = {{r}}.fair_key AND x.fair_tag IS NOT NULL
+            AND x.fair_key = {{r}}.fair_key AND x.fair_tag IS NOT NULL AND x.paused_at IS NULL
           ORDER BY x.fair_tag DESC LIMIT 1),
          0)

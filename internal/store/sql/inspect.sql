@@ -36,7 +36,7 @@ ORDER BY 2 DESC, 1;
 -- snapshot).
 
 -- Available rows by queue: how many, how many are due now, and how long the longest-waiting due
--- one has been due (microseconds, by the database clock). Reads only instances_pick, the partial
+-- one has been due (microseconds, by the database clock). Reads only instances_ready, the partial
 -- index of available rows, which holds queue and scheduled_at: an index-only scan (heap visits
 -- only for pages vacuum has not marked all-visible), O(available rows). Executing, parked and
 -- finished rows, however many, are not read.
@@ -92,7 +92,7 @@ GROUP BY 1, 2;
 
 -- Available rows (due or not) whose (machine, step) is not among this client's registered
 -- (@machines, @steps) pairs, in @queues (empty: every queue). The third column is the unknown
--- step of a known machine, '' for an unknown machine. Reads instances_pick and each row's heap
+-- step of a known machine, '' for an unknown machine. Reads instances_ready and each row's heap
 -- tuple (machine and step are in no index of available rows): O(available rows in those queues).
 -- name: stuck_unknown_machines
 SELECT i.queue,

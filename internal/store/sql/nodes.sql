@@ -29,7 +29,7 @@ ORDER BY id;
 
 -- The live rows grouped by what a node needs to run them: queue, machine, machine version and
 -- step, for the blocked check. Reads every available, awaiting and joining row, through
--- instances_pick and instances_parked with a heap visit each: O(live rows). No locks.
+-- instances_ready and instances_parked with a heap visit each: O(live rows). No locks.
 -- name: live_groups
 SELECT queue, machine, machine_version, step, count(*), min(scheduled_at), min(id)
 FROM {schema}.instances

@@ -223,6 +223,7 @@ candidates AS MATERIALIZED (
                            (SELECT x.fair_tag FROM {schema}.instances AS x
                             WHERE r.fkey IS NOT NULL AND x.status = 'available' AND x.queue = @queue
                               AND x.priority = r.priority AND x.fair_key = r.fkey AND x.fair_tag IS NOT NULL
+                              AND x.paused_at IS NULL
                             ORDER BY x.fair_tag DESC LIMIT 1))
                   + r.rk / coalesce((SELECT w.weight FROM unnest(@fw_keys::text[], @fw_weights::double precision[]) AS w(key, weight)
                                      WHERE w.key = r.fkey), @fw_default::double precision)

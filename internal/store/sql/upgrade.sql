@@ -5,7 +5,7 @@
 -- left to the next batch (or to the claim, which upgrades it anyway).
 
 -- A batch of @machine's rows below @version, not claimed (available, due or not, awaiting or
--- joining), with ids above @after, oldest first. Reads instances_pick and instances_parked (the
+-- joining), with ids above @after, oldest first. Reads instances_ready and instances_parked (the
 -- live rows) and locks the batch's rows (FOR UPDATE SKIP LOCKED: a pick or a signal holding one
 -- is skipped, never waited for).
 -- name: upgrade_batch
