@@ -192,7 +192,6 @@ func TestExplainSaysWaitingForItsFairShare(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	release := make(chan struct{})
-	t.Cleanup(func() { close(release) })
 	job := gendurable.Job[int]{Name: "held", Queue: "h", Perform: func(ctx *gendurable.Ctx, _ int) error {
 		select {
 		case <-release:
@@ -203,6 +202,7 @@ func TestExplainSaysWaitingForItsFairShare(t *testing.T) {
 	cl := e.client(t, &gendurable.Config{Name: "w", Machines: []gendurable.Machine{job},
 		Queues: map[string]gendurable.QueueConfig{"h": {Concurrency: 1}}})
 	start(t, cl)
+	t.Cleanup(func() { close(release) }) // before the client's Stop (cleanups run last first)
 	ctx := context.Background()
 	insertKeyed(t, cl, job, "A", 5) // tags 1 to 5; the first is claimed and held
 	eventually(t, 10*time.Second, "A's first instance to run", func() bool {
