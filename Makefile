@@ -24,7 +24,7 @@ TESTFLAGS ?=
 # database) of its own; more at once would slow each other down (the cores are busy, the
 # server's too) and run out of the server's 100 connections. LATENCY and CLUSTER are go test -run
 # regexps over the root package's and internal/chaos's tests; every other run skips them.
-LATENCY := ^(TestAwait.*|TestSecurity.*|TestSaturatedKeyDoesNotStarveTheWorkBehindIt|TestRateLimitConservesTokensAcrossEightClients|TestPoke.*|TestLostPokesCostAtMostAPoll|TestSignalPokesTheParkedInstancesNode|TestFanOutRoundTripWithoutPolling|TestBadInput|TestPostgresRestartMidRun|TestSmokeSuite.*|TestPartitionedWorkerIsFencedOut|TestConnectionResetsLoseCommitAcks)$$
+LATENCY := ^(TestAwait.*|TestFairShareBurstDoesNotStarveSmallTenants|TestSecurity.*|TestSaturatedKeyDoesNotStarveTheWorkBehindIt|TestRateLimitConservesTokensAcrossEightClients|TestPoke.*|TestLostPokesCostAtMostAPoll|TestSignalPokesTheParkedInstancesNode|TestFanOutRoundTripWithoutPolling|TestBadInput|TestPostgresRestartMidRun|TestSmokeSuite.*|TestPartitionedWorkerIsFencedOut|TestConnectionResetsLoseCommitAcks)$$
 CLUSTER := ^(TestBloatSoak|TestLongSnapshotDuringSoak|TestSessionKills|TestWorkersOffTheDatabaseClockKeepLeasesHonest|TestFailoverLosesNothing)$$
 # FAILOVER: the cluster test that is no light neighbour (a pg_auto_failover formation of three
 # servers and three busy workers); test/cluster runs it after the others, not beside them.

@@ -38,7 +38,8 @@ func insertKeyed(t *testing.T, cl *gendurable.Client, job gendurable.Job[int], k
 // each small tenant's first instance starts within a second of its insert (p99 over the tenants,
 // the database's clock), and all of theirs finish while most of the burst still waits.
 func TestFairShareBurstDoesNotStarveSmallTenants(t *testing.T) {
-	t.Parallel()
+	// Not parallel, and in the Makefile's LATENCY group: it measures a start within a second, and
+	// its burst would slow the latency-bound tests beside it.
 	e := newEnv(t)
 	logClaims(t, e)
 	job := gendurable.Job[int]{Name: "fairjob", Queue: "f", Perform: func(*gendurable.Ctx, int) error { return nil }}
