@@ -193,41 +193,14 @@ func TestFailoverLosesNothing(t *testing.T) {
 	// The gate's sampler: on the primary whenever one answers (a sample that fails is skipped,
 	// and the next one reconnects through the multi-host URL).
 	var mu sync.Mutex
-	most, samples, failed := 0, 0, 0
-	quit, sampled := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(sampled)
-		tick := time.NewTicker(5 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-quit:
-				return
-			case <-tick.C:
-			}
-			var k int
-			sctx, scancel := context.WithTimeout(ctx, time.Second)
-			err := e.side.QueryRow(sctx, e.q(`SELECT count(*) FROM {schema}.instances WHERE status = 'executing' AND concurrency_key = $1`),
-				haGate).Scan(&k)
-			scancel()
+	most := 0
+	stopSampler := sampleEvery(t, e, func() []any { return []any{haGate} },
+		`SELECT count(*) FROM {schema}.instances WHERE status = 'executing' AND concurrency_key = $1`,
+		func(vals []any) {
 			mu.Lock()
-			if err != nil {
-				failed++
-			} else {
-				samples++
-				most = max(most, k)
-			}
+			most = max(most, int(vals[0].(int64)))
 			mu.Unlock()
-		}
-	}()
-	stopSampler := func() { close(quit); <-sampled }
-	defer func() {
-		select {
-		case <-quit:
-		default:
-			stopSampler()
-		}
-	}()
+		}, func(error) bool { return true })
 
 	cfg := workerCfg{URL: h.URL, Schema: e.schema, Machines: machinesHA, Conc: 40, Conns: 12, Poke: "postgres",
 		PollMS: 200, ReaperMS: 500, GCMS: 0, StepMS: oracle.Size(1000, 500), Seed: seed, Quiet: true,
@@ -315,7 +288,7 @@ func TestFailoverLosesNothing(t *testing.T) {
 
 	eventually(t, 5*time.Minute, "every instance done", func() bool { return done() == n })
 	probe("after the changes")
-	stopSampler()
+	gateSamples, gateFailed := stopSampler()
 	var reports []workerReport
 	for _, w := range workers {
 		reports = append(reports, w.term(t))
@@ -356,7 +329,7 @@ func TestFailoverLosesNothing(t *testing.T) {
 	dupTerminal := e.count(t, `SELECT coalesce(sum(k - 1), 0) FROM (SELECT count(*) AS k FROM {schema}.t_outcome_log
 		WHERE new_status = 'done' AND old_status IS DISTINCT FROM new_status GROUP BY id) c`)
 	mu.Lock()
-	mostGate, gateSamples, gateFailed := most, samples, failed
+	mostGate := most
 	mu.Unlock()
 	lostBeats := all.Events[string(gendurable.EventHeartbeatLost)]
 	t.Logf("%d instances, %d steps, %d outcome commits retried (events), %d stale outcomes; gate: %d samples (%d failed during the changes), at most %d executing (limit %d); claims released as expired: %d; running steps cancelled for a lost claim: %d; step transactions that lost their session, claims handed back: %d",

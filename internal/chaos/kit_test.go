@@ -272,23 +272,50 @@ func oracleEnv(t *testing.T) (*env, context.Context) {
 	return newEnv(t, 16), context.Background()
 }
 
-// sampler runs query (one statement: one snapshot) on a connection of its own every 5ms until
-// stop is called, with the arguments args gives for that sample (nil: none), passing each row's
-// values to each; stop returns how many samples it took.
+// sampler runs query (one statement: one snapshot) every 5ms until stop is called, with the
+// arguments args gives for that sample (nil: none), passing each row's values to each; stop
+// returns how many samples it took. A sample that fails fails the test and ends the sampling.
 func sampler(t *testing.T, e *env, args func() []any, query string, each func(vals []any)) (stop func() int) {
+	t.Helper()
+	stopAll := sampleEvery(t, e, args, query, each, func(err error) bool { t.Error(err); return false })
+	return func() int { n, _ := stopAll(); return n }
+}
+
+// sampleEvery is sampler with a say on failures: a sample that fails (each up to a second) is
+// passed to failed, and the sampling goes on while failed returns true (a sample of a database
+// changing primaries skips the samples it cannot take: the next one reconnects). stop returns
+// how many samples it took and how many failed.
+func sampleEvery(t *testing.T, e *env, args func() []any, query string, each func(vals []any),
+	failed func(error) bool) (stop func() (samples, failures int)) {
 	t.Helper()
 	quit := make(chan struct{})
 	var wg sync.WaitGroup
-	var samples atomic.Int64
+	var samples, failures atomic.Int64
+	sample := func() error {
+		var a []any
+		if args != nil {
+			a = args()
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		rows, err := e.side.Query(ctx, e.q(query), a...)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			vals, err := rows.Values()
+			if err != nil {
+				rows.Close()
+				return err
+			}
+			each(vals)
+		}
+		rows.Close()
+		return rows.Err()
+	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		conn, err := e.side.Acquire(context.Background())
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer conn.Release()
 		tick := time.NewTicker(5 * time.Millisecond)
 		defer tick.Stop()
 		for {
@@ -297,35 +324,20 @@ func sampler(t *testing.T, e *env, args func() []any, query string, each func(va
 				return
 			case <-tick.C:
 			}
-			var a []any
-			if args != nil {
-				a = args()
-			}
-			rows, err := conn.Query(context.Background(), e.q(query), a...)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			for rows.Next() {
-				vals, err := rows.Values()
-				if err != nil {
-					t.Error(err)
-					break
+			if err := sample(); err != nil {
+				failures.Add(1)
+				if !failed(err) {
+					return
 				}
-				each(vals)
-			}
-			rows.Close()
-			if err := rows.Err(); err != nil {
-				t.Error(err)
-				return
+				continue
 			}
 			samples.Add(1)
 		}
 	}()
 	var once sync.Once
-	stop = func() int {
+	stop = func() (int, int) {
 		once.Do(func() { close(quit); wg.Wait() })
-		return int(samples.Load())
+		return int(samples.Load()), int(failures.Load())
 	}
 	t.Cleanup(func() { stop() }) // before the database goes, if the test ends early
 	return stop

@@ -244,10 +244,12 @@ func (s *Store) ApplyOutcomesProbing(ctx context.Context, db DB, outs []Outcome,
 	crKeys := make([]*string, n)
 	crShards := make([]*int16, n)
 	versions := make([]int32, n)
-	fairSets := make([]bool, n)
-	fairKeys := make([]*string, n)
-	fairRanks := make([]*int32, n)
-	fairWeights := make([]float64, n)
+	// The fair arrays, only for a batch with a fairness key to set or a fair tag to give (see
+	// outcome_update_fair).
+	var fairSets []bool
+	var fairKeys []*string
+	var fairRanks []*int32
+	var fairWeights []float64
 	var ranks fairRankings
 	credits := false
 	var seenInst, seenSig, purge, parked, spawners []int64
@@ -294,15 +296,21 @@ func (s *Store) ApplyOutcomesProbing(ctx context.Context, db DB, outs []Outcome,
 		if o.Credit != nil {
 			crKeys[i], crShards[i], credits = &o.Credit.Key, &o.Credit.Shard, true
 		}
-		fairSets[i], fairWeights[i] = o.FairSet, 1
-		if o.FairSet && o.FairKey != "" {
-			fairKeys[i] = &o.FairKey
-		}
-		if o.FairWeight > 0 {
-			fairWeights[i] = o.FairWeight
-		}
-		if o.fairNow() {
-			fairRanks[i] = ranks.next(o.Queue, o.Priority, o.fairKey())
+		if now := o.fairNow(); now || o.FairSet {
+			if fairSets == nil {
+				fairSets, fairKeys, fairRanks = make([]bool, n), make([]*string, n), make([]*int32, n)
+				fairWeights = make([]float64, n)
+			}
+			fairSets[i], fairWeights[i] = o.FairSet, 1
+			if o.FairWeight > 0 {
+				fairWeights[i] = o.FairWeight
+			}
+			if o.FairSet && o.FairKey != "" {
+				fairKeys[i] = &o.FairKey
+			}
+			if now {
+				fairRanks[i] = ranks.next(o.Queue, o.Priority, o.fairKey())
+			}
 		}
 		switch o.Kind {
 		case KindDone, KindFailed:
@@ -338,12 +346,12 @@ func (s *Store) ApplyOutcomesProbing(ctx context.Context, db DB, outs []Outcome,
 		"results": results, "err_kinds": errKinds, "err_msgs": errMsgs, "await_names": awaitNames,
 		"await_ms": awaitMs, "spawned": spawned, "key_changes": keyChanges, "ckeys": keys,
 		"rate_limits": rateLimits, "weights": weights, "cr_keys": crKeys, "cr_shards": crShards,
-		"versions": versions, "fair_sets": fairSets, "fair_keys": fairKeys, "fair_ranks": fairRanks,
-		"fair_weights": fairWeights,
+		"versions": versions,
 	}
 	update := "outcome_update"
-	if ranks != nil || slices.Contains(fairSets, true) {
+	if fairSets != nil {
 		update = "outcome_update_fair"
+		args["fair_sets"], args["fair_keys"], args["fair_ranks"], args["fair_weights"] = fairSets, fairKeys, fairRanks, fairWeights
 	}
 	var stmt string
 	plain := len(seenSig) == 0 && len(spawners) == 0 && !settles && !credits

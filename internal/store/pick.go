@@ -138,13 +138,10 @@ func (f *FairWeights) Of(key string) float64 {
 	if f == nil {
 		return 1
 	}
-	if w, ok := f.by[key]; ok && key != "" {
+	if w, ok := f.by[key]; ok {
 		return w
 	}
-	if f.Default > 0 {
-		return f.Default
-	}
-	return 1
+	return f.Default
 }
 
 // fairRankings numbers the rows one statement makes runnable at once with a fairness key, per
@@ -173,11 +170,7 @@ func (f *FairWeights) args() ([]string, []float64, float64) {
 	if f == nil {
 		return []string{}, []float64{}, 1
 	}
-	keys, weights := f.Keys, f.Weights
-	if keys == nil {
-		keys, weights = []string{}, []float64{}
-	}
-	return keys, weights, f.Of("")
+	return f.Keys, f.Weights, f.Default
 }
 
 // pickVariant is one pick statement, as the list of pick.sql's fragments it is made of (see the
@@ -436,29 +429,11 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 			return PickResult{}, err
 		}
 	}
-	var rows pgx.Rows
-	if _, inTx := db.(pgx.Tx); inTx {
-		r, err := db.Query(ctx, s.sql(stmt), args)
-		if err != nil {
-			return PickResult{}, err
-		}
-		rows = r
-	} else {
-		b := &pgx.Batch{}
-		b.Queue(s.sql("pick_settings"), pickLockTimeout)
-		b.Queue(s.sql(stmt), args)
-		br := db.SendBatch(ctx, b)
-		defer func() { _ = br.Close() }()
-		if _, err := br.Exec(); err != nil {
-			return PickResult{}, err
-		}
-		r, err := br.Query()
-		if err != nil {
-			return PickResult{}, err
-		}
-		rows = r
+	rows, done, err := s.queryPicking(ctx, db, stmt, args)
+	if err != nil {
+		return PickResult{}, err
 	}
-	defer rows.Close()
+	defer done()
 	res := PickResult{}
 	out := make([]Claimed, 0, limit)
 	for rows.Next() {
@@ -507,22 +482,38 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 // QueueTagged reports whether queue holds runnable rows with a fair tag: a pick from it must use
 // the fair scan (PickOpts.FairOrder).
 func (s *Store) QueueTagged(ctx context.Context, db DB, queue string) (bool, error) {
-	var tagged bool
-	args := pgx.NamedArgs{"queue": queue}
-	if _, inTx := db.(pgx.Tx); inTx {
-		err := db.QueryRow(ctx, s.sql("pick_tagged"), args).Scan(&tagged)
-		return tagged, err
-	}
-	// Under the pick's settings, so that its probes stay index probes whatever the statistics
-	// said when its plan was cached (see pick_settings).
-	b := &pgx.Batch{}
-	b.Queue(s.sql("pick_settings"), pickLockTimeout)
-	b.Queue(s.sql("pick_tagged"), args)
-	br := db.SendBatch(ctx, b)
-	defer func() { _ = br.Close() }()
-	if _, err := br.Exec(); err != nil {
+	rows, done, err := s.queryPicking(ctx, db, "pick_tagged", pgx.NamedArgs{"queue": queue})
+	if err != nil {
 		return false, err
 	}
-	err := br.QueryRow().Scan(&tagged)
-	return tagged, err
+	defer done()
+	return pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
+}
+
+// queryPicking runs statement stmt of the pick family under pick_settings, sent with it in one
+// round trip (its own implicit transaction), so that its plan stays index probes whatever the
+// statistics said when it was cached. In a caller's transaction (the test kit's Drain) the
+// settings would outlive it, and it runs as it is. done closes the rows and the batch.
+func (s *Store) queryPicking(ctx context.Context, db DB, stmt string, args pgx.NamedArgs) (pgx.Rows, func(), error) {
+	if _, inTx := db.(pgx.Tx); inTx {
+		rows, err := db.Query(ctx, s.sql(stmt), args)
+		if err != nil {
+			return nil, nil, err
+		}
+		return rows, rows.Close, nil
+	}
+	b := &pgx.Batch{}
+	b.Queue(s.sql("pick_settings"), pickLockTimeout)
+	b.Queue(s.sql(stmt), args)
+	br := db.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return nil, nil, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		_ = br.Close()
+		return nil, nil, err
+	}
+	return rows, func() { rows.Close(); _ = br.Close() }, nil
 }
