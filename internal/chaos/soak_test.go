@@ -126,8 +126,12 @@ func insertSoak(ctx context.Context, cl *gendurable.Client, n int) error {
 // shared 2-core machine while the tables stay flat, so the means of the same windows as the
 // throughput's are compared, with a 20ms floor: below it a 2-core machine's p99 is noise, and
 // the size criterion is what catches bloat first — a CI run with vacuum asleep grew the table
-// 3.7x while its late p99 mean reached 42ms); instance rows never above
-// rate × (retention + 2 × GC interval) × 1.2; the engine's relations at the end ≤ 1.5× their size
+// 3.7x while its late p99 mean reached 42ms); finished rows never kept past retention + 2 × GC
+// interval beyond one GC batch, and (the full run, alone on its machine) instance rows never above
+// rate × (retention + 2 × GC interval) × 1.2 (in CI, the neighbours' load can hold the worker
+// below the offered rate for a while, and the backlog that builds up is the load's, not bloat:
+// a run beside the whole suite drained 282/s of an offered 460/s for ten seconds, then caught
+// up); the engine's relations at the end ≤ 1.5× their size
 // at 30% of the run (the plan's minute 10 of 35); finished rows older than retention + 10s never
 // above 2 × the GC batch. Then I1-I8.
 //
@@ -191,11 +195,15 @@ func TestBloatSoak(t *testing.T) {
 
 	load := startOpenLoad(cl, rate)
 
-	sample := func() (rows, old int) {
+	// sample counts the instance rows, the finished ones kept past retention + 2 GC intervals
+	// (stale: GC's next sweeps delete them) and those kept past retention + 10s (old).
+	sample := func() (rows, stale, old int) {
 		require.NoError(t, db.pool.QueryRow(ctx, expand(`SELECT count(*),
-			count(*) FILTER (WHERE finalized_at < now() - $1 * interval '1 millisecond')
-			FROM {schema}.instances`, db.schema), (retention+10*time.Second).Milliseconds()).Scan(&rows, &old))
-		return rows, old
+			count(*) FILTER (WHERE finalized_at < now() - $1 * interval '1 millisecond'),
+			count(*) FILTER (WHERE finalized_at < now() - $2 * interval '1 millisecond')
+			FROM {schema}.instances`, db.schema), (retention+2*gcInterval).Milliseconds(),
+			(retention+10*time.Second).Milliseconds()).Scan(&rows, &stale, &old))
+		return rows, stale, old
 	}
 	relations := func(w *soakWindow) {
 		rows, err := db.pool.Query(ctx, `SELECT c.relname, pg_total_relation_size(c.oid), coalesce(s.n_live_tup, 0), coalesce(s.n_dead_tup, 0)
@@ -219,19 +227,19 @@ func TestBloatSoak(t *testing.T) {
 	}
 
 	var rec []soakWindow
-	maxRows, maxOld, completed := 0, 0, 0
+	maxRows, maxStale, maxOld, completed := 0, 0, 0, 0
 	meter.take()
 	for k := 1; k <= windows && completed < maxCompleted; k++ {
 		end := time.Now().Add(window)
 		for time.Now().Before(end) {
-			rows, old := sample()
-			maxRows, maxOld = max(maxRows, rows), max(maxOld, old)
+			rows, stale, old := sample()
+			maxRows, maxStale, maxOld = max(maxRows, rows), max(maxStale, stale), max(maxOld, old)
 			time.Sleep(min(time.Second, time.Until(end)))
 		}
 		c, picks := meter.take()
 		completed += c
 		w := soakWindow{rate: float64(c) / window.Seconds(), p50: soakPercentile(picks, 50), p99: soakPercentile(picks, 99)}
-		w.rows, _ = sample()
+		w.rows, _, _ = sample()
 		relations(&w)
 		rec = append(rec, w)
 		t.Logf("window %d: %.0f completed/s, pick p50 %v p99 %v (%d picks), %d rows (max so far %d), instances %dkB, engine %dkB",
@@ -260,11 +268,14 @@ func TestBloatSoak(t *testing.T) {
 	}
 	p99Early, p99Late := meanP99(rec[1:6]), meanP99(rec[n-5:])
 	steady := rec[max(1, n*3/10)-1] // the plan's minute 10 of 35
-	t.Logf("throughput: windows 2-6 %.0f/s, last 5 %.0f/s; pick p99 (mean of windows): 2-6 %v, last 5 %v; engine size at 30%% %dkB, end %dkB; max rows %d (bound %d); max finished rows older than retention+10s %d (bound %d)",
-		early, late, p99Early, p99Late, steady.engineBytes/1024, rec[n-1].engineBytes/1024, maxRows, liveBound, maxOld, oldBound)
+	t.Logf("throughput: windows 2-6 %.0f/s, last 5 %.0f/s; pick p99 (mean of windows): 2-6 %v, last 5 %v; engine size at 30%% %dkB, end %dkB; max rows %d (bound %d); max finished rows older than retention+2 GC intervals %d (bound %d), than retention+10s %d (bound %d)",
+		early, late, p99Early, p99Late, steady.engineBytes/1024, rec[n-1].engineBytes/1024, maxRows, liveBound, maxStale, gcBatch, maxOld, oldBound)
 	require.GreaterOrEqual(t, late, 0.9*early, "throughput degraded")
 	require.LessOrEqual(t, p99Late, 2*max(p99Early, 20*time.Millisecond), "pick latency degraded")
-	require.LessOrEqual(t, maxRows, liveBound, "instance rows grew past rate × (retention + 2 × GC interval) × 1.2")
+	require.LessOrEqual(t, maxStale, gcBatch, "finished rows outlived retention + 2 × GC interval")
+	if full {
+		require.LessOrEqual(t, maxRows, liveBound, "instance rows grew past rate × (retention + 2 × GC interval) × 1.2")
+	}
 	require.LessOrEqual(t, float64(rec[n-1].engineBytes), 1.5*float64(steady.engineBytes), "the engine's relations bloated")
 	require.LessOrEqual(t, maxOld, oldBound, "GC fell behind")
 
