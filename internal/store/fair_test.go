@@ -3,10 +3,15 @@ package store
 import (
 	"context"
 	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/gendurable/gendurable/durabledbtest"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
@@ -207,4 +212,132 @@ func TestFairPickComposesWithKeysAndLimits(t *testing.T) {
 	insert("r", "B", 50, func(*InsertRow) {})
 	require.Equal(t, map[string]int{"A": 3, "B": 9}, pick("r", "r#1", rates))
 	require.Equal(t, map[string]int{"B": 20}, pick("r", "r#2", rates), "A's bucket is empty: its rows are passed over")
+}
+
+// Each of the fairness reads walks its own index even on a table the planner knows nothing about
+// (a new schema, never analyzed: the plans every new installation caches first, and keeps): the
+// probe of a key's last row instances_fair_key, the queue's head and the plain pick's guard
+// instances_ready_tagged, the plain scan instances_ready_untagged. (A key probe through the queue's
+// tagged rows reads all of them for every row inserted: an insert of n keyed rows costs O(n²).)
+func TestFairProbesReadTheirOwnIndexesWithoutStatistics(t *testing.T) {
+	pool := durabledbtest.Pool(t, 2)
+	schema := durabledbtest.Schema(t, pool)
+	s, err := New(schema)
+	require.NoError(t, err)
+	ctx := context.Background()
+	prepared := 0
+	generic := func(stmt string, values []string) string {
+		t.Helper()
+		prepared++
+		name := fmt.Sprint("generic_", prepared)
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		_, err = tx.Exec(ctx, s.sql("pick_settings"), pickLockTimeout)
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, "PREPARE "+name+" AS "+stmt)
+		require.NoError(t, err)
+		rows, err := tx.Query(ctx, "EXPLAIN (COSTS OFF) EXECUTE "+name+"("+strings.Join(values, ", ")+")")
+		require.NoError(t, err)
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return strings.Join(lines, "\n")
+	}
+	// named turns a statement's @names into positional parameters, with their literal values.
+	named := func(stmt string, literal map[string]string) (string, []string) {
+		var names, values []string
+		return regexp.MustCompile(`@\w+`).ReplaceAllStringFunc(s.sql(stmt), func(m string) string {
+			if i := slices.Index(names, m[1:]); i >= 0 {
+				return fmt.Sprintf("$%d", i+1)
+			}
+			names, values = append(names, m[1:]), append(values, literal[m[1:]])
+			return fmt.Sprintf("$%d", len(names))
+		}), values
+	}
+	keyProbeOnItsIndex := func(stmt, plan string) {
+		t.Helper()
+		require.Contains(t, plan, "Index Scan using instances_fair_key", "%s:\n%s", stmt, plan)
+		require.NotRegexp(t, `Filter: .*fair_key =`, plan, "%s: the key is a filter, not the index's:\n%s", stmt, plan)
+	}
+
+	plan := generic(s.sql("insert_many_fair"), []string{"'{m}'", "'{s}'", `'{"{}"}'`, "'{q}'", "'{5}'", "'{NULL}'",
+		"'{0}'", "'{1}'", "'{NULL}'", "'{0}'", "'{0}'", "'{NULL}'", "'{NULL}'", "'{1}'", "'{1}'", "'{t}'", "'{1}'", "'{1}'"})
+	keyProbeOnItsIndex("insert_many_fair", plan)
+	require.Contains(t, plan, "Index Scan using instances_ready_tagged", "the queue's head:\n%s", plan)
+
+	literal := map[string]string{"queue": "'q'", "limit": "100", "owner": "'o#1'", "lease": "60000",
+		"mv_names": "'{m}'", "mv_versions": "'{2}'", "paused_machines": "'{other}'",
+		"fw_keys": "'{t}'", "fw_weights": "'{2}'", "fw_default": "1"}
+	stmt, values := named("pick_fair", literal)
+	plan = generic(stmt, values)
+	keyProbeOnItsIndex("pick_fair", plan)
+	require.Contains(t, plan, "using instances_ready_tagged", "pick_fair's tagged rows:\n%s", plan)
+	require.Contains(t, plan, "using instances_ready_untagged", "pick_fair's untagged rows:\n%s", plan)
+
+	stmt, values = named("pick", literal)
+	plan = generic(stmt, values)
+	require.Contains(t, plan, "using instances_ready_untagged", "the plain scan:\n%s", plan)
+	require.Contains(t, plan, "using instances_ready_tagged", "the plain scan's guard:\n%s", plan)
+	require.NotContains(t, plan, "instances_fair_key", "the plain scan reads no key:\n%s", plan)
+}
+
+// Rows without a fairness key pay nothing for fairness: inserted, claimed, moved on by Next,
+// retried with a backoff and finished, they never enter an index that fairness added (each stays
+// an empty B-tree, its metapage alone), and the plain pick reads the tagged rows' index with one
+// descent of that empty tree.
+func TestRowsWithoutKeysPayNothingForFairness(t *testing.T) {
+	pool := durabledbtest.Pool(t, 2)
+	schema := durabledbtest.Schema(t, pool)
+	s, err := New(schema)
+	require.NoError(t, err)
+	ctx := context.Background()
+	rows := make([]InsertRow, 2000)
+	for i := range rows {
+		rows[i] = InsertRow{Machine: "m", Step: "s", State: "{}", Queue: "q", Priority: 1 + i%9, MaxAttempts: 3, Weight: 1}
+	}
+	_, err = s.InsertMany(ctx, pool, rows)
+	require.NoError(t, err)
+	kinds := []OutcomeKind{KindNext, KindRetry, KindDone}
+	for p := range 10 {
+		owner := fmt.Sprint("o#", p)
+		res, err := s.Pick(ctx, pool, "q", 100, owner, PickOpts{Lease: time.Minute})
+		require.NoError(t, err)
+		require.Len(t, res.Rows, 100)
+		outs := make([]Outcome, len(res.Rows))
+		for i := range res.Rows {
+			res.Rows[i].Owner = owner
+			outs[i] = Outcome{Kind: kinds[i%3], Step: "s2"}
+			if outs[i].Kind == KindRetry {
+				outs[i].Delay = time.Hour
+			}
+			outs[i].Fence(&res.Rows[i])
+		}
+		applied, _, err := s.ApplyOutcomes(ctx, pool, outs)
+		require.NoError(t, err)
+		require.Len(t, applied, 100)
+	}
+	for _, index := range []string{"instances_ready_tagged", "instances_fair_key"} {
+		var size int64
+		require.NoError(t, pool.QueryRow(ctx, `SELECT pg_relation_size($1::regclass)`, `"`+schema+`".`+index).Scan(&size))
+		require.Equal(t, int64(8192), size, "%s holds an entry of a row without a key", index)
+	}
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, s.sql("pick_settings"), pickLockTimeout)
+	require.NoError(t, err)
+	r, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) "+s.sql("pick"), pgx.NamedArgs{
+		"queue": "q", "limit": 100, "owner": "x#1", "lease": 60000,
+		"mv_names": []string{}, "mv_versions": []int32{}, "paused_machines": []string{}})
+	require.NoError(t, err)
+	lines, err := pgx.CollectRows(r, pgx.RowTo[string])
+	require.NoError(t, err)
+	plan := strings.Join(lines, "\n")
+	guard := regexp.MustCompile(`using instances_ready_tagged[^\n]*\n(?:[^\n]*\n)*?\s*Buffers: shared hit=(\d+)`).FindStringSubmatch(plan)
+	require.NotNil(t, guard, "the guard's walk:\n%s", plan)
+	hits, err := strconv.Atoi(guard[1])
+	require.NoError(t, err)
+	require.LessOrEqual(t, hits, 2, "the guard reads the empty index's metapage alone (for its root and its version):\n%s", plan)
+	require.Contains(t, plan, "rows=100 loops=1", "the pick claims its batch:\n%s", plan)
 }

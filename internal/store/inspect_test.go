@@ -70,15 +70,25 @@ func TestInspectionStatementsUseTheirIndexes(t *testing.T) {
 		args  []any
 		index []string
 	}{
-		// The runnable rows: through either index of them (instances_pick stays until a later
-		// migration drops it, and the planner takes either).
-		{"queue_stats_available", nil, []string{"Index Only Scan using instances_pick|Index Only Scan using instances_ready"}},
+		// The runnable rows: through their two indexes, untagged and tagged.
+		{"queue_stats_available", nil, []string{"Index Only Scan using instances_ready_untagged",
+			"Index Only Scan using instances_ready_tagged"}},
+		{"runnable_queues", []any{0}, []string{"instances_ready_untagged", "instances_ready_tagged"}},
+		{"queue_has_rows", []any{pgx.NamedArgs{"queue": "q1"}}, []string{"instances_ready_untagged",
+			"instances_ready_tagged", "finished_counts"}},
+		// Every live row, through the partial index of its status (a list of statuses would
+		// read the whole table).
+		{"live_groups", nil, []string{"instances_ready_untagged", "instances_ready_tagged", "instances_parked"}},
+		{"machine_live", []any{pgx.NamedArgs{"machine": "m"}}, []string{"instances_ready_untagged",
+			"instances_ready_tagged", "instances_executing", "instances_parked"}},
+		{"machine_edges", []any{pgx.NamedArgs{"machine": "m", "sample": 100}}, []string{"instances_ready_untagged",
+			"instances_ready_tagged", "instances_executing", "instances_parked"}},
 		{"queue_stats_executing", nil, []string{"instances_executing"}},
 		{"queue_stats_parked", []any{pgx.NamedArgs{"statuses": []string{"awaiting", "joining"}}}, []string{"instances_parked"}},
 		{"queue_stats_finished", []any{pgx.NamedArgs{"statuses": []string{"done"}}}, []string{"finished_counts"}},
 		{"stuck_unknown_rate_limits", []any{pgx.NamedArgs{"r_names": []string{"api"}}}, []string{"instances_rate_waiting"}},
 		{"stuck_unknown_machines", []any{pgx.NamedArgs{"machines": []string{"m"}, "steps": []string{"s"},
-			"queues": []string{"q"}}}, []string{"instances_pick|instances_ready"}},
+			"queues": []string{"q"}}}, []string{"instances_ready_untagged", "instances_ready_tagged"}},
 		{"stuck_overdue_awaits", nil, []string{"instances_await_deadline"}},
 		{"throughput", []any{pgx.NamedArgs{"window_ms": 60000}}, []string{"instances_finalized"}},
 		{"inspect_instance", []any{pgx.NamedArgs{"id": 1, "inbox_after": 0, "inbox_limit": 10,

@@ -40,7 +40,8 @@ FROM {schema}.buckets WHERE key = @key;
 -- are of another fairness key than the row's: the due rows of more urgent priorities, and at its
 -- priority the tagged rows before it in tag order, or, for a row without a tag, the untagged due
 -- rows before it in time order (the fair scan places an untagged row near the head of the tagged
--- ones, where it cannot be counted exactly: they are left out). Ranges of instances_ready.
+-- ones, where it cannot be counted exactly: they are left out). Ranges of instances_ready_tagged
+-- and instances_ready_untagged.
 -- name: explain_ahead
 SELECT count(*), count(*) FILTER (WHERE a.fair_key IS DISTINCT FROM me.fair_key)
 FROM {schema}.instances AS me,

@@ -16,13 +16,26 @@ GROUP BY 1, 2, 3;
 -- name: current_minute
 SELECT (extract(epoch FROM date_trunc('minute', now())) / 60)::bigint;
 
--- A machine's live instances by step and status: every live row, through the status's partial
--- indexes (instances_ready, instances_executing, instances_parked) with a heap visit each:
--- O(live rows).
+-- @machine's live rows (step, status, path), read through the statuses' partial indexes
+-- (instances_ready_untagged, instances_ready_tagged, instances_executing, instances_parked: one
+-- arm each, as a list of statuses would match none of them and read the whole table) with a heap
+-- visit each: O(live rows).
+-- fragment: machine_live_rows
+(SELECT step, status, path FROM {schema}.instances
+ WHERE machine = @machine AND status = 'available' AND fair_tag IS NULL
+ UNION ALL
+ SELECT step, status, path FROM {schema}.instances
+ WHERE machine = @machine AND status = 'available' AND fair_tag IS NOT NULL
+ UNION ALL
+ SELECT step, status, path FROM {schema}.instances WHERE machine = @machine AND status = 'executing'
+ UNION ALL
+ SELECT step, status, path FROM {schema}.instances
+ WHERE machine = @machine AND status IN ('awaiting', 'joining'))
+
+-- A machine's live instances by step and status (machine_live_rows).
 -- name: machine_live
 SELECT step, status::text, count(*)
-FROM {schema}.instances
-WHERE machine = @machine AND status IN ('available', 'executing', 'awaiting', 'joining')
+FROM {{machine_live_rows}} AS l
 GROUP BY 1, 2;
 
 -- A machine's transitions, step to step, in the recorded paths of its live instances and of its
@@ -36,8 +49,7 @@ WITH sampled AS (
    ORDER BY finalized_at DESC, id DESC
    LIMIT @sample)
   UNION ALL
-  SELECT coalesce(path, '{}'), step, true FROM {schema}.instances
-  WHERE machine = @machine AND status IN ('available', 'executing', 'awaiting', 'joining')
+  SELECT coalesce(path, '{}'), step, true FROM {{machine_live_rows}} AS l
 ), seqs AS (
   SELECT CASE WHEN live AND (cardinality(path) = 0 OR path[cardinality(path)] <> step)
               THEN path || step ELSE path END AS seq

@@ -58,12 +58,12 @@ WITH input AS ({{input_one}})
 --
 -- Locks: none beyond the inserted row. (The test for rows ahead reads the pick index without
 -- locking: an insert racing with it can at worst start before an older row of its priority.)
--- The test reads the first row of the pick index (instances_ready) at each priority up to $5,
--- with the priority fixed: tagged rows come first there (each due), then the untagged ones in time
--- order, so the first row is due if any is, and rows scheduled for later are never read. (A range
--- on the priority would leave the time as a mere filter, and read every delayed row of the
--- queue.) OFFSET 0 keeps the test one subquery, run once: pulled up, it would run for each of the
--- four columns that read its answer.
+-- The test reads the first untagged row (instances_ready_untagged, in time order) at each
+-- priority up to $5, with the priority fixed, so that rows scheduled for later are never read (a
+-- range on the priority would leave the time as a mere filter, and read every delayed row of the
+-- queue); and whether any tagged row (each one due) is there, one descent of
+-- instances_ready_tagged. OFFSET 0 keeps the test one subquery, run once: pulled up, it would
+-- run for each of the four columns that read its answer.
 --
 -- $1 machine, $2 step, $3 state JSON text, $4 queue, $5 priority, $6 max attempts, $7 the claim
 -- token, $8 the lease in ms, $9 the machine's version.
@@ -77,13 +77,16 @@ SELECT $1::text, $2::text, $3::text::jsonb, $4::text, $5::smallint, $6::integer,
        CASE WHEN a.clear THEN now() + $8::bigint * interval '1 millisecond' END,
        $9::integer
 FROM (SELECT NOT EXISTS (SELECT 1 FROM generate_series(1, $5::integer) AS p(priority),
-                         LATERAL (SELECT x.fair_tag IS NOT NULL OR x.scheduled_at <= now() AS due
+                         LATERAL (SELECT x.scheduled_at <= now() AS due
                                   FROM {schema}.instances AS x
-                                  WHERE x.status = 'available' AND x.queue = $4::text
+                                  WHERE x.status = 'available' AND x.fair_tag IS NULL AND x.queue = $4::text
                                     AND x.priority = p.priority::smallint
-                                  ORDER BY x.fair_tag, x.scheduled_at, x.id
+                                  ORDER BY x.scheduled_at, x.id
                                   LIMIT 1) AS first
                          WHERE first.due)
+             AND NOT EXISTS (SELECT 1 FROM {schema}.instances AS x
+                             WHERE x.status = 'available' AND x.fair_tag IS NOT NULL AND x.queue = $4::text
+                               AND x.priority <= $5::smallint)
       OFFSET 0) AS a(clear)
 RETURNING id, status = 'executing', state, inserted_at;
 
@@ -164,8 +167,8 @@ ORDER BY u.ord, (e.status IN ('available', 'executing', 'awaiting', 'joining')) 
 -- Where the next row of a fairness key goes in its queue's fair order (start-time fair queueing):
 -- the later of the queue's head at the row's priority (the first tagged runnable row that is not
 -- paused) and the key's last tagged runnable row that is not paused, or 0 in an empty queue; its tag is that plus
--- its rank over its key's weight. Read without locks, through instances_ready and
--- instances_fair_last: rows of one key inserted by transactions that have not committed yet do
+-- its rank over its key's weight. Read without locks, through instances_ready_tagged and
+-- instances_fair_key (a key's rows, tagged ones first: NULL when it has none): rows of one key inserted by transactions that have not committed yet do
 -- not see each other, so they can share a place in the order (docs/fairness.md). The parameter
 -- names the relation whose row this is (queue, priority, fair_key).
 -- fragment: fair_base(r)
@@ -174,7 +177,7 @@ greatest((SELECT x.fair_tag FROM {schema}.instances AS x
             AND x.fair_tag IS NOT NULL AND x.paused_at IS NULL
           ORDER BY x.fair_tag, x.scheduled_at, x.id LIMIT 1),
          (SELECT x.fair_tag FROM {schema}.instances AS x
-          WHERE x.status = 'available' AND x.queue = {{r}}.queue AND x.priority = {{r}}.priority
-            AND x.fair_key = {{r}}.fair_key AND x.fair_tag IS NOT NULL AND x.paused_at IS NULL
-          ORDER BY x.fair_tag DESC LIMIT 1),
+          WHERE x.status = 'available' AND x.fair_key = {{r}}.fair_key AND x.queue = {{r}}.queue
+            AND x.priority = {{r}}.priority AND x.paused_at IS NULL
+          ORDER BY x.fair_tag DESC NULLS LAST LIMIT 1),
          0)

@@ -15,11 +15,14 @@ FROM {schema}.instances
 WHERE $1::text IS NULL OR queue = $1
 GROUP BY status;
 
--- Queues that have rows due within $1 ms (the test kit's Drain).
+-- Queues that have rows due within $1 ms (the test kit's Drain): the runnable rows, untagged and
+-- tagged (each in its index).
 -- name: runnable_queues
-SELECT DISTINCT queue
-FROM {schema}.instances
-WHERE status = 'available' AND scheduled_at <= now() + $1::bigint * interval '1 millisecond'
+SELECT queue FROM {schema}.instances
+WHERE status = 'available' AND fair_tag IS NULL AND scheduled_at <= now() + $1::bigint * interval '1 millisecond'
+UNION
+SELECT queue FROM {schema}.instances
+WHERE status = 'available' AND fair_tag IS NOT NULL AND scheduled_at <= now() + $1::bigint * interval '1 millisecond'
 ORDER BY queue;
 
 -- Why failed instances failed: the last error of each, counted.
@@ -36,18 +39,22 @@ ORDER BY 2 DESC, 1;
 -- snapshot).
 
 -- Available rows by queue: how many, how many are due now, and how long the longest-waiting due
--- one has been due (microseconds, by the database clock). Reads only instances_ready, the partial
--- index of available rows, which holds queue and scheduled_at: an index-only scan (heap visits
--- only for pages vacuum has not marked all-visible), O(available rows). Executing, parked and
--- finished rows, however many, are not read.
+-- one has been due (microseconds, by the database clock). Reads only the two partial indexes of
+-- available rows (instances_ready_untagged and instances_ready_tagged), which hold queue and
+-- scheduled_at: index-only scans (heap visits only for pages vacuum has not marked all-visible),
+-- O(available rows). Executing, parked and finished rows, however many, are not read.
 -- name: queue_stats_available
-SELECT queue,
-       count(*),
-       count(*) FILTER (WHERE scheduled_at <= now()),
-       coalesce((extract(epoch FROM now() - min(scheduled_at) FILTER (WHERE scheduled_at <= now()))
-                 * 1000000)::bigint, 0)
-FROM {schema}.instances
-WHERE status = 'available'
+SELECT queue, sum(n)::bigint, sum(due)::bigint,
+       coalesce((extract(epoch FROM now() - min(oldest)) * 1000000)::bigint, 0)
+FROM (SELECT queue, count(*) AS n, count(*) FILTER (WHERE scheduled_at <= now()) AS due,
+             min(scheduled_at) FILTER (WHERE scheduled_at <= now()) AS oldest
+      FROM {schema}.instances WHERE status = 'available' AND fair_tag IS NULL
+      GROUP BY queue
+      UNION ALL
+      SELECT queue, count(*), count(*) FILTER (WHERE scheduled_at <= now()),
+             min(scheduled_at) FILTER (WHERE scheduled_at <= now())
+      FROM {schema}.instances WHERE status = 'available' AND fair_tag IS NOT NULL
+      GROUP BY queue) AS a
 GROUP BY queue;
 
 -- Executing rows by queue. Reads instances_executing, the partial index of claimed rows, and
@@ -92,16 +99,20 @@ GROUP BY 1, 2;
 
 -- Available rows (due or not) whose (machine, step) is not among this client's registered
 -- (@machines, @steps) pairs, in @queues (empty: every queue). The third column is the unknown
--- step of a known machine, '' for an unknown machine. Reads instances_ready and each row's heap
--- tuple (machine and step are in no index of available rows): O(available rows in those queues).
+-- step of a known machine, '' for an unknown machine. Reads the two indexes of available rows
+-- (untagged and tagged) and each row's heap tuple (machine and step are in no index of available
+-- rows): O(available rows in those queues).
 -- name: stuck_unknown_machines
 SELECT i.queue,
        i.machine,
        CASE WHEN i.machine = ANY(@machines::text[]) THEN i.step ELSE '' END,
        count(*), min(i.scheduled_at), min(i.id)
-FROM {schema}.instances AS i
-WHERE i.status = 'available'
-  AND (cardinality(@queues::text[]) = 0 OR i.queue = ANY(@queues::text[]))
+FROM (SELECT queue, machine, step, scheduled_at, id FROM {schema}.instances
+      WHERE status = 'available' AND fair_tag IS NULL
+      UNION ALL
+      SELECT queue, machine, step, scheduled_at, id FROM {schema}.instances
+      WHERE status = 'available' AND fair_tag IS NOT NULL) AS i
+WHERE (cardinality(@queues::text[]) = 0 OR i.queue = ANY(@queues::text[]))
   AND NOT EXISTS (SELECT 1 FROM unnest(@machines::text[], @steps::text[]) AS k(machine, step)
                   WHERE k.machine = i.machine AND k.step = i.step)
 GROUP BY 1, 2, 3;

@@ -28,11 +28,18 @@ WHERE seen_at >= now() - @live_ms * interval '1 millisecond'
 ORDER BY id;
 
 -- The live rows grouped by what a node needs to run them: queue, machine, machine version and
--- step, for the blocked check. Reads every available, awaiting and joining row, through
--- instances_ready and instances_parked with a heap visit each: O(live rows). No locks.
+-- step, for the blocked check. Reads every available, awaiting and joining row, through their
+-- partial indexes (one arm each: a list of statuses would match none of them, and read the
+-- whole table) with a heap visit each: O(live rows). No locks.
 -- name: live_groups
 SELECT queue, machine, machine_version, step, count(*), min(scheduled_at), min(id)
-FROM {schema}.instances
-WHERE status IN ('available', 'awaiting', 'joining')
+FROM (SELECT queue, machine, machine_version, step, scheduled_at, id FROM {schema}.instances
+      WHERE status = 'available' AND fair_tag IS NULL
+      UNION ALL
+      SELECT queue, machine, machine_version, step, scheduled_at, id FROM {schema}.instances
+      WHERE status = 'available' AND fair_tag IS NOT NULL
+      UNION ALL
+      SELECT queue, machine, machine_version, step, scheduled_at, id FROM {schema}.instances
+      WHERE status IN ('awaiting', 'joining')) AS l
 GROUP BY 1, 2, 3, 4
 ORDER BY 1, 2, 3, 4;

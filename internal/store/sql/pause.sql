@@ -49,8 +49,10 @@ SELECT status::text FROM {schema}.instances WHERE id = @id;
 SELECT coalesce((SELECT array_agg(DISTINCT q) FROM {schema}.nodes, unnest(queues) AS q), '{}'),
        coalesce((SELECT array_agg(DISTINCT m.key) FROM {schema}.nodes, jsonb_each(machines) AS m), '{}');
 
--- Whether a queue holds available rows (through instances_ready) or ever finished one (the
--- finished counts): a queue no node works may still be worth pausing. No locks.
+-- Whether a queue holds available rows (through the indexes of the untagged and the tagged ones)
+-- or ever finished one (the finished counts): a queue no node works may still be worth pausing.
+-- No locks.
 -- name: queue_has_rows
-SELECT EXISTS (SELECT 1 FROM {schema}.instances WHERE status = 'available' AND queue = @queue)
+SELECT EXISTS (SELECT 1 FROM {schema}.instances WHERE status = 'available' AND fair_tag IS NULL AND queue = @queue)
+    OR EXISTS (SELECT 1 FROM {schema}.instances WHERE status = 'available' AND fair_tag IS NOT NULL AND queue = @queue)
     OR EXISTS (SELECT 1 FROM {schema}.finished_counts WHERE queue = @queue);

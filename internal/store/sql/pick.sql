@@ -117,21 +117,22 @@ RETURNING i.id, i.machine, i.step, i.state, i.attempt, i.max_attempts, i.priorit
           (SELECT count(*) FROM candidates), (SELECT n FROM refused), (SELECT denied FROM refused)
 
 -- The candidate scan. Its filters (the predicates below) go into each of its scans, each as
--- "AND <filter>". It walks the pick index (instances_ready) one priority at a time (1 to 9, the
--- column's range), each with the priority fixed, so that each walk is bounded: rows scheduled for
--- later are never read. (Ordered by priority and time in one walk, the time would be a mere
--- filter, and an idle pick would read every delayed row of the queue.) The walks run in priority
--- order and only as far as the outer LIMIT pulls: a priority with a full batch due ends the scan.
+-- "AND <filter>". It walks the pick indexes one priority at a time (1 to 9, the column's range),
+-- each with the priority fixed, so that each walk is bounded: rows scheduled for later are never
+-- read. (Ordered by priority and time in one walk, the time would be a mere filter, and an idle
+-- pick would read every delayed row of the queue.) The walks run in priority order and only as
+-- far as the outer LIMIT pulls: a priority with a full batch due ends the scan.
 --
--- Within a priority the index holds first the rows with a fair tag, in tag order, then the rows
--- without one, in time order (fair_tag is NULL in all of them: ordering by it too is the
--- index's order). Every pick statement comes in two scans (store/pick.go):
+-- The runnable rows are in two indexes: instances_ready_untagged holds those without a fair tag,
+-- in time order, and instances_ready_tagged those with one, in tag order. Every pick statement
+-- comes in two scans (store/pick.go):
 --
 -- The plain scan reads the rows without a tag, in time order, and nothing else; and only while
--- the queue holds no tagged runnable row (queue_untagged: one probe of the index per priority).
--- A queue whose rows have no fairness key is picked exactly as without fairness. When the queue
--- holds tagged rows the plain scan claims nothing, and the caller picks again with the fair scan
--- (it learns of them from pick_tagged, which it runs after a pick that did not fill its batch).
+-- the queue holds no tagged runnable row (queue_untagged: one descent of the tagged index).
+-- A queue whose rows have no fairness key is picked exactly as without fairness, and its rows
+-- are in no index that fairness added. When the queue holds tagged rows the plain scan claims
+-- nothing, and the caller picks again with the fair scan (it learns of them from pick_tagged,
+-- which it runs after a pick that did not fill its batch).
 --
 -- The fair scan (docs/fairness.md) reads up to a batch of each part per priority and merges them
 -- by tag: an untagged row (one without a key, or one that became due later than it became
@@ -157,21 +158,19 @@ candidates AS MATERIALIZED (
       AND {{queue_untagged}}
 
 -- fragment: scan_plain_end
-    ORDER BY i.fair_tag, i.scheduled_at, i.id
+    ORDER BY i.scheduled_at, i.id
     LIMIT @limit
     FOR NO KEY UPDATE OF i SKIP LOCKED
   ) AS c
   LIMIT @limit
 )
 
--- The queue holds no tagged runnable row (of any priority: one probe of instances_ready each),
--- as of the statement's snapshot; evaluated once per statement.
+-- The queue holds no tagged runnable row, as of the statement's snapshot: one descent of
+-- instances_ready_tagged, which a queue without fairness keys leaves empty; evaluated once per
+-- statement.
 -- fragment: queue_untagged
-NOT EXISTS (SELECT 1 FROM generate_series(1, 9) AS tp(priority),
-            LATERAL (SELECT 1 FROM {schema}.instances AS x
-                     WHERE x.status = 'available' AND x.queue = @queue AND x.priority = tp.priority::smallint
-                       AND x.fair_tag IS NOT NULL
-                     LIMIT 1) AS t)
+NOT EXISTS (SELECT 1 FROM {schema}.instances AS x
+            WHERE x.status = 'available' AND x.fair_tag IS NOT NULL AND x.queue = @queue)
 
 -- Whether @queue holds tagged runnable rows (the caller's cue to pick with the fair scan).
 -- name: pick_tagged
@@ -205,8 +204,7 @@ candidates AS MATERIALIZED (
         AND i.fair_tag IS NULL
 
 -- fragment: scan_end
-      -- (fair_tag is NULL in every row here: ordering by it too is the index's order, no sort.)
-      ORDER BY i.fair_tag, i.scheduled_at, i.id
+      ORDER BY i.scheduled_at, i.id
       LIMIT @limit
       FOR NO KEY UPDATE OF i SKIP LOCKED
     )
@@ -221,10 +219,9 @@ candidates AS MATERIALIZED (
            SELECT r.id, r.ckey, r.rkey, r.weight, r.priority, r.scheduled_at,
                   greatest((SELECT min(t.etag) FROM tagged AS t),
                            (SELECT x.fair_tag FROM {schema}.instances AS x
-                            WHERE r.fkey IS NOT NULL AND x.status = 'available' AND x.queue = @queue
-                              AND x.priority = r.priority AND x.fair_key = r.fkey AND x.fair_tag IS NOT NULL
-                              AND x.paused_at IS NULL
-                            ORDER BY x.fair_tag DESC LIMIT 1))
+                            WHERE r.fkey IS NOT NULL AND x.status = 'available' AND x.fair_key = r.fkey
+                              AND x.queue = @queue AND x.priority = r.priority AND x.paused_at IS NULL
+                            ORDER BY x.fair_tag DESC NULLS LAST LIMIT 1))
                   + r.rk / coalesce((SELECT w.weight FROM unnest(@fw_keys::text[], @fw_weights::double precision[]) AS w(key, weight)
                                      WHERE w.key = r.fkey), @fw_default::double precision)
            FROM (SELECT u.*, row_number() OVER (PARTITION BY u.fkey ORDER BY u.scheduled_at, u.id) AS rk

@@ -5,8 +5,8 @@
 -- left to the next batch (or to the claim, which upgrades it anyway).
 
 -- A batch of @machine's rows below @version, not claimed (available, due or not, awaiting or
--- joining), with ids above @after, oldest first. Reads instances_ready and instances_parked (the
--- live rows) and locks the batch's rows (FOR UPDATE SKIP LOCKED: a pick or a signal holding one
+-- joining), with ids above @after, oldest first. Walks the primary key from @after (the batches
+-- of one upgrade walk it once between them) and locks the batch's rows (FOR UPDATE SKIP LOCKED: a pick or a signal holding one
 -- is skipped, never waited for).
 -- name: upgrade_batch
 SELECT id, step, state, machine_version
