@@ -78,7 +78,11 @@ func TestHalfOpenConnectionsDoNotPinTheWorker(t *testing.T) {
 			}
 		}
 	}}
-	m := linear("linear5", 300*time.Millisecond, nil)
+	// The first steps wait for the cut: their outcomes are committed through the cut-off
+	// connections, whatever the machine's load. (Left to run, four 300 ms steps seen executing
+	// could all commit before a loaded machine got to the cut, and no outcome was left to fail.)
+	cut := make(chan struct{})
+	m := linear("linear5", 300*time.Millisecond, func(*gendurable.Ctx) { <-cut })
 	const lease = time.Second
 	cfg := &gendurable.Config{
 		Schema: e.schema, Machines: []gendurable.Machine{m}, Lease: lease, Heartbeat: 200 * time.Millisecond,
@@ -110,6 +114,7 @@ func TestHalfOpenConnectionsDoNotPinTheWorker(t *testing.T) {
 
 	t0 := time.Now()
 	proxy.Blackhole(time.Hour)
+	close(cut)
 	// An Await caller on the cut-off client answers by its deadline plus the grace.
 	const wait = time.Second
 	a, err := cl.Await(ctx, ids[0], wait, nil)

@@ -64,6 +64,8 @@ func TestFairPickServesKeysInTurnAndFillsItsBatch(t *testing.T) {
 	res, err := s.Pick(ctx, pool, "q", 10, "plain#1", PickOpts{Lease: time.Minute})
 	require.NoError(t, err)
 	require.Len(t, res.Rows, 1, "the plain scan of a queue without tagged rows")
+	require.NoError(t, res.TaggedErr)
+	require.False(t, res.Tagged, "the pick's own probe")
 
 	// A's backlog, then small ones: B (tagged), rows without a key, C due since a moment ago
 	// (scheduled, so untagged: the pick places it).
@@ -73,6 +75,8 @@ func TestFairPickServesKeysInTurnAndFillsItsBatch(t *testing.T) {
 	require.True(t, tagged)
 	res, err = s.Pick(ctx, pool, "q", 10, "plain#2", PickOpts{Lease: time.Minute})
 	require.NoError(t, err)
+	require.NoError(t, res.TaggedErr)
+	require.True(t, res.Tagged, "the pick's own probe")
 	require.Empty(t, res.Rows, "the plain scan claims nothing from a queue with tagged rows")
 	insert(5, row("B", 5))
 	insert(5, row("", 5))

@@ -290,6 +290,11 @@ type PickResult struct {
 	Refused int
 	// RateDenied counts the rate-limited rows of the window their bucket could not afford.
 	RateDenied int
+	// Tagged says the queue held runnable rows with a fair tag right after the pick (pick_tagged,
+	// sent in the pick's round trip): its next pick must use the fair scan. TaggedErr says why
+	// that could not be read; the rows are claimed all the same.
+	Tagged    bool
+	TaggedErr error
 }
 
 // Hint names the gate and rate-limit keys an admission pick expects among its candidates,
@@ -429,12 +434,21 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 			return PickResult{}, err
 		}
 	}
-	rows, done, err := s.queryPicking(ctx, db, stmt, args)
+	rows, done, err := s.queryPicking(ctx, db, stmt, args, queue)
 	if err != nil {
 		return PickResult{}, err
 	}
-	defer done()
 	res := PickResult{}
+	res.Rows, err = s.claimedRows(rows, queue, limit, &res)
+	res.Tagged, res.TaggedErr = done()
+	if err != nil {
+		return PickResult{}, err
+	}
+	return res, nil
+}
+
+// claimedRows reads a pick's claimed rows (and its counts into res), in urgency order.
+func (s *Store) claimedRows(rows pgx.Rows, queue string, limit int, res *PickResult) ([]Claimed, error) {
 	out := make([]Claimed, 0, limit)
 	for rows.Next() {
 		var c Claimed
@@ -447,18 +461,18 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 			&c.CorrelationKey, &c.InsertedAt, &c.AwaitNames, &c.Signalled, &inbox, &c.Child, &children,
 			&c.ConcurrencyKey, &c.ConcurrencyShard, &c.RateLimit, &version, &c.FairKey,
 			&considered, &refused, &denied); err != nil {
-			return PickResult{}, err
+			return nil, err
 		}
 		res.Considered, res.Refused, res.RateDenied = int(considered), int(refused), int(denied)
 		if len(children) > 0 {
 			if err := json.Unmarshal(children, &c.Children); err != nil {
-				return PickResult{}, fmt.Errorf("decode children of %d: %w", c.ID, err)
+				return nil, fmt.Errorf("decode children of %d: %w", c.ID, err)
 			}
 		}
 		c.Attempt, c.MaxAttempts, c.Priority, c.MachineVersion = int(attempt), int(maxAttempts), int(priority), int(version)
 		if len(inbox) > 0 {
 			if err := json.Unmarshal(inbox, &c.Inbox); err != nil {
-				return PickResult{}, fmt.Errorf("decode inbox of %d: %w", c.ID, err)
+				return nil, fmt.Errorf("decode inbox of %d: %w", c.ID, err)
 			}
 		}
 		c.Queue = queue
@@ -466,7 +480,7 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 		out = append(out, c)
 	}
 	if err := rows.Err(); err != nil {
-		return PickResult{}, err
+		return nil, err
 	}
 	// The UPDATE returns rows in no particular order; run them in urgency order.
 	sort.Slice(out, func(i, j int) bool {
@@ -475,36 +489,52 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 		}
 		return out[i].ID < out[j].ID
 	})
-	res.Rows = out
-	return res, nil
+	return out, nil
 }
 
 // QueueTagged reports whether queue holds runnable rows with a fair tag: a pick from it must use
 // the fair scan (PickOpts.FairOrder).
 func (s *Store) QueueTagged(ctx context.Context, db DB, queue string) (bool, error) {
-	rows, done, err := s.queryPicking(ctx, db, "pick_tagged", pgx.NamedArgs{"queue": queue})
+	rows, done, err := s.queryPicking(ctx, db, "pick_tagged", pgx.NamedArgs{"queue": queue}, "")
 	if err != nil {
 		return false, err
 	}
-	defer done()
-	return pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
+	tagged, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
+	if _, derr := done(); err == nil {
+		err = derr
+	}
+	return tagged, err
 }
 
 // queryPicking runs statement stmt of the pick family under pick_settings, sent with it in one
 // round trip (its own implicit transaction), so that its plan stays index probes whatever the
-// statistics said when it was cached. In a caller's transaction (the test kit's Drain) the
-// settings would outlive it, and it runs as it is. done closes the rows and the batch.
-func (s *Store) queryPicking(ctx context.Context, db DB, stmt string, args pgx.NamedArgs) (pgx.Rows, func(), error) {
+// statistics said when it was cached. With probe (a queue), pick_tagged for that queue follows
+// stmt in the same round trip: the caller learns whether the queue holds tagged rows without a
+// round trip of its own between the pick and the running of what it claimed. done closes the
+// rows and the batch, and returns the probe's answer. In a caller's transaction (the test kit's
+// Drain) the settings would outlive it, and the statements run as they are.
+func (s *Store) queryPicking(ctx context.Context, db DB, stmt string, args pgx.NamedArgs, probe string) (pgx.Rows, func() (bool, error), error) {
 	if _, inTx := db.(pgx.Tx); inTx {
 		rows, err := db.Query(ctx, s.sql(stmt), args)
 		if err != nil {
 			return nil, nil, err
 		}
-		return rows, rows.Close, nil
+		return rows, func() (bool, error) {
+			rows.Close()
+			if probe == "" {
+				return false, rows.Err()
+			}
+			var tagged bool
+			err := db.QueryRow(ctx, s.sql("pick_tagged"), pgx.NamedArgs{"queue": probe}).Scan(&tagged)
+			return tagged, err
+		}, nil
 	}
 	b := &pgx.Batch{}
 	b.Queue(s.sql("pick_settings"), pickLockTimeout)
 	b.Queue(s.sql(stmt), args)
+	if probe != "" {
+		b.Queue(s.sql("pick_tagged"), pgx.NamedArgs{"queue": probe})
+	}
 	br := db.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
@@ -515,5 +545,16 @@ func (s *Store) queryPicking(ctx context.Context, db DB, stmt string, args pgx.N
 		_ = br.Close()
 		return nil, nil, err
 	}
-	return rows, func() { rows.Close(); _ = br.Close() }, nil
+	return rows, func() (bool, error) {
+		rows.Close()
+		var tagged bool
+		err := rows.Err()
+		if probe != "" && err == nil {
+			err = br.QueryRow().Scan(&tagged)
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		return tagged, err
+	}, nil
 }

@@ -132,7 +132,7 @@ RETURNING i.id, i.machine, i.step, i.state, i.attempt, i.max_attempts, i.priorit
 -- A queue whose rows have no fairness key is picked exactly as without fairness, and its rows
 -- are in no index that fairness added. When the queue holds tagged rows the plain scan claims
 -- nothing, and the caller picks again with the fair scan (it learns of them from pick_tagged,
--- which it runs after a pick that did not fill its batch).
+-- which every pick sends after its statement in the same round trip).
 --
 -- The fair scan (docs/fairness.md) reads up to a batch of each part per priority and merges them
 -- by tag: an untagged row (one without a key, or one that became due later than it became
@@ -172,7 +172,10 @@ candidates AS MATERIALIZED (
 NOT EXISTS (SELECT 1 FROM {schema}.instances AS x
             WHERE x.status = 'available' AND x.fair_tag IS NOT NULL AND x.queue = @queue)
 
--- Whether @queue holds tagged runnable rows (the caller's cue to pick with the fair scan).
+-- Whether @queue holds tagged runnable rows (the caller's cue to pick with the fair scan). Sent
+-- after each pick in its round trip, so that learning it never stands between a pick and the
+-- running of the rows it claimed (a round trip of its own there once held a half-open
+-- connection's claims for its whole statement timeout).
 -- name: pick_tagged
 SELECT NOT {{queue_untagged}};
 
