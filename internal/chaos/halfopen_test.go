@@ -78,9 +78,8 @@ func TestHalfOpenConnectionsDoNotPinTheWorker(t *testing.T) {
 			}
 		}
 	}}
-	// The first steps wait for the cut: their outcomes are committed through the cut-off
-	// connections, whatever the machine's load. (Left to run, four 300 ms steps seen executing
-	// could all commit before a loaded machine got to the cut, and no outcome was left to fail.)
+	// The first steps wait for the cut, so that their outcomes are committed through the cut-off
+	// connections however long a loaded machine takes to get to the cut.
 	cut := make(chan struct{})
 	m := linear("linear5", 300*time.Millisecond, func(*gendurable.Ctx) { <-cut })
 	const lease = time.Second
