@@ -99,10 +99,12 @@ func required(ms []Migration) int {
 
 // DefaultTarget is the version Migrate brings a schema at version current to when no target is
 // given: a schema being created (current 0) is built whole, to Version; an existing one is brought
-// to Required at most, never through a contract migration. Those remove what the libraries before
-// this one read, so they run only when asked for by their version (MigrateTo, `gendurable migrate
-// --target`), once every node runs this library: a Migrate that every process runs at start stays
-// safe while older nodes still run.
+// to Required at most, never through the contract migrations this library ends with. Those remove
+// what the library before this one reads, so they run only when asked for by their version
+// (MigrateTo, `gendurable migrate --target`), once every node runs this library: a Migrate that
+// every process runs at start stays safe while nodes of the previous library still run. (A
+// contract migration below Required, an earlier library's, is applied on the way: it removes
+// only what libraries older than the previous one read.)
 func DefaultTarget(current int) int {
 	switch {
 	case current == 0:

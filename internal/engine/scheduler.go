@@ -370,16 +370,12 @@ func (e *Engine) pickOnce(ctx context.Context, db store.DB, queue string, n int,
 		for i := range res.Rows {
 			res.Rows[i].Owner = owner
 		}
-		// Whether the queue holds tagged rows comes back with every pick (res.Tagged). The mode
-		// follows it after a plain pick that did not fill its batch, and after a fair pick that
-		// claimed no row with a key (tagged rows that cannot run now, a paused one or a full
-		// key's, keep the queue fair).
+		// Whether the queue holds tagged rows comes back with every pick (res.Tagged, read as it
+		// began). The mode follows it after a plain pick that did not fill its batch (a plain
+		// pick claims nothing while tagged rows are there), and after a fair pick that claimed
+		// no row with a key (it claimed no tagged row: tagged rows that cannot run now, a paused
+		// one or a full key's, keep the queue fair).
 		if (!fair && len(res.Rows) < n) || (fair && !slices.ContainsFunc(res.Rows, func(c store.Claimed) bool { return c.FairKey != nil })) {
-			if res.TaggedErr != nil {
-				// The rows are claimed: run them; the next pick asks again.
-				e.log.Warn("gendurable: fair order probe failed", "queue", queue, "err", res.TaggedErr)
-				return res.Rows, nil
-			}
 			mode.Store(res.Tagged)
 			if res.Tagged && !fair && len(res.Rows) == 0 {
 				continue // the plain scan claimed nothing: pick fairly at once

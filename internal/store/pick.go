@@ -290,11 +290,9 @@ type PickResult struct {
 	Refused int
 	// RateDenied counts the rate-limited rows of the window their bucket could not afford.
 	RateDenied int
-	// Tagged says the queue held runnable rows with a fair tag right after the pick (pick_tagged,
-	// sent in the pick's round trip): its next pick must use the fair scan. TaggedErr says why
-	// that could not be read; the rows are claimed all the same.
-	Tagged    bool
-	TaggedErr error
+	// Tagged says the queue held runnable rows with a fair tag as the pick began (pick_tagged,
+	// sent in the pick's round trip, before it): its next pick must use the fair scan.
+	Tagged bool
 }
 
 // Hint names the gate and rate-limit keys an admission pick expects among its candidates,
@@ -366,7 +364,7 @@ type PickOpts struct {
 	// PausedMachines are the machines whose rows the pick must leave alone.
 	PausedMachines []string
 	// Fair are the client's fairness weights (nil: every key weighs 1). FairOrder picks with the
-	// fair scan, for a queue that holds tagged rows (see QueueTagged); without it a pick claims
+	// fair scan, for a queue that holds tagged rows (PickResult.Tagged); without it a pick claims
 	// nothing from such a queue.
 	Fair      *FairWeights
 	FairOrder bool
@@ -434,13 +432,16 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 			return PickResult{}, err
 		}
 	}
-	rows, done, err := s.queryPicking(ctx, db, stmt, args, queue)
+	rows, tagged, done, err := s.queryPicking(ctx, db, stmt, args, queue)
 	if err != nil {
 		return PickResult{}, err
 	}
-	res := PickResult{}
+	res := PickResult{Tagged: tagged}
 	res.Rows, err = s.claimedRows(rows, queue, limit, &res)
-	res.Tagged, res.TaggedErr = done()
+	// The claims are the batch's implicit transaction's: they stand only if it commits.
+	if derr := done(); err == nil {
+		err = derr
+	}
 	if err != nil {
 		return PickResult{}, err
 	}
@@ -495,12 +496,12 @@ func (s *Store) claimedRows(rows pgx.Rows, queue string, limit int, res *PickRes
 // QueueTagged reports whether queue holds runnable rows with a fair tag: a pick from it must use
 // the fair scan (PickOpts.FairOrder).
 func (s *Store) QueueTagged(ctx context.Context, db DB, queue string) (bool, error) {
-	rows, done, err := s.queryPicking(ctx, db, "pick_tagged", pgx.NamedArgs{"queue": queue}, "")
+	rows, _, done, err := s.queryPicking(ctx, db, "pick_tagged", pgx.NamedArgs{"queue": queue}, "")
 	if err != nil {
 		return false, err
 	}
 	tagged, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
-	if _, derr := done(); err == nil {
+	if derr := done(); err == nil {
 		err = derr
 	}
 	return tagged, err
@@ -508,53 +509,55 @@ func (s *Store) QueueTagged(ctx context.Context, db DB, queue string) (bool, err
 
 // queryPicking runs statement stmt of the pick family under pick_settings, sent with it in one
 // round trip (its own implicit transaction), so that its plan stays index probes whatever the
-// statistics said when it was cached. With probe (a queue), pick_tagged for that queue follows
-// stmt in the same round trip: the caller learns whether the queue holds tagged rows without a
-// round trip of its own between the pick and the running of what it claimed. done closes the
-// rows and the batch, and returns the probe's answer. In a caller's transaction (the test kit's
-// Drain) the settings would outlive it, and the statements run as they are.
-func (s *Store) queryPicking(ctx context.Context, db DB, stmt string, args pgx.NamedArgs, probe string) (pgx.Rows, func() (bool, error), error) {
+// statistics said when it was cached. With probe (a queue), pick_tagged for that queue goes
+// before stmt in the same round trip: the caller learns whether the queue holds tagged rows
+// without a round trip of its own between the pick and the running of what it claimed. (Before
+// the pick, not after it: the batch is one transaction, and a probe that failed after the pick
+// would roll its claims back.) done closes the rows and the batch; its error (the commit's)
+// means the statement's work did not stand. In a caller's transaction (the test kit's Drain)
+// the settings would outlive it, and the statements run as they are.
+func (s *Store) queryPicking(ctx context.Context, db DB, stmt string, args pgx.NamedArgs, probe string) (rows pgx.Rows, tagged bool, done func() error, err error) {
 	if _, inTx := db.(pgx.Tx); inTx {
+		if probe != "" {
+			if err := db.QueryRow(ctx, s.sql("pick_tagged"), pgx.NamedArgs{"queue": probe}).Scan(&tagged); err != nil {
+				return nil, false, nil, err
+			}
+		}
 		rows, err := db.Query(ctx, s.sql(stmt), args)
 		if err != nil {
-			return nil, nil, err
+			return nil, false, nil, err
 		}
-		return rows, func() (bool, error) {
-			rows.Close()
-			if probe == "" {
-				return false, rows.Err()
-			}
-			var tagged bool
-			err := db.QueryRow(ctx, s.sql("pick_tagged"), pgx.NamedArgs{"queue": probe}).Scan(&tagged)
-			return tagged, err
-		}, nil
+		return rows, tagged, func() error { rows.Close(); return rows.Err() }, nil
 	}
 	b := &pgx.Batch{}
 	b.Queue(s.sql("pick_settings"), pickLockTimeout)
-	b.Queue(s.sql(stmt), args)
 	if probe != "" {
 		b.Queue(s.sql("pick_tagged"), pgx.NamedArgs{"queue": probe})
 	}
+	b.Queue(s.sql(stmt), args)
 	br := db.SendBatch(ctx, b)
+	fail := func(err error) (pgx.Rows, bool, func() error, error) {
+		_ = br.Close()
+		return nil, false, nil, err
+	}
 	if _, err := br.Exec(); err != nil {
-		_ = br.Close()
-		return nil, nil, err
+		return fail(err)
 	}
-	rows, err := br.Query()
-	if err != nil {
-		_ = br.Close()
-		return nil, nil, err
-	}
-	return rows, func() (bool, error) {
-		rows.Close()
-		var tagged bool
-		err := rows.Err()
-		if probe != "" && err == nil {
-			err = br.QueryRow().Scan(&tagged)
+	if probe != "" {
+		if err := br.QueryRow().Scan(&tagged); err != nil {
+			return fail(err)
 		}
+	}
+	rows, err = br.Query()
+	if err != nil {
+		return fail(err)
+	}
+	return rows, tagged, func() error {
+		rows.Close()
+		err := rows.Err()
 		if cerr := br.Close(); err == nil {
 			err = cerr
 		}
-		return tagged, err
+		return err
 	}, nil
 }

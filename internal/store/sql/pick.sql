@@ -173,8 +173,8 @@ NOT EXISTS (SELECT 1 FROM {schema}.instances AS x
             WHERE x.status = 'available' AND x.fair_tag IS NOT NULL AND x.queue = @queue)
 
 -- Whether @queue holds tagged runnable rows (the caller's cue to pick with the fair scan). Sent
--- after each pick in its round trip, so that learning it never stands between a pick and the
--- running of the rows it claimed (a round trip of its own there once held a half-open
+-- with each pick, before it, in its round trip, so that learning it never stands between a pick
+-- and the running of the rows it claimed (a round trip of its own there once held a half-open
 -- connection's claims for its whole statement timeout).
 -- name: pick_tagged
 SELECT NOT {{queue_untagged}};
