@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable/durabledbtest"
+	"github.com/gendurable/gendurable/durablemigrate"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
@@ -221,13 +222,25 @@ func TestFairPickComposesWithKeysAndLimits(t *testing.T) {
 // probe of a key's last row instances_fair_key, the queue's head and the plain pick's guard
 // instances_ready_tagged, the plain scan instances_ready_untagged. (A key probe through the queue's
 // tagged rows reads all of them for every row inserted: an insert of n keyed rows costs O(n²).)
+// Also on a schema at 13, which this library runs against until the contract migration 14: there
+// version 11's instances_ready and instances_fair_last are still there, and after a down from 14
+// they are the newest indexes (the planner breaks a tie between equal costs by the index built
+// last).
 func TestFairProbesReadTheirOwnIndexesWithoutStatistics(t *testing.T) {
+	for _, version := range []int{durablemigrate.Version, durablemigrate.Required} {
+		t.Run(fmt.Sprint(version), func(t *testing.T) { fairProbesReadTheirOwnIndexes(t, version) })
+	}
+}
+
+func fairProbesReadTheirOwnIndexes(t *testing.T, version int) {
 	pool := durabledbtest.Pool(t, 2)
 	schema := durabledbtest.Schema(t, pool)
 	s, err := New(schema)
 	require.NoError(t, err)
 	ctx := context.Background()
+	require.NoError(t, durablemigrate.MigrateTo(ctx, pool, schema, version))
 	prepared := 0
+	var plans []string
 	generic := func(stmt string, values []string) string {
 		t.Helper()
 		prepared++
@@ -243,6 +256,7 @@ func TestFairProbesReadTheirOwnIndexesWithoutStatistics(t *testing.T) {
 		require.NoError(t, err)
 		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 		require.NoError(t, err)
+		plans = append(plans, strings.Join(lines, "\n"))
 		return strings.Join(lines, "\n")
 	}
 	// named turns a statement's @names into positional parameters, with their literal values.
@@ -256,6 +270,12 @@ func TestFairProbesReadTheirOwnIndexesWithoutStatistics(t *testing.T) {
 			return fmt.Sprintf("$%d", len(names))
 		}), values
 	}
+	// walks says the plan walks index; on a schema at 13, version 11's instances_ready, bounded
+	// to the same part by its fair_tag condition (checked below), does as well.
+	walks := func(plan, index string) bool {
+		return strings.Contains(plan, "using "+index) ||
+			(version < durablemigrate.Version && strings.Contains(plan, "using instances_ready on"))
+	}
 	keyProbeOnItsIndex := func(stmt, plan string) {
 		t.Helper()
 		require.Contains(t, plan, "Index Scan using instances_fair_key", "%s:\n%s", stmt, plan)
@@ -265,7 +285,7 @@ func TestFairProbesReadTheirOwnIndexesWithoutStatistics(t *testing.T) {
 	plan := generic(s.sql("insert_many_fair"), []string{"'{m}'", "'{s}'", `'{"{}"}'`, "'{q}'", "'{5}'", "'{NULL}'",
 		"'{0}'", "'{1}'", "'{NULL}'", "'{0}'", "'{0}'", "'{NULL}'", "'{NULL}'", "'{1}'", "'{1}'", "'{t}'", "'{1}'", "'{1}'"})
 	keyProbeOnItsIndex("insert_many_fair", plan)
-	require.Contains(t, plan, "Index Scan using instances_ready_tagged", "the queue's head:\n%s", plan)
+	require.True(t, walks(plan, "instances_ready_tagged"), "the queue's head:\n%s", plan)
 
 	literal := map[string]string{"queue": "'q'", "limit": "100", "owner": "'o#1'", "lease": "60000",
 		"mv_names": "'{m}'", "mv_versions": "'{2}'", "paused_machines": "'{other}'",
@@ -273,14 +293,32 @@ func TestFairProbesReadTheirOwnIndexesWithoutStatistics(t *testing.T) {
 	stmt, values := named("pick_fair", literal)
 	plan = generic(stmt, values)
 	keyProbeOnItsIndex("pick_fair", plan)
-	require.Contains(t, plan, "using instances_ready_tagged", "pick_fair's tagged rows:\n%s", plan)
-	require.Contains(t, plan, "using instances_ready_untagged", "pick_fair's untagged rows:\n%s", plan)
+	require.True(t, walks(plan, "instances_ready_tagged"), "pick_fair's tagged rows:\n%s", plan)
+	require.True(t, walks(plan, "instances_ready_untagged"), "pick_fair's untagged rows:\n%s", plan)
 
 	stmt, values = named("pick", literal)
 	plan = generic(stmt, values)
-	require.Contains(t, plan, "using instances_ready_untagged", "the plain scan:\n%s", plan)
-	require.Contains(t, plan, "using instances_ready_tagged", "the plain scan's guard:\n%s", plan)
+	require.True(t, walks(plan, "instances_ready_untagged"), "the plain scan:\n%s", plan)
+	require.True(t, walks(plan, "instances_ready_tagged"), "the plain scan's guard:\n%s", plan)
 	require.NotContains(t, plan, "instances_fair_key", "the plain scan reads no key:\n%s", plan)
+
+	plan = generic(s.sql("insert_claim"), []string{"'m'", "'s'", "'{}'", "'q'", "5", "1", "'o#1'", "60000", "1"})
+	require.True(t, walks(plan, "instances_ready_untagged"), "insert_claim's untagged rows ahead:\n%s", plan)
+	require.True(t, walks(plan, "instances_ready_tagged"), "insert_claim's tagged rows ahead:\n%s", plan)
+
+	stmt, values = named("pick_tagged", literal)
+	plan = generic(stmt, values)
+	require.True(t, walks(plan, "instances_ready_tagged"), "pick_tagged:\n%s", plan)
+	for _, plan := range plans {
+		require.NotContains(t, plan, "instances_fair_last", "version 11's index:\n%s", plan)
+		lines := strings.Split(plan, "\n")
+		for i, line := range lines {
+			if strings.Contains(line, "using instances_ready on") {
+				require.Less(t, i+1, len(lines))
+				require.Contains(t, lines[i+1], "fair_tag IS", "a walk of version 11's index bounded to one part:\n%s", plan)
+			}
+		}
+	}
 }
 
 // Rows without a fairness key pay nothing for fairness: inserted, claimed, moved on by Next,

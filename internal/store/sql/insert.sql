@@ -84,9 +84,10 @@ FROM (SELECT NOT EXISTS (SELECT 1 FROM generate_series(1, $5::integer) AS p(prio
                                   ORDER BY x.scheduled_at, x.id
                                   LIMIT 1) AS first
                          WHERE first.due)
-             AND NOT EXISTS (SELECT 1 FROM {schema}.instances AS x
-                             WHERE x.status = 'available' AND x.fair_tag IS NOT NULL AND x.queue = $4::text
-                               AND x.priority <= $5::smallint)
+             AND (SELECT x.fair_tag FROM {schema}.instances AS x
+                  WHERE x.status = 'available' AND x.fair_tag IS NOT NULL AND x.queue = $4::text
+                    AND x.priority <= $5::smallint
+                  ORDER BY x.priority, x.fair_tag LIMIT 1) IS NULL
       OFFSET 0) AS a(clear)
 RETURNING id, status = 'executing', state, inserted_at;
 

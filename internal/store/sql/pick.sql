@@ -167,10 +167,12 @@ candidates AS MATERIALIZED (
 
 -- The queue holds no tagged runnable row, as of the statement's snapshot: one descent of
 -- instances_ready_tagged, which a queue without fairness keys leaves empty; evaluated once per
--- statement.
+-- statement. (The order is that index's: on a schema at 13, instances_fair_last holds the same
+-- rows, and a plan made without statistics could otherwise take it and read all of them.)
 -- fragment: queue_untagged
-NOT EXISTS (SELECT 1 FROM {schema}.instances AS x
-            WHERE x.status = 'available' AND x.fair_tag IS NOT NULL AND x.queue = @queue)
+((SELECT x.fair_tag FROM {schema}.instances AS x
+  WHERE x.status = 'available' AND x.fair_tag IS NOT NULL AND x.queue = @queue
+  ORDER BY x.priority, x.fair_tag LIMIT 1) IS NULL)
 
 -- Whether @queue holds tagged runnable rows (the caller's cue to pick with the fair scan). Sent
 -- with each pick, before it, in its round trip, so that learning it never stands between a pick
