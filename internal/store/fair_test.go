@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -15,6 +14,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
+
+// queueTagged reports whether queue holds runnable rows with a fair tag (pick_tagged, which every
+// pick sends before it).
+func queueTagged(ctx context.Context, s *Store, db DB, queue string) (tagged bool, err error) {
+	err = db.QueryRow(ctx, s.sql("pick_tagged"), pgx.NamedArgs{"queue": queue}).Scan(&tagged)
+	return tagged, err
+}
 
 // The pick serves a queue's keys in fair order, and is work-conserving: a pick claims as many rows
 // as it asks for while rows are runnable, whoever they belong to. Rows without a key share as one
@@ -59,7 +65,7 @@ func TestFairPickServesKeysInTurnAndFillsItsBatch(t *testing.T) {
 
 	// Without a tagged row, a queue is plain; the plain scan claims nothing from a queue with one.
 	insert(1, row("", 5))
-	tagged, err := s.QueueTagged(ctx, pool, "q")
+	tagged, err := queueTagged(ctx, s, pool, "q")
 	require.NoError(t, err)
 	require.False(t, tagged)
 	res, err := s.Pick(ctx, pool, "q", 10, "plain#1", PickOpts{Lease: time.Minute})
@@ -70,7 +76,7 @@ func TestFairPickServesKeysInTurnAndFillsItsBatch(t *testing.T) {
 	// A's backlog, then small ones: B (tagged), rows without a key, C due since a moment ago
 	// (scheduled, so untagged: the pick places it).
 	insert(300, row("A", 5))
-	tagged, err = s.QueueTagged(ctx, pool, "q")
+	tagged, err = queueTagged(ctx, s, pool, "q")
 	require.NoError(t, err)
 	require.True(t, tagged)
 	res, err = s.Pick(ctx, pool, "q", 10, "plain#2", PickOpts{Lease: time.Minute})
@@ -114,7 +120,7 @@ func TestFairPickServesKeysInTurnAndFillsItsBatch(t *testing.T) {
 		left -= got["total"]
 	}
 	require.Equal(t, map[string]int{"total": 0}, pick(40))
-	tagged, err = s.QueueTagged(ctx, pool, "q")
+	tagged, err = queueTagged(ctx, s, pool, "q")
 	require.NoError(t, err)
 	require.False(t, tagged)
 }
@@ -259,17 +265,6 @@ func fairProbesReadTheirOwnIndexes(t *testing.T, version int) {
 		plans = append(plans, strings.Join(lines, "\n"))
 		return strings.Join(lines, "\n")
 	}
-	// named turns a statement's @names into positional parameters, with their literal values.
-	named := func(stmt string, literal map[string]string) (string, []string) {
-		var names, values []string
-		return regexp.MustCompile(`@\w+`).ReplaceAllStringFunc(s.sql(stmt), func(m string) string {
-			if i := slices.Index(names, m[1:]); i >= 0 {
-				return fmt.Sprintf("$%d", i+1)
-			}
-			names, values = append(names, m[1:]), append(values, literal[m[1:]])
-			return fmt.Sprintf("$%d", len(names))
-		}), values
-	}
 	// walks says the plan walks index; on a schema at 13, version 11's instances_ready, bounded
 	// to the same part by its fair_tag condition (checked below), does as well.
 	walks := func(plan, index string) bool {
@@ -290,13 +285,13 @@ func fairProbesReadTheirOwnIndexes(t *testing.T, version int) {
 	literal := map[string]string{"queue": "'q'", "limit": "100", "owner": "'o#1'", "lease": "60000",
 		"mv_names": "'{m}'", "mv_versions": "'{2}'", "paused_machines": "'{other}'",
 		"fw_keys": "'{t}'", "fw_weights": "'{2}'", "fw_default": "1"}
-	stmt, values := named("pick_fair", literal)
+	stmt, values := positional(s, "pick_fair", literal)
 	plan = generic(stmt, values)
 	keyProbeOnItsIndex("pick_fair", plan)
 	require.True(t, walks(plan, "instances_ready_tagged"), "pick_fair's tagged rows:\n%s", plan)
 	require.True(t, walks(plan, "instances_ready_untagged"), "pick_fair's untagged rows:\n%s", plan)
 
-	stmt, values = named("pick", literal)
+	stmt, values = positional(s, "pick", literal)
 	plan = generic(stmt, values)
 	require.True(t, walks(plan, "instances_ready_untagged"), "the plain scan:\n%s", plan)
 	require.True(t, walks(plan, "instances_ready_tagged"), "the plain scan's guard:\n%s", plan)
@@ -306,7 +301,7 @@ func fairProbesReadTheirOwnIndexes(t *testing.T, version int) {
 	require.True(t, walks(plan, "instances_ready_untagged"), "insert_claim's untagged rows ahead:\n%s", plan)
 	require.True(t, walks(plan, "instances_ready_tagged"), "insert_claim's tagged rows ahead:\n%s", plan)
 
-	stmt, values = named("pick_tagged", literal)
+	stmt, values = positional(s, "pick_tagged", literal)
 	plan = generic(stmt, values)
 	require.True(t, walks(plan, "instances_ready_tagged"), "pick_tagged:\n%s", plan)
 	for _, plan := range plans {

@@ -432,7 +432,7 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 			return PickResult{}, err
 		}
 	}
-	rows, tagged, done, err := s.queryPicking(ctx, db, stmt, args, queue)
+	rows, tagged, done, err := s.queryPicking(ctx, db, stmt, queue, args)
 	if err != nil {
 		return PickResult{}, err
 	}
@@ -493,35 +493,20 @@ func (s *Store) claimedRows(rows pgx.Rows, queue string, limit int, res *PickRes
 	return out, nil
 }
 
-// QueueTagged reports whether queue holds runnable rows with a fair tag: a pick from it must use
-// the fair scan (PickOpts.FairOrder).
-func (s *Store) QueueTagged(ctx context.Context, db DB, queue string) (bool, error) {
-	rows, _, done, err := s.queryPicking(ctx, db, "pick_tagged", pgx.NamedArgs{"queue": queue}, "")
-	if err != nil {
-		return false, err
-	}
-	tagged, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
-	if derr := done(); err == nil {
-		err = derr
-	}
-	return tagged, err
-}
-
-// queryPicking runs statement stmt of the pick family under pick_settings, sent with it in one
-// round trip (its own implicit transaction), so that its plan stays index probes whatever the
-// statistics said when it was cached. With probe (a queue), pick_tagged for that queue goes
-// before stmt in the same round trip: the caller learns whether the queue holds tagged rows
-// without a round trip of its own between the pick and the running of what it claimed. (Before
-// the pick, not after it: the batch is one transaction, and a probe that failed after the pick
-// would roll its claims back.) done closes the rows and the batch; its error (the commit's)
-// means the statement's work did not stand. In a caller's transaction (the test kit's Drain)
-// the settings would outlive it, and the statements run as they are.
-func (s *Store) queryPicking(ctx context.Context, db DB, stmt string, args pgx.NamedArgs, probe string) (rows pgx.Rows, tagged bool, done func() error, err error) {
+// queryPicking runs pick statement stmt for queue under pick_settings, sent with it in one round
+// trip (its own implicit transaction), so that its plan stays index probes whatever the
+// statistics said when it was cached; pick_tagged for the queue goes before stmt in the same
+// round trip, so that the caller learns whether the queue holds tagged rows without a round trip
+// of its own between the pick and the running of what it claimed. (Before the pick, not after
+// it: the batch is one transaction, and a probe that failed after the pick would roll its claims
+// back.) done closes the rows and the batch; its error (the commit's) means the claims did not
+// stand. In a caller's transaction (the test kit's Drain) the settings would outlive it, and the
+// statements run as they are.
+func (s *Store) queryPicking(ctx context.Context, db DB, stmt, queue string, args pgx.NamedArgs) (rows pgx.Rows, tagged bool, done func() error, err error) {
+	probe := pgx.NamedArgs{"queue": queue}
 	if _, inTx := db.(pgx.Tx); inTx {
-		if probe != "" {
-			if err := db.QueryRow(ctx, s.sql("pick_tagged"), pgx.NamedArgs{"queue": probe}).Scan(&tagged); err != nil {
-				return nil, false, nil, err
-			}
+		if err := db.QueryRow(ctx, s.sql("pick_tagged"), probe).Scan(&tagged); err != nil {
+			return nil, false, nil, err
 		}
 		rows, err := db.Query(ctx, s.sql(stmt), args)
 		if err != nil {
@@ -531,9 +516,7 @@ func (s *Store) queryPicking(ctx context.Context, db DB, stmt string, args pgx.N
 	}
 	b := &pgx.Batch{}
 	b.Queue(s.sql("pick_settings"), pickLockTimeout)
-	if probe != "" {
-		b.Queue(s.sql("pick_tagged"), pgx.NamedArgs{"queue": probe})
-	}
+	b.Queue(s.sql("pick_tagged"), probe)
 	b.Queue(s.sql(stmt), args)
 	br := db.SendBatch(ctx, b)
 	fail := func(err error) (pgx.Rows, bool, func() error, error) {
@@ -543,10 +526,8 @@ func (s *Store) queryPicking(ctx context.Context, db DB, stmt string, args pgx.N
 	if _, err := br.Exec(); err != nil {
 		return fail(err)
 	}
-	if probe != "" {
-		if err := br.QueryRow().Scan(&tagged); err != nil {
-			return fail(err)
-		}
+	if err := br.QueryRow().Scan(&tagged); err != nil {
+		return fail(err)
 	}
 	rows, err = br.Query()
 	if err != nil {

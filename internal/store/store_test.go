@@ -86,6 +86,19 @@ func TestEveryPickClaimsByPrimaryKey(t *testing.T) {
 	}
 }
 
+// positional returns statement stmt with its @names turned into positional parameters, and the
+// values literal gives them, in order: for PREPARE, whose EXECUTE then runs the generic plan.
+func positional(s *Store, stmt string, literal map[string]string) (string, []string) {
+	var names, values []string
+	return regexp.MustCompile(`@\w+`).ReplaceAllStringFunc(s.sql(stmt), func(m string) string {
+		if i := slices.Index(names, m[1:]); i >= 0 {
+			return fmt.Sprintf("$%d", i+1)
+		}
+		names, values = append(names, m[1:]), append(values, literal[m[1:]])
+		return fmt.Sprintf("$%d", len(names))
+	}), values
+}
+
 func everyPickClaimsByPrimaryKey(t *testing.T, size int) {
 	pool := durabledbtest.Pool(t, 2)
 	schema := durabledbtest.Schema(t, pool)
@@ -150,14 +163,7 @@ func everyPickClaimsByPrimaryKey(t *testing.T, size int) {
 
 		// The plan cached for any arguments (the generic plan, which every pick uses from its
 		// first run).
-		var names, values []string
-		positional := regexp.MustCompile(`@\w+`).ReplaceAllStringFunc(s.sql(stmt), func(m string) string {
-			if i := slices.Index(names, m[1:]); i >= 0 {
-				return fmt.Sprintf("$%d", i+1)
-			}
-			names, values = append(names, m[1:]), append(values, literal[m[1:]])
-			return fmt.Sprintf("$%d", len(names))
-		})
+		positional, values := positional(s, stmt, literal)
 		plan = explain(settings, "PREPARE generic_"+stmt+" AS "+positional+";\n"+
 			"EXPLAIN (COSTS OFF) EXECUTE generic_"+stmt+"("+strings.Join(values, ", ")+");\n"+
 			"DEALLOCATE generic_"+stmt)

@@ -25,60 +25,40 @@ func LogClaims(ctx context.Context, db *pgxpool.Pool, schema string) error {
 // last whole window before the first key to run out of rows claimed its last: per window, the
 // claims of each fairness key.
 func ClaimShares(ctx context.Context, db *pgxpool.Pool, schema string, window time.Duration) (map[int]map[string]int, error) {
-	s := q(schema)
-	rows, err := db.Query(ctx, fmt.Sprintf(`
-		WITH w AS (SELECT floor(extract(epoch FROM c.at - (SELECT min(at) FROM %[1]s.t_claims)) * 1000 / $1)::int AS win,
-		                  c.fair_key
-		           FROM %[1]s.t_claims AS c),
-		     ends AS (SELECT min(last) AS first_out FROM (SELECT max(win) AS last FROM w GROUP BY fair_key) AS k)
-		SELECT w.win, w.fair_key, count(*) FROM w, ends WHERE w.win < ends.first_out
-		GROUP BY w.win, w.fair_key`, s), window.Milliseconds())
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := map[int]map[string]int{}
-	for rows.Next() {
-		var win, n int
-		var key string
-		if err := rows.Scan(&win, &key, &n); err != nil {
-			return nil, err
-		}
-		if out[win] == nil {
-			out[win] = map[string]int{}
-		}
-		out[win][key] = n
-	}
-	return out, rows.Err()
+	return claimShares(ctx, db, schema, `floor(extract(epoch FROM c.at - (SELECT min(at) FROM %[1]s.t_claims)) * 1000 / $1)::int`,
+		window.Milliseconds())
 }
 
-// ClaimSharesByCount reads the log of LogClaims in windows of n consecutive claims (in the order
-// of the claiming transactions' times), up to the last whole window before the first key to run
-// out of rows claimed its last: per window, the claims of each fairness key. Unlike windows of
-// time, every window holds the same number of claims however fast the machine worked.
+// ClaimSharesByCount is ClaimShares with windows of n consecutive claims (in the order of the
+// claiming transactions' times): every window holds the same number of claims however fast the
+// machine worked.
 func ClaimSharesByCount(ctx context.Context, db *pgxpool.Pool, schema string, n int) (map[int]map[string]int, error) {
-	s := q(schema)
+	return claimShares(ctx, db, schema, `((row_number() OVER (ORDER BY c.at, c.seq) - 1) / $1)::int`, n)
+}
+
+// claimShares counts the claims of each key per window, win being the SQL of a claim c's window
+// (%[1]s the schema, $1 the window's size).
+func claimShares(ctx context.Context, db *pgxpool.Pool, schema, win string, size any) (map[int]map[string]int, error) {
 	rows, err := db.Query(ctx, fmt.Sprintf(`
-		WITH w AS (SELECT ((row_number() OVER (ORDER BY c.at, c.seq) - 1) / $1)::int AS win, c.fair_key
-		           FROM %[1]s.t_claims AS c),
+		WITH w AS (SELECT `+win+` AS win, c.fair_key FROM %[1]s.t_claims AS c),
 		     ends AS (SELECT min(last) AS first_out FROM (SELECT max(win) AS last FROM w GROUP BY fair_key) AS k)
 		SELECT w.win, w.fair_key, count(*) FROM w, ends WHERE w.win < ends.first_out
-		GROUP BY w.win, w.fair_key`, s), n)
+		GROUP BY w.win, w.fair_key`, q(schema)), size)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
 	out := map[int]map[string]int{}
 	for rows.Next() {
-		var win, k int
+		var w, n int
 		var key string
-		if err := rows.Scan(&win, &key, &k); err != nil {
+		if err := rows.Scan(&w, &key, &n); err != nil {
 			return nil, err
 		}
-		if out[win] == nil {
-			out[win] = map[string]int{}
+		if out[w] == nil {
+			out[w] = map[string]int{}
 		}
-		out[win][key] = k
+		out[w][key] = n
 	}
 	return out, rows.Err()
 }
