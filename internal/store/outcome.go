@@ -206,7 +206,9 @@ type Claim struct {
 // The outcome statement is assembled for the batch: the signal-consuming, spawning and
 // join-settling parts are included only when some outcome needs them, so the common batch is one
 // plain UPDATE. After it, in the same implicit transaction, come the statements that need a fresh
-// snapshot: clearing finished rows' inboxes, re-checking parked rows, recounting spawns.
+// snapshot: clearing finished rows' inboxes, re-checking parked rows, recounting spawns. Applied
+// on a pool or connection (not in a caller's transaction), the batch runs under outcome_settings,
+// sent first in the same round trip.
 func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []Outcome) (map[Claim]struct{}, []Woken, error) {
 	applied, woken, _, err := s.ApplyOutcomesProbing(ctx, db, outs, ProbeReq{})
 	return applied, woken, err
@@ -444,7 +446,7 @@ func (s *Store) ApplyOutcomesProbing(ctx context.Context, db DB, outs []Outcome,
 		if err := s.applyParkedStepwise(ctx, db, outs, parked, purge, spawners, stmt, args, scanOutcomes, scanWoken); err != nil {
 			return nil, nil, nil, err
 		}
-	} else if len(purge) == 0 && len(parked) == 0 && len(spawners) == 0 && len(probe.IDs) == 0 {
+	} else if _, inTx := db.(pgx.Tx); inTx && len(purge) == 0 && len(parked) == 0 && len(spawners) == 0 && len(probe.IDs) == 0 {
 		rows, err := db.Query(ctx, stmt, args)
 		if err != nil {
 			return nil, nil, nil, err
@@ -453,7 +455,13 @@ func (s *Store) ApplyOutcomesProbing(ctx context.Context, db DB, outs []Outcome,
 			return nil, nil, nil, err
 		}
 	} else {
+		// Its own transaction runs under outcome_settings; a caller's runs the statements as
+		// they are (the settings would outlive them, to the caller's commit).
+		_, inTx := db.(pgx.Tx)
 		b := &pgx.Batch{}
+		if !inTx {
+			b.Queue(s.sql("outcome_settings"))
+		}
 		b.Queue(stmt, args)
 		if len(purge) > 0 {
 			b.Queue(s.sql("purge_terminal_inboxes"), purge)
@@ -469,6 +477,11 @@ func (s *Store) ApplyOutcomesProbing(ctx context.Context, db DB, outs []Outcome,
 		}
 		br := db.SendBatch(ctx, b)
 		err := func() error {
+			if !inTx {
+				if _, err := br.Exec(); err != nil {
+					return err
+				}
+			}
 			rows, err := br.Query()
 			if err != nil {
 				return err
@@ -568,6 +581,11 @@ func (s *Store) applyParkedStepwise(ctx context.Context, db DB, outs []Outcome, 
 		return err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, inTx := db.(pgx.Tx); !inTx {
+		if _, err := tx.Exec(ctx, s.sql("outcome_settings")); err != nil {
+			return err
+		}
+	}
 	rows, err := tx.Query(ctx, stmt, args)
 	if err != nil {
 		return err
