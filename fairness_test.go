@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -272,4 +273,67 @@ func TestFairKeyAloneUsesEverySlot(t *testing.T) {
 	plain, alone := occupancy("plain"), occupancy("keyed")
 	t.Logf("slot occupancy: %.3f without a key, %.3f with one key alone", plain, alone)
 	require.GreaterOrEqual(t, alone, 0.95*plain, "a key alone uses the slots as a queue without keys does")
+}
+
+// A fairness key whose rows are also under a gate gets no more than the gate admits, and the
+// keys beside it take the slots it cannot use: tenant A's rows share a gate of limit 2, B's and
+// C's have none; two clients of 6 slots work the three backlogs. No more than two of A's steps
+// ever run at once (counted as they run, and the gate's counters end at zero); in every window of
+// 100 consecutive claims while all three have rows, each key is claimed, and B and C (equal
+// weights, nothing holding them) within a quarter of each other; and B and C are all claimed
+// before A has had two thirds of its rows (with A's gated rows at the head of the fair order
+// holding them up, each key would have about a third of the claims throughout).
+func TestFairShareComposesWithAGate(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	logClaims(t, e)
+	var runningA, mostA atomic.Int64
+	job := gendurable.Job[string]{Name: "fairgated", Queue: "fg", Perform: func(_ *gendurable.Ctx, tenant string) error {
+		if tenant == "A" {
+			n := runningA.Add(1)
+			for m := mostA.Load(); n > m && !mostA.CompareAndSwap(m, n); m = mostA.Load() {
+			}
+			defer runningA.Add(-1)
+		}
+		time.Sleep(10 * time.Millisecond)
+		return nil
+	}}
+	limits := map[string]gendurable.ConcurrencyLimit{"tenant": {Limit: 2}}
+	var clients []*gendurable.Client
+	for i := range 2 {
+		clients = append(clients, e.client(t, &gendurable.Config{Name: fmt.Sprint("w", i), Machines: []gendurable.Machine{job},
+			ConcurrencyLimits: limits, Queues: map[string]gendurable.QueueConfig{"fg": {Concurrency: 6}}}))
+	}
+	const each = 300
+	var params []gendurable.InsertManyParams
+	for i := range 3 * each {
+		tenant := string(rune('A' + i%3))
+		opts := &gendurable.InsertOpts{FairnessKey: tenant}
+		if tenant == "A" {
+			opts.ConcurrencyKey = "tenant:a"
+		}
+		params = append(params, gendurable.InsertManyParams{Input: job.With(tenant), Opts: opts})
+	}
+	_, err := clients[0].InsertMany(context.Background(), params)
+	require.NoError(t, err)
+	for _, cl := range clients {
+		start(t, cl)
+	}
+	eventually(t, time.Minute, "every instance done", func() bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status <> 'done'`) == 0
+	})
+
+	require.Equal(t, int64(2), mostA.Load(), "the most of A's steps running at once (the gate's limit, reached)")
+	require.Equal(t, 0, e.count(t, `SELECT coalesce(sum(held), 0) FROM {schema}.gates`), "the gate's counters end at zero")
+	shares, err := oracle.ClaimSharesByCount(context.Background(), e.pool, e.schema, 100)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(shares), 3, "windows of 100 claims while every key had rows: %v", shares)
+	for w, s := range shares {
+		require.Positive(t, s["A"], "window %d: %v", w, s)
+		require.InDelta(t, s["B"], s["C"], 0.25*float64(s["B"]+s["C"])/2, "window %d: %v", w, s)
+	}
+	aBefore := e.count(t, `SELECT count(*) FROM {schema}.t_claims WHERE fair_key = 'A'
+		AND seq < (SELECT max(seq) FROM {schema}.t_claims WHERE fair_key <> 'A')`)
+	t.Logf("windows of 100 claims: %v; A's claims before B's and C's last: %d of %d", shares, aBefore, each)
+	require.Less(t, aBefore, 2*each/3, "A's gated rows held B and C back")
 }
