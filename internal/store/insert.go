@@ -121,9 +121,11 @@ func (s *Store) insertRound(ctx context.Context, db DB, in []InsertRow, idx []in
 	rates := make([]*string, n)
 	weights := make([]int32, n)
 	versions := make([]int32, n)
-	fairKeys := make([]*string, n)
-	fairRanks := make([]*int32, n)
-	fairWeights := make([]float64, n)
+	// The fairness arrays stay nil (NULL arrays: unnest reads NULLs) for a batch without keys:
+	// insert_many reads only the keys, and only insert_many_fair the ranks and weights.
+	var fairKeys []*string
+	var fairRanks []*int32
+	var fairWeights []float64
 	var ranks fairRankings
 	for j, i := range idx {
 		r := &in[i]
@@ -145,27 +147,35 @@ func (s *Store) insertRound(ctx context.Context, db DB, in []InsertRow, idx []in
 		}
 		weights[j] = int32(max(r.Weight, 1))
 		versions[j] = int32(r.version())
-		fairWeights[j] = 1
 		if r.FairKey != "" {
-			fairKeys[j] = &in[i].FairKey
+			if fairKeys == nil {
+				fairKeys, fairRanks, fairWeights = make([]*string, n), make([]*int32, n), make([]float64, n)
+			}
+			fairKeys[j], fairWeights[j] = &in[i].FairKey, 1
 			if r.FairWeight > 0 {
 				fairWeights[j] = r.FairWeight
 			}
-		}
-		if r.fairNow() {
-			fairRanks[j] = ranks.next(r.Queue, r.Priority, r.FairKey)
+			if r.fairNow() {
+				fairRanks[j] = ranks.next(r.Queue, r.Priority, r.FairKey)
+			}
 		}
 	}
 	var rows pgx.Rows
 	var err error
 	if n == 1 {
 		stmt := "insert_one"
-		if fairRanks[0] != nil {
+		var fairKey *string
+		var fairRank *int32
+		fairWeight := 1.0
+		if fairKeys != nil {
+			fairKey, fairRank, fairWeight = fairKeys[0], fairRanks[0], fairWeights[0]
+		}
+		if fairRank != nil {
 			stmt = "insert_one_fair"
 		}
 		rows, err = db.Query(ctx, s.sql(stmt), machines[0], steps[0], states[0], queues[0], prios[0], sched[0],
 			delays[0], maxAtt[0], keys[0], masks[0], ords[0], ckeys[0], rates[0], weights[0], versions[0],
-			fairKeys[0], fairRanks[0], fairWeights[0])
+			fairKey, fairRank, fairWeight)
 	} else {
 		stmt := "insert_many"
 		if ranks != nil {
