@@ -343,12 +343,22 @@ func (s *Store) ApplyOutcomesProbing(ctx context.Context, db DB, outs []Outcome,
 			seenSig = append(seenSig, sig)
 		}
 	}
+	// An array whose every element is its default goes as NULL (see outcome.sql).
+	spawns := slices.ContainsFunc(outs, func(o Outcome) bool { return o.Kind == KindSpawn })
+	upgrades := slices.ContainsFunc(outs, func(o Outcome) bool { return o.Kind == KindUpgrade })
 	args := pgx.NamedArgs{
-		"ids": ids, "owners": owners, "kinds": kinds, "steps": steps, "states": states, "delays": delays,
-		"results": results, "err_kinds": errKinds, "err_msgs": errMsgs, "await_names": awaitNames,
-		"await_ms": awaitMs, "spawned": spawned, "key_changes": keyChanges, "ckeys": keys,
-		"rate_limits": rateLimits, "weights": weights, "cr_keys": crKeys, "cr_shards": crShards,
-		"versions": versions,
+		"ids": ids, "owners": owners, "kinds": kinds, "steps": unlessAll(steps, nil), "states": unlessAll(states, nil),
+		"delays": unlessAll(delays, 0), "results": unlessAll(results, nil), "err_kinds": unlessAll(errKinds, nil),
+		"err_msgs": unlessAll(errMsgs, nil), "await_names": unlessAll(awaitNames, nil), "await_ms": unlessAll(awaitMs, nil),
+		"spawned": spawned, "key_changes": unlessAll(keyChanges, ""), "ckeys": unlessAll(keys, nil),
+		"rate_limits": unlessAll(rateLimits, nil), "weights": unlessAll(weights, 1), "cr_keys": unlessAll(crKeys, nil),
+		"cr_shards": unlessAll(crShards, nil), "versions": versions,
+	}
+	if !spawns {
+		args["spawned"] = unlessAll(spawned, 0)
+	}
+	if !upgrades {
+		args["versions"] = []int32(nil)
 	}
 	update := "outcome_update"
 	if fairSets != nil {
@@ -700,6 +710,17 @@ func (c *childArrays) into(args pgx.NamedArgs) {
 const maxErrorText = 8000
 
 // jsonText is JSON as the statement's text parameter (nil for none).
+// unlessAll returns xs, or nil when every element is v: an array parameter that is NULL rather
+// than one of defaults.
+func unlessAll[T comparable](xs []T, v T) []T {
+	for _, x := range xs {
+		if x != v {
+			return xs
+		}
+	}
+	return nil
+}
+
 func jsonText(b []byte) *string {
 	if b == nil {
 		return nil

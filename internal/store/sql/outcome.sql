@@ -47,7 +47,10 @@
 -- @rate_limits, @weights the next step's rate limit (next); @cr_keys, @cr_shards the gate slot the
 -- execution held (see outcome_credit); @versions the machine version an upgrade brings the row to;
 -- @fair_sets, @fair_keys the fairness key a Next sets; @fair_ranks, @fair_weights the row's rank
--- and its key's weight in the fair order (see fair_tag).
+-- and its key's weight in the fair order (see fair_tag). An array whose every element would be its
+-- default (NULL, 0 delay, no key change, weight 1; no spawned count or version in a batch without
+-- a spawn or upgrade) comes as NULL, which unnest reads as NULLs: a batch of done outcomes sends
+-- six arrays, not nineteen.
 
 -- fragment: outcome_update
 UPDATE {schema}.instances AS i
@@ -96,7 +99,7 @@ status           = (CASE u.kind WHEN 'done' THEN 'done' WHEN 'failed' THEN 'fail
                             WHEN u.kind IN ('released', 'upgrade') THEN greatest(i.attempt - 1, 0)
                             ELSE i.attempt END,
     recoveries       = CASE WHEN u.kind IN ('next', 'await', 'spawn') THEN 0 ELSE i.recoveries END,
-    scheduled_at     = CASE WHEN u.kind IN ('next', 'retry', 'released', 'upgrade') THEN now() + u.delay_ms * interval '1 millisecond'
+    scheduled_at     = CASE WHEN u.kind IN ('next', 'retry', 'released', 'upgrade') THEN now() + coalesce(u.delay_ms, 0) * interval '1 millisecond'
                             WHEN u.kind = 'spawn' THEN now()
                             ELSE i.scheduled_at END,
     locked_by        = NULL,
