@@ -126,9 +126,10 @@ type haFault struct {
 
 // T20: three worker processes (PokePostgres, the default lease of 30 s, heartbeat 6 s) work
 // chains of hachain instances (100 chains of 100 links, each link's middle step 500 ms long; CI:
-// 20 links of 1 s) on a pg_auto_failover formation, through a multi-host URL with
-// target_session_attrs=read-write. At 15 % and 40 % of the instances done (and 2 % more done on
-// the new primary since the last change), `pg_autoctl perform switchover`; at 65 %, the
+// 20 links of 1 s; another 100 chains whenever less than that is left before a change) on a
+// pg_auto_failover formation, through a multi-host URL with target_session_attrs=read-write. At
+// 15 % and 40 % of the first chains' instances done (and 2 % more done on the new primary since
+// the last change), `pg_autoctl perform switchover`; at 65 %, the
 // primary's keeper and server are SIGKILLed together, the monitor promotes the standby
 // (unhealthy after 2 s, demote timeout 4 s), and the killed node is started again to rejoin as
 // the standby. Pass, from the rows on the final primary: I1 to I7 (every instance done, one
@@ -166,29 +167,39 @@ func TestFailoverLosesNothing(t *testing.T) {
 		ports[n.Name] = n.Port
 	}
 
-	// The chains' length in time (links × StepMS: 20 s / 50 s) outlasts the three changes.
+	// A batch of chains lasts links × StepMS (20 s / 50 s); another batch goes in before a change
+	// whenever less than a batch is left to do (see atFraction), so that changes slow to settle on
+	// a busy machine never find the run over.
 	chains, links := 100, oracle.Size(20, 100)
-	n := chains * links
+	batch, n := chains*links, 0
 	ins := e.client(t, &gendurable.Config{Name: "ins", Poke: gendurable.PokePostgres(), Logger: slog.New(slog.DiscardHandler),
 		Reaper: &gendurable.ReaperConfig{Disabled: true}, GC: &gendurable.GCConfig{Disabled: true},
 		Machines: (&haWorker{cfg: workerCfg{Schema: e.schema}}).machines()})
 	// An inserting node calls Start (with no queues) for its inserts to poke other nodes.
 	start(t, ins)
 	chain := (&haWorker{}).machines()[0].(gendurable.FSM[chainState])
-	params := make([]gendurable.InsertManyParams, 0, n)
 	key := func(c, j int) string { return fmt.Sprintf("c%d-%d", c, j) }
-	for c := range chains {
-		for j := range links {
-			st := chainState{First: j == 0}
-			if j+1 < links {
-				st.Next = key(c, j+1)
+	insertBatch := func() {
+		t.Helper()
+		params := make([]gendurable.InsertManyParams, 0, batch)
+		for c := n / links; c < n/links+chains; c++ {
+			for j := range links {
+				st := chainState{First: j == 0}
+				if j+1 < links {
+					st.Next = key(c, j+1)
+				}
+				params = append(params, gendurable.InsertManyParams{Input: chain.With(st),
+					Opts: &gendurable.InsertOpts{CorrelationKey: key(c, j)}})
 			}
-			params = append(params, gendurable.InsertManyParams{Input: chain.With(st),
-				Opts: &gendurable.InsertOpts{CorrelationKey: key(c, j)}})
 		}
+		eventually(t, time.Minute, "a batch of chains inserted", func() bool {
+			_, err := ins.InsertMany(ctx, params)
+			return err == nil
+		})
+		n += batch
+		t.Logf("%d chains of %d links inserted: %d instances in all", chains, links, n)
 	}
-	_, err = ins.InsertMany(ctx, params)
-	require.NoError(t, err)
+	insertBatch()
 
 	// The gate's sampler: on the primary whenever one answers (a sample that fails is skipped,
 	// and the next one reconnects through the multi-host URL).
@@ -250,14 +261,16 @@ func TestFailoverLosesNothing(t *testing.T) {
 		}
 		return k
 	}
-	// The next change waits for the fraction of the run, and for 2 % more instances done on the
-	// new primary since the last change settled.
+	// The next change waits for the fraction of the first batch, and for 2 % of a batch more
+	// instances done on the new primary since the last change settled; with less than a batch
+	// left to do, another batch goes in first.
 	after := 0
 	atFraction := func(f float64) {
-		want := max(int(f*float64(n)), after+n/50)
-		if want >= n {
-			t.Fatalf("the run ended before its changes (%d of %d instances done): lengthen the chains", done(), n)
+		t.Helper()
+		if k := done(); k >= 0 && n-k < batch {
+			insertBatch()
 		}
+		want := max(int(f*float64(batch)), after+batch/50)
 		eventually(t, 5*time.Minute, fmt.Sprintf("%d instances done", want), func() bool { return done() >= want })
 	}
 	var faults []haFault
