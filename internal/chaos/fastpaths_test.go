@@ -325,8 +325,10 @@ func staleApplied(t *testing.T, e *env) int {
 // catch SIGSTOPs worker i of c once the database shows it holding a claim that running counts
 // (running(name, pid) > 0), and, looked at again while it stands still (a claim the database
 // shows may be one whose step has not begun in it yet, or one whose outcome is on its way),
-// keeps it stopped if it still holds one; else it lets it run and tries again. feed (may be nil)
-// runs at every look, to keep work coming.
+// keeps it stopped if it still holds one; else it lets it run and tries again. The second look
+// waits for the statements the worker sent before it stopped to end (none of its backends
+// active): an outcome on its way may commit after the stop. feed (may be nil) runs at every
+// look, to keep work coming.
 func catch(t *testing.T, c *crew, i int, what string, running func(name string, pid int) int, feed func()) {
 	t.Helper()
 	w := c.workers[i]
@@ -339,10 +341,24 @@ func catch(t *testing.T, c *crew, i int, what string, running func(name string, 
 			return running(w.name, w.pid()) > 0
 		})
 		w.pause(t)
-		if running(w.name, w.pid()) > 0 {
+		if quiet(t, c.e, w.app(), 5*time.Second) && running(w.name, w.pid()) > 0 {
 			return
 		}
 		w.resume(t)
+	}
+}
+
+// quiet waits up to limit for none of the backends of application app to be running a
+// statement, and says whether that came.
+func quiet(t *testing.T, e *env, app string, limit time.Duration) bool {
+	t.Helper()
+	for end := time.Now().Add(limit); ; time.Sleep(5 * time.Millisecond) {
+		if e.count(t, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'active'`, app) == 0 {
+			return true
+		}
+		if time.Now().After(end) {
+			return false
+		}
 	}
 }
 

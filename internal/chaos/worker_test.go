@@ -661,6 +661,14 @@ func startWorker(t testing.TB, cfg workerCfg, extraEnv ...string) *worker {
 
 func (w *worker) pid() int { return w.cmd.Process.Pid }
 
+// app is the application_name of the worker's engine pool (workerCfg.App).
+func (w *worker) app() string {
+	if w.cfg.App != "" {
+		return w.cfg.App
+	}
+	return fmt.Sprintf("gd-worker-%s-%d", w.cfg.Name, w.pid())
+}
+
 // kill SIGKILLs the worker (stopped or not) and waits for it to be gone.
 func (w *worker) kill() {
 	_ = w.cmd.Process.Signal(syscall.SIGKILL)
