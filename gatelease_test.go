@@ -102,7 +102,9 @@ func insertUnder(t *testing.T, cl *gendurable.Client, job gendurable.Job[string]
 // TestGateLeasesNeverOverAdmit races twelve clients over one gated key far enough from its limit
 // for runners to lease blocks of its slots, and close enough that the gate binds: the leases
 // taken while the shards had room, the claims admitted one by one once they had not, the
-// reconciler sweeping every 20 ms throughout. From the database's rows, sampled: no shard ever
+// reconciler sweeping every 20 ms throughout. One client starts first and the others once it
+// holds a lease (twelve starting at once filled the shards before any runner's first full
+// batch, on a busy machine every time). From the database's rows, sampled: no shard ever
 // runs more rows than its capacity or than its counter holds, and the key never more than its
 // limit; in process, no step ever runs beside Limit others. At the end every counter is zero and
 // no lease is left.
@@ -133,9 +135,9 @@ func TestGateLeasesNeverOverAdmit(t *testing.T) {
 		cl := e.client(t, &gendurable.Config{Name: fmt.Sprint("c", i), Machines: []gendurable.Machine{job},
 			ConcurrencyLimits: limits, Queues: map[string]gendurable.QueueConfig{"g": {Concurrency: 8}},
 			GC: &gendurable.GCConfig{Interval: 20 * time.Millisecond}})
-		require.NoError(t, cl.Start(context.Background()))
 		clients = append(clients, cl)
 	}
+	require.NoError(t, clients[0].Start(context.Background()))
 	stopAll := func() {
 		for _, cl := range clients {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -154,6 +156,12 @@ func TestGateLeasesNeverOverAdmit(t *testing.T) {
 	s, wg := sampleGates(t, e, stop)
 	n := oracle.Size(2000, 4000)
 	insertUnder(t, ins, job, n, "tenant:a")
+	eventually(t, time.Minute, "the first client's runner leasing slots", func() bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.t_leases`) > 0
+	})
+	for _, cl := range clients[1:] {
+		require.NoError(t, cl.Start(context.Background()))
+	}
 	eventually(t, 3*time.Minute, "all done", func() bool {
 		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'done'`) == n
 	})
