@@ -710,6 +710,14 @@ func (c *childArrays) into(args pgx.NamedArgs) {
 const maxErrorText = 8000
 
 // jsonText is JSON as the statement's text parameter (nil for none).
+func jsonText(b []byte) *string {
+	if b == nil {
+		return nil
+	}
+	s := string(b)
+	return &s
+}
+
 // unlessAll returns xs, or nil when every element is v: an array parameter that is NULL rather
 // than one of defaults.
 func unlessAll[T comparable](xs []T, v T) []T {
@@ -719,14 +727,6 @@ func unlessAll[T comparable](xs []T, v T) []T {
 		}
 	}
 	return nil
-}
-
-func jsonText(b []byte) *string {
-	if b == nil {
-		return nil
-	}
-	s := string(b)
-	return &s
 }
 
 // storableText makes error text storable: valid UTF-8 and no NUL (Postgres text rejects both),

@@ -49,8 +49,8 @@
 -- @fair_sets, @fair_keys the fairness key a Next sets; @fair_ranks, @fair_weights the row's rank
 -- and its key's weight in the fair order (see fair_tag). An array whose every element would be its
 -- default (NULL, 0 delay, no key change, weight 1; no spawned count or version in a batch without
--- a spawn or upgrade) comes as NULL, which unnest reads as NULLs: a batch of done outcomes sends
--- six arrays, not nineteen.
+-- a spawn or upgrade) comes as NULL, which unnest reads as NULLs: a batch of jobs finishing sends
+-- three arrays of the nineteen (ids, owners, kinds).
 
 -- fragment: outcome_update
 UPDATE {schema}.instances AS i
