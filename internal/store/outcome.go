@@ -207,8 +207,8 @@ type Claim struct {
 // join-settling parts are included only when some outcome needs them, so the common batch is one
 // plain UPDATE. After it, in the same implicit transaction, come the statements that need a fresh
 // snapshot: clearing finished rows' inboxes, re-checking parked rows, recounting spawns. Applied
-// on a pool or connection (not in a caller's transaction), the batch runs under outcome_settings,
-// sent first in the same round trip.
+// on a pool or connection (not in a caller's transaction), the batch runs under outcome_settings
+// (outcomeSettings), sent first in the same round trip.
 func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []Outcome) (map[Claim]struct{}, []Woken, error) {
 	applied, woken, _, err := s.ApplyOutcomesProbing(ctx, db, outs, ProbeReq{})
 	return applied, woken, err
@@ -453,7 +453,7 @@ func (s *Store) ApplyOutcomesProbing(ctx context.Context, db DB, outs []Outcome,
 		// statements and their order are those of the batch below (READ COMMITTED: each
 		// statement takes its own snapshot; locks are held to the commit), so the protocol is
 		// the same; only the window between them can be held open.
-		if err := s.applyParkedStepwise(ctx, db, outs, parked, purge, spawners, stmt, args, scanOutcomes, scanWoken); err != nil {
+		if err := s.applyParkedStepwise(ctx, db, outs, parked, purge, spawners, stmt, plain, args, scanOutcomes, scanWoken); err != nil {
 			return nil, nil, nil, err
 		}
 	} else if _, inTx := db.(pgx.Tx); inTx && len(purge) == 0 && len(parked) == 0 && len(spawners) == 0 && len(probe.IDs) == 0 {
@@ -470,7 +470,7 @@ func (s *Store) ApplyOutcomesProbing(ctx context.Context, db DB, outs []Outcome,
 		_, inTx := db.(pgx.Tx)
 		b := &pgx.Batch{}
 		if !inTx {
-			b.Queue(s.sql("outcome_settings"))
+			b.Queue(s.sql(outcomeSettings(plain)))
 		}
 		b.Queue(stmt, args)
 		if len(purge) > 0 {
@@ -585,14 +585,14 @@ func (s *Store) PurgeTerminalInboxes(ctx context.Context, db DB, ids []int64) er
 // parks rows: the same statements in the same order and one transaction, sent one at a time, with
 // the await_between_stmts fault point between the park and the re-check.
 func (s *Store) applyParkedStepwise(ctx context.Context, db DB, outs []Outcome, parked, purge, spawners []int64,
-	stmt string, args pgx.NamedArgs, scanOutcomes, scanWoken func(pgx.Rows) error) error {
+	stmt string, plain bool, args pgx.NamedArgs, scanOutcomes, scanWoken func(pgx.Rows) error) error {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	if _, inTx := db.(pgx.Tx); !inTx {
-		if _, err := tx.Exec(ctx, s.sql("outcome_settings")); err != nil {
+		if _, err := tx.Exec(ctx, s.sql(outcomeSettings(plain))); err != nil {
 			return err
 		}
 	}
@@ -716,6 +716,15 @@ func jsonText(b []byte) *string {
 	}
 	s := string(b)
 	return &s
+}
+
+// outcomeSettings names the settings an outcome batch of its own runs under: a plain batch's, or
+// those of a batch whose statement joins its own sets (see outcome.sql).
+func outcomeSettings(plain bool) string {
+	if plain {
+		return "outcome_settings"
+	}
+	return "outcome_settings_joined"
 }
 
 // unlessAll returns xs, or nil when every element is v: an array parameter that is NULL rather

@@ -29,8 +29,8 @@
 -- statement returns each applied row's signalled flag as of its commit: a row that finished and
 -- received its first signal while its step ran is purged by a follow-up statement.
 --
--- A batch that is its own transaction (not a caller's) runs under outcome_settings, sent first in
--- the same round trip.
+-- A batch that is its own transaction (not a caller's) runs under outcome_settings (or, when its
+-- statement joins its own sets, outcome_settings_joined), sent first in the same round trip.
 --
 -- Kinds (store.OutcomeKind): next, retry, done, failed, released (claim handed back untouched:
 -- attempt restored, no error recorded, due after the delay), await (park on signal names, step =
@@ -270,17 +270,29 @@ SELECT NULL, NULL, NULL, NULL, NULL FROM (SELECT count(*) AS n FROM kids) AS k W
 SELECT id, NULL, NULL, NULL, queue FROM settled WHERE woke
 
 -- The settings an outcome batch runs under, local to its implicit transaction: no sequential
--- scan, hash join or merge join, and no JIT. Every statement of the batch reads rows by key (the
--- outcomes' ids by primary key, signals by instance, parents and counters by key); but a table
--- never analyzed (a new installation) or grown much since, and an array of a few hundred ids,
--- made Postgres hash the whole table instead: 300 outcomes on a table of 30,000 rows took 17 ms
+-- scan, hash join or merge join, and no JIT. Every statement of a plain batch reads rows by key
+-- (the outcomes' ids by primary key, signals by instance, parked rows by id); but a table never
+-- analyzed (a new installation) or grown much since, and an array of a few hundred ids, made
+-- Postgres hash the whole table instead: 300 outcomes on a table of 30,000 rows took 17 ms
 -- instead of 6 (TestOutcomeBatchesReadRowsByKey). No JIT: with the scans off, a statement left
--- no other way carries their penalty cost, far above jit_above_cost.
+-- no other way carries their penalty cost, far above jit_above_cost. And the cached generic plan
+-- from the first run, which with these settings is the plan by key at any size: planned on every
+-- run, the settings cost a single outcome's batch 0.3 ms (`bench --scenario await` p50).
 -- name: outcome_settings
 SELECT pg_catalog.set_config('jit', 'off', true),
        pg_catalog.set_config('enable_seqscan', 'off', true),
        pg_catalog.set_config('enable_hashjoin', 'off', true),
-       pg_catalog.set_config('enable_mergejoin', 'off', true);
+       pg_catalog.set_config('enable_mergejoin', 'off', true),
+       pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
+
+-- The same for a batch whose statement joins its own sets (the children or the consumed signals
+-- to the applied outcomes, upd): those have no index, and a nested loop between them costs their
+-- product (300 spawns of two children: 53 ms instead of 13), so hash and merge joins stay on, and
+-- the statement is planned for its sets' sizes on every run (a generic plan guesses ten rows
+-- each, and loops).
+-- name: outcome_settings_joined
+SELECT pg_catalog.set_config('jit', 'off', true),
+       pg_catalog.set_config('enable_seqscan', 'off', true);
 
 -- The inboxes of instances that just finished: a terminal outcome clears the whole inbox,
 -- latecomers included. A fresh snapshot (after the outcome statement took the row locks) sees
