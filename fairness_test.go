@@ -278,11 +278,12 @@ func TestFairKeyAloneUsesEverySlot(t *testing.T) {
 // A fairness key whose rows are also under a gate gets no more than the gate admits, and the
 // keys beside it take the slots it cannot use: tenant A's rows share a gate of limit 2, B's and
 // C's have none; two clients of 6 slots work the three backlogs. No more than two of A's steps
-// ever run at once (counted as they run, and the gate's counters end at zero); in every window of
-// 100 consecutive claims while all three have rows, each key is claimed, and B and C (equal
-// weights, nothing holding them) within a quarter of each other; and B and C are all claimed
-// before A has had two thirds of its rows (with A's gated rows at the head of the fair order
-// holding them up, each key would have about a third of the claims throughout).
+// ever run at once (counted as they run, and sampled from the rows), and the gate's counters end
+// at zero; in every window of 100 consecutive claims while all three have rows, each key is
+// claimed, and B and C (equal weights, nothing holding them) within a quarter of each other; and
+// B and C are all claimed before A has had two thirds of its rows (with A's gated rows at the
+// head of the fair order holding them up, each key would have about a third of the claims
+// throughout).
 func TestFairShareComposesWithAGate(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -316,13 +317,20 @@ func TestFairShareComposesWithAGate(t *testing.T) {
 	}
 	_, err := clients[0].InsertMany(context.Background(), params)
 	require.NoError(t, err)
+	stop := make(chan struct{})
+	sampled, wg := sampleMaxPerKey(t, e, stop)
 	for _, cl := range clients {
 		start(t, cl)
 	}
 	eventually(t, time.Minute, "every instance done", func() bool {
 		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status <> 'done'`) == 0
 	})
+	close(stop)
+	wg.Wait()
 
+	most, samples := sampled()
+	require.Greater(t, samples, 10, "samples of the executing rows")
+	require.LessOrEqual(t, most, 2, "the most of A's rows executing at once (the database's rows)")
 	require.Equal(t, int64(2), mostA.Load(), "the most of A's steps running at once (the gate's limit, reached)")
 	require.Equal(t, 0, e.count(t, `SELECT coalesce(sum(held), 0) FROM {schema}.gates`), "the gate's counters end at zero")
 	shares, err := oracle.ClaimSharesByCount(context.Background(), e.pool, e.schema, 100)

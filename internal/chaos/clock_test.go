@@ -598,7 +598,7 @@ func clockSkewRun(t *testing.T, lib, offset string, want time.Duration) {
 
 	// Phase 2: a paused worker's expired leases.
 	rounds, perRound := oracle.Size(1, 3), oracle.Size(16, 100)
-	app := fmt.Sprintf("gd-worker-%s-%d", a.name, a.pid())
+	app := a.app()
 	// extended counts the rows a holds under claims whose step began in it and whose lease its
 	// heartbeat has extended: the lease ends later than the claim's own (its time plus a lease).
 	extended := func() int {
@@ -831,17 +831,11 @@ func logUnfinished(t *testing.T, e *env) {
 // released nothing.) It fails naming what they are doing if that takes 10 s.
 func settled(t *testing.T, e *env, app string) {
 	t.Helper()
-	const busy = `FROM pg_stat_activity WHERE application_name = $1
-		AND (state = 'active' OR state LIKE 'idle in transaction%' AND backend_xid IS NOT NULL)`
-	deadline := time.Now().Add(10 * time.Second)
-	for e.count(t, `SELECT count(*) `+busy, app) > 0 {
-		if time.Now().After(deadline) {
-			var what []string
-			require.NoError(t, e.side.QueryRow(context.Background(), `SELECT array_agg(format('%s (%s %s, xid %s): %s', state,
-				wait_event_type, wait_event, backend_xid, left(query, 200))) `+busy, app).Scan(&what))
-			t.Fatalf("%s's statements on the server did not finish within 10s: %q", app, what)
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !idle(t, e, app, true, 10*time.Second) {
+		var what []string
+		require.NoError(t, e.side.QueryRow(context.Background(), `SELECT array_agg(format('%s (%s %s, xid %s): %s', state,
+			wait_event_type, wait_event, backend_xid, left(query, 200))) `+busyBackends(true), app).Scan(&what))
+		t.Fatalf("%s's statements on the server did not finish within 10s: %q", app, what)
 	}
 }
 

@@ -341,24 +341,10 @@ func catch(t *testing.T, c *crew, i int, what string, running func(name string, 
 			return running(w.name, w.pid()) > 0
 		})
 		w.pause(t)
-		if quiet(t, c.e, w.app(), 5*time.Second) && running(w.name, w.pid()) > 0 {
+		if idle(t, c.e, w.app(), false, 5*time.Second) && running(w.name, w.pid()) > 0 {
 			return
 		}
 		w.resume(t)
-	}
-}
-
-// quiet waits up to limit for none of the backends of application app to be running a
-// statement, and says whether that came.
-func quiet(t *testing.T, e *env, app string, limit time.Duration) bool {
-	t.Helper()
-	for end := time.Now().Add(limit); ; time.Sleep(5 * time.Millisecond) {
-		if e.count(t, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'active'`, app) == 0 {
-			return true
-		}
-		if time.Now().After(end) {
-			return false
-		}
 	}
 }
 

@@ -342,3 +342,26 @@ func sampleEvery(t *testing.T, e *env, args func() []any, query string, each fun
 	t.Cleanup(func() { stop() }) // before the database goes, if the test ends early
 	return stop
 }
+
+// busyBackends is the FROM clause of the backends of the connections named $1 that run a
+// statement (or, with written, also hold an open transaction that wrote or locked rows: one with
+// a transaction id).
+func busyBackends(written bool) string {
+	q := `FROM pg_stat_activity WHERE application_name = $1 AND (state = 'active'`
+	if written {
+		q += ` OR state LIKE 'idle in transaction%' AND backend_xid IS NOT NULL`
+	}
+	return q + `)`
+}
+
+// idle waits up to limit for no backend of the connections named app to be busy (busyBackends),
+// and says whether that came.
+func idle(t *testing.T, e *env, app string, written bool, limit time.Duration) bool {
+	t.Helper()
+	for end := time.Now().Add(limit); e.count(t, `SELECT count(*) `+busyBackends(written), app) > 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(end) {
+			return false
+		}
+	}
+	return true
+}

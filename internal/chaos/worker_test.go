@@ -387,7 +387,7 @@ func workerMain(cfgJSON string) int {
 	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
 	app := cfg.App
 	if app == "" {
-		app = fmt.Sprintf("gd-worker-%s-%d", cfg.Name, pid)
+		app = workerApp(cfg.Name, pid)
 	}
 	pc, err := poolConfig(cfg.URL, app, cfg.Conns, cfg.ExecMode)
 	if err != nil {
@@ -666,8 +666,11 @@ func (w *worker) app() string {
 	if w.cfg.App != "" {
 		return w.cfg.App
 	}
-	return fmt.Sprintf("gd-worker-%s-%d", w.cfg.Name, w.pid())
+	return workerApp(w.cfg.Name, w.pid())
 }
+
+// workerApp is the default application_name of the engine pool of worker name in process pid.
+func workerApp(name string, pid int) string { return fmt.Sprintf("gd-worker-%s-%d", name, pid) }
 
 // kill SIGKILLs the worker (stopped or not) and waits for it to be gone.
 func (w *worker) kill() {

@@ -265,7 +265,9 @@ func (s *Store) ApplyOutcomesProbing(ctx context.Context, db DB, outs []Outcome,
 		if o.Kind.Progress() || o.Kind == KindUpgrade {
 			steps[i] = &o.Step
 		}
-		versions[i] = int32(o.Version)
+		if o.Kind == KindUpgrade {
+			versions[i] = int32(o.Version)
+		}
 		st, err := s.sealDoc(o.State)
 		if err != nil {
 			return nil, nil, nil, err
@@ -344,21 +346,13 @@ func (s *Store) ApplyOutcomesProbing(ctx context.Context, db DB, outs []Outcome,
 		}
 	}
 	// An array whose every element is its default goes as NULL (see outcome.sql).
-	spawns := slices.ContainsFunc(outs, func(o Outcome) bool { return o.Kind == KindSpawn })
-	upgrades := slices.ContainsFunc(outs, func(o Outcome) bool { return o.Kind == KindUpgrade })
 	args := pgx.NamedArgs{
 		"ids": ids, "owners": owners, "kinds": kinds, "steps": unlessAll(steps, nil), "states": unlessAll(states, nil),
 		"delays": unlessAll(delays, 0), "results": unlessAll(results, nil), "err_kinds": unlessAll(errKinds, nil),
 		"err_msgs": unlessAll(errMsgs, nil), "await_names": unlessAll(awaitNames, nil), "await_ms": unlessAll(awaitMs, nil),
-		"spawned": spawned, "key_changes": unlessAll(keyChanges, ""), "ckeys": unlessAll(keys, nil),
+		"spawned": unlessAll(spawned, 0), "key_changes": unlessAll(keyChanges, ""), "ckeys": unlessAll(keys, nil),
 		"rate_limits": unlessAll(rateLimits, nil), "weights": unlessAll(weights, 1), "cr_keys": unlessAll(crKeys, nil),
-		"cr_shards": unlessAll(crShards, nil), "versions": versions,
-	}
-	if !spawns {
-		args["spawned"] = unlessAll(spawned, 0)
-	}
-	if !upgrades {
-		args["versions"] = []int32(nil)
+		"cr_shards": unlessAll(crShards, nil), "versions": unlessAll(versions, 0),
 	}
 	update := "outcome_update"
 	if fairSets != nil {
@@ -447,16 +441,22 @@ func (s *Store) ApplyOutcomesProbing(ctx context.Context, db DB, outs []Outcome,
 			}
 		}
 	}
+	// A batch of its own runs under its settings, sent first; a caller's transaction runs the
+	// statements as they are (the settings would outlive them, to the caller's commit).
+	settings := ""
+	if _, inTx := db.(pgx.Tx); !inTx {
+		settings = s.sql(outcomeSettings(plain))
+	}
 	if fault.Enabled && len(parked) > 0 {
 		// A chaos build sends the park's statements one by one in an explicit transaction, with
 		// the await_between_stmts point between the park and the re-check. The transaction, the
 		// statements and their order are those of the batch below (READ COMMITTED: each
 		// statement takes its own snapshot; locks are held to the commit), so the protocol is
 		// the same; only the window between them can be held open.
-		if err := s.applyParkedStepwise(ctx, db, outs, parked, purge, spawners, stmt, plain, args, scanOutcomes, scanWoken); err != nil {
+		if err := s.applyParkedStepwise(ctx, db, outs, parked, purge, spawners, settings, stmt, args, scanOutcomes, scanWoken); err != nil {
 			return nil, nil, nil, err
 		}
-	} else if _, inTx := db.(pgx.Tx); inTx && len(purge) == 0 && len(parked) == 0 && len(spawners) == 0 && len(probe.IDs) == 0 {
+	} else if settings == "" && len(purge) == 0 && len(parked) == 0 && len(spawners) == 0 && len(probe.IDs) == 0 {
 		rows, err := db.Query(ctx, stmt, args)
 		if err != nil {
 			return nil, nil, nil, err
@@ -465,12 +465,9 @@ func (s *Store) ApplyOutcomesProbing(ctx context.Context, db DB, outs []Outcome,
 			return nil, nil, nil, err
 		}
 	} else {
-		// Its own transaction runs under outcome_settings; a caller's runs the statements as
-		// they are (the settings would outlive them, to the caller's commit).
-		_, inTx := db.(pgx.Tx)
 		b := &pgx.Batch{}
-		if !inTx {
-			b.Queue(s.sql(outcomeSettings(plain)))
+		if settings != "" {
+			b.Queue(settings)
 		}
 		b.Queue(stmt, args)
 		if len(purge) > 0 {
@@ -487,7 +484,7 @@ func (s *Store) ApplyOutcomesProbing(ctx context.Context, db DB, outs []Outcome,
 		}
 		br := db.SendBatch(ctx, b)
 		err := func() error {
-			if !inTx {
+			if settings != "" {
 				if _, err := br.Exec(); err != nil {
 					return err
 				}
@@ -585,14 +582,14 @@ func (s *Store) PurgeTerminalInboxes(ctx context.Context, db DB, ids []int64) er
 // parks rows: the same statements in the same order and one transaction, sent one at a time, with
 // the await_between_stmts fault point between the park and the re-check.
 func (s *Store) applyParkedStepwise(ctx context.Context, db DB, outs []Outcome, parked, purge, spawners []int64,
-	stmt string, plain bool, args pgx.NamedArgs, scanOutcomes, scanWoken func(pgx.Rows) error) error {
+	settings, stmt string, args pgx.NamedArgs, scanOutcomes, scanWoken func(pgx.Rows) error) error {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, inTx := db.(pgx.Tx); !inTx {
-		if _, err := tx.Exec(ctx, s.sql(outcomeSettings(plain))); err != nil {
+	if settings != "" {
+		if _, err := tx.Exec(ctx, settings); err != nil {
 			return err
 		}
 	}

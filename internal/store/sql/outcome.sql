@@ -48,9 +48,9 @@
 -- execution held (see outcome_credit); @versions the machine version an upgrade brings the row to;
 -- @fair_sets, @fair_keys the fairness key a Next sets; @fair_ranks, @fair_weights the row's rank
 -- and its key's weight in the fair order (see fair_tag). An array whose every element would be its
--- default (NULL, 0 delay, no key change, weight 1; no spawned count or version in a batch without
--- a spawn or upgrade) comes as NULL, which unnest reads as NULLs: a batch of jobs finishing sends
--- three arrays of the nineteen (ids, owners, kinds).
+-- default (NULL, 0 delay or children, no key change, weight 1, no version: only an upgrade's is
+-- set) comes as NULL, which unnest reads as NULLs: a batch of jobs finishing sends three arrays
+-- of the nineteen (ids, owners, kinds).
 
 -- fragment: outcome_update
 UPDATE {schema}.instances AS i
@@ -91,7 +91,7 @@ unnest(@ids::bigint[], @owners::text[], @kinds::text[], @steps::text[], @states:
 -- The assignments of every outcome.
 -- fragment: outcome_set
 status           = (CASE u.kind WHEN 'done' THEN 'done' WHEN 'failed' THEN 'failed' WHEN 'await' THEN 'awaiting'
-                                    WHEN 'spawn' THEN (CASE WHEN u.spawned > 0 THEN 'joining' ELSE 'available' END)
+                                    WHEN 'spawn' THEN (CASE WHEN coalesce(u.spawned, 0) > 0 THEN 'joining' ELSE 'available' END)
                                     ELSE 'available' END)::{schema}.status,
     step             = coalesce(u.step, i.step),
     state            = coalesce(u.state::jsonb, i.state),
@@ -120,7 +120,7 @@ status           = (CASE u.kind WHEN 'done' THEN 'done' WHEN 'failed' THEN 'fail
     await_deadline   = CASE WHEN u.kind = 'await' AND u.await_ms IS NOT NULL
                             THEN now() + u.await_ms * interval '1 millisecond' END,
     -- A spawn opens a new wave of children; the join step (and its retries) sees that wave.
-    pending_children = CASE WHEN u.kind = 'spawn' THEN u.spawned ELSE i.pending_children END,
+    pending_children = CASE WHEN u.kind = 'spawn' THEN coalesce(u.spawned, 0) ELSE i.pending_children END,
     spawn_wave       = CASE WHEN u.kind = 'spawn' THEN coalesce(i.spawn_wave, 0) + 1 ELSE i.spawn_wave END,
     join_due         = CASE WHEN u.kind = 'spawn' THEN true WHEN u.kind IN ('retry', 'released', 'upgrade') THEN i.join_due END,
     -- Next may set or release the concurrency key ('' keeps it). Every outcome ends the
@@ -278,12 +278,9 @@ SELECT id, NULL, NULL, NULL, queue FROM settled WHERE woke
 -- no other way carries their penalty cost, far above jit_above_cost. And the cached generic plan
 -- from the first run, which with these settings is the plan by key at any size: planned on every
 -- run, the settings cost a single outcome's batch 0.3 ms (`bench --scenario await` p50).
+-- (The pick's, pick.sql's by_key_settings.)
 -- name: outcome_settings
-SELECT pg_catalog.set_config('jit', 'off', true),
-       pg_catalog.set_config('enable_seqscan', 'off', true),
-       pg_catalog.set_config('enable_hashjoin', 'off', true),
-       pg_catalog.set_config('enable_mergejoin', 'off', true),
-       pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
+SELECT {{by_key_settings}};
 
 -- The same for a batch whose statement joins its own sets (the children or the consumed signals
 -- to the applied outcomes, upd): those have no index, and a nested loop between them costs their

@@ -72,11 +72,16 @@
 -- (TestEveryPickClaimsByPrimaryKey checks every variant's generic plan).
 -- name: pick_settings
 SELECT pg_catalog.set_config('lock_timeout', $1, true),
-       pg_catalog.set_config('jit', 'off', true),
+       {{by_key_settings}};
+
+-- The planner settings of a transaction whose every read goes by key (above; outcome.sql's
+-- outcome_settings too), as set_config calls local to the transaction.
+-- fragment: by_key_settings
+pg_catalog.set_config('jit', 'off', true),
        pg_catalog.set_config('enable_seqscan', 'off', true),
        pg_catalog.set_config('enable_hashjoin', 'off', true),
        pg_catalog.set_config('enable_mergejoin', 'off', true),
-       pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
+       pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true)
 
 -- The claim: every pick ends with it.
 -- fragment: claim
@@ -132,7 +137,7 @@ RETURNING i.id, i.machine, i.step, i.state, i.attempt, i.max_attempts, i.priorit
 -- A queue whose rows have no fairness key is picked exactly as without fairness, and its rows
 -- are in no index that fairness added. When the queue holds tagged rows the plain scan claims
 -- nothing, and the caller picks again with the fair scan (it learns of them from pick_tagged,
--- which every pick sends after its statement in the same round trip).
+-- which every pick sends before its statement in the same round trip).
 --
 -- The fair scan (docs/fairness.md) reads up to a batch of each part per priority and merges them
 -- by tag: an untagged row (one without a key, or one that became due later than it became
