@@ -200,10 +200,13 @@ func TestAwaitBridgeUnderFaults(t *testing.T) {
 		case c.err != nil:
 		case c.status == gendurable.AwaitBusy:
 			// Settled means committed: the log's time is the settling statement's, and a commit
-			// can come well after it on a loaded machine (a batch's statement, its fsync). For a
-			// same-node instance the commit's own mark is known.
+			// can come well after it on a loaded machine (a batch's statement, its fsync). The
+			// commit's own mark is known for a same-node instance (step.finished) and for one a
+			// worker of the crew finished (its marks).
 			settledAt := at
 			if done, ok := committed[c.id]; ok && c.local {
+				settledAt = done
+			} else if done, ok := crew.doneAt(c.id); ok && !c.local {
 				settledAt = done
 			}
 			if settledAt.Before(deadline.Add(-tick)) {
