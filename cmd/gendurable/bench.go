@@ -41,6 +41,7 @@ func runBench(ctx context.Context, args []string, out io.Writer) error {
 	asJSON := fs.Bool("json", false, "print one JSON object per scenario per line")
 	sealed := fs.Bool("codec", false, "the benchmarked clients seal payloads (Config.Codec: AES-256-GCM, a throwaway key)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof)")
+	memProfile := fs.String("memprofile", "", "write a profile of the run's allocations to this file at its end (go tool pprof -sample_index=alloc_space)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -54,6 +55,13 @@ func runBench(ctx context.Context, args []string, out io.Writer) error {
 			return err
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if *memProfile != "" {
+		defer func() {
+			if err := writeAllocs(*memProfile); err != nil {
+				fmt.Fprintln(os.Stderr, "gendurable bench: memory profile:", err)
+			}
+		}()
 	}
 	pool, closeDB, err := db.open(ctx, *worker == "", os.Stderr)
 	if err != nil {
@@ -106,4 +114,18 @@ func runBench(ctx context.Context, args []string, out io.Writer) error {
 		bench.WriteTable(out, results)
 	}
 	return err
+}
+
+// writeAllocs writes the heap profile, which holds every allocation sampled since the process
+// began (alloc_space, alloc_objects) beside what is live.
+func writeAllocs(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -84,22 +85,29 @@ func TestMigrateCreatesTheSchema(t *testing.T) {
 
 // The benchmark in miniature: every available scenario runs and reports the fields it must.
 func TestBenchSmoke(t *testing.T) {
-	code, out, errOut := runCLI(t, "bench", "--database-url", durabledbtest.URL(t), "--schema", "t_cli_bench", "--n", "300", "--json")
+	allocs := filepath.Join(t.TempDir(), "allocs.pprof")
+	code, out, errOut := runCLI(t, "bench", "--database-url", durabledbtest.URL(t), "--schema", "t_cli_bench", "--n", "300", "--json",
+		"--memprofile", allocs)
 	require.Equal(t, 0, code, errOut)
+	// The allocation profile is a gzipped protocol buffer (go tool pprof reads it).
+	prof, err := os.ReadFile(allocs)
+	require.NoError(t, err)
+	require.Greater(t, len(prof), 2)
+	require.Equal(t, []byte{0x1f, 0x8b}, prof[:2])
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	require.Len(t, lines, 11)
 	want := map[string][]string{
-		"jobs":           {"insert_per_s", "work_per_s"},
-		"chain":          {"steps_per_s"},
+		"jobs":           {"insert_per_s", "work_per_s", "client_cpu_us_per_job"},
+		"chain":          {"steps_per_s", "client_cpu_us_per_job"},
 		"latency":        {"p50_ms", "p95_ms", "p99_ms"},
 		"latency-remote": {"p50_ms", "p95_ms", "p99_ms"},
 		"latency-tx":     {"p50_ms", "p95_ms", "p99_ms"},
 		"await":          {"steps_per_s", "p50_ms", "p99_ms"},
 		"signal":         {"steps_per_s", "p50_ms", "p99_ms"},
 		"fanout":         {"steps_per_s"},
-		"gated":          {"insert_per_s", "work_per_s"},
-		"fair":           {"insert_per_s", "work_per_s"},
-		"rated":          {"insert_per_s", "work_per_s"},
+		"gated":          {"insert_per_s", "work_per_s", "client_cpu_us_per_job"},
+		"fair":           {"insert_per_s", "work_per_s", "client_cpu_us_per_job"},
+		"rated":          {"insert_per_s", "work_per_s", "client_cpu_us_per_job"},
 	}
 	for _, l := range lines {
 		var r map[string]any

@@ -84,6 +84,10 @@ type Result struct {
 	// per worked job (or chain step) over the work, with --processes.
 	DBmsPerJob  *float64 `json:"db_ms_per_job,omitempty"`
 	XactsPerJob *float64 `json:"xacts_per_job,omitempty"`
+	// ClientCPUusPerJob is the benchmark process's CPU time (user and system) per worked job
+	// (or chain step) over the work, when the clients work in-process: the library's own cost,
+	// beside the database's.
+	ClientCPUusPerJob *float64 `json:"client_cpu_us_per_job,omitempty"`
 	// PeakHeapMB is the largest live Go heap seen during the scenario; MaxRSSMB the process's
 	// peak resident set so far.
 	PeakHeapMB float64 `json:"peak_heap_mb"`
@@ -429,19 +433,20 @@ func jobs(ctx context.Context, r *runner, n int, opts func(i int) *gendurable.In
 	// The figure that matters is the heap of a client working a backlog, not of the batch the
 	// benchmark built to insert it (dead by now: params is not used again).
 	r.heap.reset()
-	t1 := time.Now()
+	t1, cpu := time.Now(), cpuTime()
 	if err := cs.start(ctx); err != nil {
 		return Result{}, err
 	}
 	err = waitFor(ctx, 10*time.Minute, "all jobs done", func() bool { return finished.Load() >= int64(n) })
-	work := time.Since(t1)
+	work, cpu := time.Since(t1), cpuTime()-cpu
 	if serr := cs.stop(); err == nil {
 		err = serr
 	}
 	if err != nil {
 		return Result{}, err
 	}
-	return Result{Seconds: round(insert.Seconds() + work.Seconds()), InsertPerS: rate(n, insert), WorkPerS: rate(n, work)}, nil
+	return Result{Seconds: round(insert.Seconds() + work.Seconds()), InsertPerS: rate(n, insert), WorkPerS: rate(n, work),
+		ClientCPUusPerJob: per(float64(cpu.Microseconds()), n)}, nil
 }
 
 type chainState struct {
@@ -494,19 +499,20 @@ func runChain(ctx context.Context, r *runner, n int) (Result, error) {
 			DBmsPerJob: per(pr.dbMS, chains*length), XactsPerJob: per(float64(pr.xacts), chains*length)}, nil
 	}
 	r.heap.reset()
-	t0 := time.Now()
+	t0, cpu := time.Now(), cpuTime()
 	if err := cs.start(ctx); err != nil {
 		return Result{}, err
 	}
 	err = waitFor(ctx, 10*time.Minute, "all chains done", func() bool { return finished.Load() >= int64(chains) })
-	d := time.Since(t0)
+	d, cpu := time.Since(t0), cpuTime()-cpu
 	if serr := cs.stop(); err == nil {
 		err = serr
 	}
 	if err != nil {
 		return Result{}, err
 	}
-	return Result{Seconds: round(d.Seconds()), StepsPerS: rate(chains*length, d)}, nil
+	return Result{Seconds: round(d.Seconds()), StepsPerS: rate(chains*length, d),
+		ClientCPUusPerJob: per(float64(cpu.Microseconds()), chains*length)}, nil
 }
 
 type latArgs struct {
@@ -892,6 +898,15 @@ func (h *heapSampler) stop() float64 {
 	close(h.done)
 	h.wg.Wait()
 	return round(float64(h.peak.Load()) / (1 << 20))
+}
+
+// cpuTime is the CPU time (user and system) the process has used so far (0 if unknown).
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func maxRSSMB() float64 {
