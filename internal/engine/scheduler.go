@@ -69,8 +69,9 @@ type runner struct {
 }
 
 // job is a claimed row for an executor, and the gate lease it took its slot from (nil: none).
+// The row points into its pick's batch (one allocation per pick, not one copy per row).
 type job struct {
-	store.Claimed
+	row   *store.Claimed
 	lease *gateLease
 }
 
@@ -98,7 +99,7 @@ func (r *runner) startWorkers() {
 		go func() {
 			defer r.e.steps.Done()
 			for j := range r.work {
-				r.e.runStep(r.queue, &j.Claimed, j.lease, r.release)
+				r.e.runStep(r.queue, j.row, j.lease, r.release)
 			}
 		}()
 	}
@@ -401,8 +402,8 @@ func (r *runner) dispatch(rows []store.Claimed, gl *gateLease) {
 		return
 	}
 	r.e.inFlight.Add(int64(len(rows)))
-	for i, c := range rows {
-		j := job{Claimed: c}
+	for i := range rows {
+		j := job{row: &rows[i]}
 		if gl != nil && isLeased(&rows[i], gl) {
 			j.lease = gl
 		}
@@ -433,7 +434,7 @@ func (e *Engine) RunInserted(queue string, c *store.Claimed, took time.Duration)
 	r.mu.Lock()
 	if c != nil && !r.closed {
 		e.inFlight.Add(1)
-		r.work <- job{Claimed: *c} // never blocks: the reserved slot is this row's, and work holds Concurrency
+		r.work <- job{row: c} // never blocks: the reserved slot is this row's, and work holds Concurrency
 		r.mu.Unlock()
 		e.Emit(durabletype.Event{Name: durabletype.EventSchedulerPicked, Queue: queue, Count: 1, Duration: took})
 		return

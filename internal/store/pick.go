@@ -451,13 +451,17 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 // claimedRows reads a pick's claimed rows (and its counts into res), in urgency order.
 func (s *Store) claimedRows(rows pgx.Rows, queue string, limit int, res *PickResult) ([]Claimed, error) {
 	out := make([]Claimed, 0, limit)
+	// Scanned through pointers, these escape: declared once per pick, not once per row, and each
+	// row is scanned in place in out.
+	var attempt, maxAttempts int32
+	var priority int16
+	var inbox, children []byte
+	var considered, refused, denied int64
+	var version int32
 	for rows.Next() {
-		var c Claimed
-		var attempt, maxAttempts int32
-		var priority int16
-		var inbox, children []byte
-		var considered, refused, denied int64
-		var version int32
+		out = append(out, Claimed{})
+		c := &out[len(out)-1]
+		inbox, children = nil, nil
 		if err := rows.Scan(&c.ID, &c.Machine, &c.Step, &c.State, &attempt, &maxAttempts, &priority,
 			&c.CorrelationKey, &c.InsertedAt, &c.AwaitNames, &c.Signalled, &inbox, &c.Child, &children,
 			&c.ConcurrencyKey, &c.ConcurrencyShard, &c.RateLimit, &version, &c.FairKey,
@@ -477,8 +481,7 @@ func (s *Store) claimedRows(rows pgx.Rows, queue string, limit int, res *PickRes
 			}
 		}
 		c.Queue = queue
-		s.openClaim(&c)
-		out = append(out, c)
+		s.openClaim(c)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
