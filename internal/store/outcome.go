@@ -457,7 +457,7 @@ func (s *Store) ApplyOutcomesProbing(ctx context.Context, db DB, outs []Outcome,
 			return nil, nil, nil, err
 		}
 	} else if settings == "" && len(purge) == 0 && len(parked) == 0 && len(spawners) == 0 && len(probe.IDs) == 0 {
-		rows, err := db.Query(ctx, stmt, args)
+		rows, err := db.Query(ctx, stmt, s.named(args))
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -469,7 +469,7 @@ func (s *Store) ApplyOutcomesProbing(ctx context.Context, db DB, outs []Outcome,
 		if settings != "" {
 			b.Queue(settings)
 		}
-		b.Queue(stmt, args)
+		b.Queue(stmt, s.named(args))
 		if len(purge) > 0 {
 			b.Queue(s.sql("purge_terminal_inboxes"), purge)
 		}
@@ -593,7 +593,7 @@ func (s *Store) applyParkedStepwise(ctx context.Context, db DB, outs []Outcome, 
 			return err
 		}
 	}
-	rows, err := tx.Query(ctx, stmt, args)
+	rows, err := tx.Query(ctx, stmt, s.named(args))
 	if err != nil {
 		return err
 	}

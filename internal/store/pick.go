@@ -508,10 +508,10 @@ func (s *Store) claimedRows(rows pgx.Rows, queue string, limit int, res *PickRes
 func (s *Store) queryPicking(ctx context.Context, db DB, stmt, queue string, args pgx.NamedArgs) (rows pgx.Rows, tagged bool, done func() error, err error) {
 	probe := pgx.NamedArgs{"queue": queue}
 	if _, inTx := db.(pgx.Tx); inTx {
-		if err := db.QueryRow(ctx, s.sql("pick_tagged"), probe).Scan(&tagged); err != nil {
+		if err := db.QueryRow(ctx, s.sql("pick_tagged"), s.named(probe)).Scan(&tagged); err != nil {
 			return nil, false, nil, err
 		}
-		rows, err := db.Query(ctx, s.sql(stmt), args)
+		rows, err := db.Query(ctx, s.sql(stmt), s.named(args))
 		if err != nil {
 			return nil, false, nil, err
 		}
@@ -519,8 +519,8 @@ func (s *Store) queryPicking(ctx context.Context, db DB, stmt, queue string, arg
 	}
 	b := &pgx.Batch{}
 	b.Queue(s.sql("pick_settings"), pickLockTimeout)
-	b.Queue(s.sql("pick_tagged"), probe)
-	b.Queue(s.sql(stmt), args)
+	b.Queue(s.sql("pick_tagged"), s.named(probe))
+	b.Queue(s.sql(stmt), s.named(args))
 	br := db.SendBatch(ctx, b)
 	fail := func(err error) (pgx.Rows, bool, func() error, error) {
 		_ = br.Close()

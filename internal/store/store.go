@@ -44,6 +44,8 @@ type Store struct {
 	Codec Codec
 	stmts map[string]string // named statements, ready to run
 	frags map[string]string // fragments without a parameter, for statements assembled per call
+	// rewrites holds the hot statements' named arguments turned positional (named.go).
+	rewrites *rewrites
 }
 
 // New loads the embedded statements for schema ("" is the default schema).
@@ -63,7 +65,7 @@ func New(schema string) (*Store, error) {
 		}
 		lib.stmts[name] = text
 	}
-	st := &Store{Schema: schema, stmts: map[string]string{}, frags: map[string]string{}}
+	st := &Store{Schema: schema, stmts: map[string]string{}, frags: map[string]string{}, rewrites: &rewrites{}}
 	for name, text := range lib.stmts {
 		if text, err = lib.expand(text, 0); err != nil {
 			return nil, fmt.Errorf("store: statement %q: %w", name, err)

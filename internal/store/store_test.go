@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -86,17 +85,19 @@ func TestEveryPickClaimsByPrimaryKey(t *testing.T) {
 	}
 }
 
-// positional returns statement stmt with its @names turned into positional parameters, and the
-// values literal gives them, in order: for PREPARE, whose EXECUTE then runs the generic plan.
+// positional returns statement stmt with its @names turned into positional parameters (the
+// Store's own rewrite, named.go), and the values literal gives them, in order: for PREPARE, whose
+// EXECUTE then runs the generic plan.
 func positional(s *Store, stmt string, literal map[string]string) (string, []string) {
-	var names, values []string
-	return regexp.MustCompile(`@\w+`).ReplaceAllStringFunc(s.sql(stmt), func(m string) string {
-		if i := slices.Index(names, m[1:]); i >= 0 {
-			return fmt.Sprintf("$%d", i+1)
-		}
-		names, values = append(names, m[1:]), append(values, literal[m[1:]])
-		return fmt.Sprintf("$%d", len(names))
-	}), values
+	rw, err := s.rewrites.get(context.Background(), nil, s.sql(stmt))
+	if err != nil {
+		panic(err)
+	}
+	values := make([]string, len(rw.names))
+	for i, name := range rw.names {
+		values[i] = literal[name]
+	}
+	return rw.sql, values
 }
 
 func everyPickClaimsByPrimaryKey(t *testing.T, size int) {
