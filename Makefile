@@ -11,7 +11,8 @@ TESTFLAGS ?=
 # make test runs in three steps. First the latency-bound tests, alone (one package at a time,
 # nothing else on the cores): they measure milliseconds or seconds (the await bridge's p95, poke
 # and poll-floor latencies, contrib/redispoke's trips through Redis and its pings' answers, a
-# partitioned worker's takeover, the bad-input canary), or need the machine's full throughput for
+# partitioned worker's takeover, the bad-input canary, a fair queue's slot occupancy, which its
+# picks' latency under load lowers), or need the machine's full throughput for
 # their fault to land (connection resets during commits). Then, at once, vet and lint, each
 # contrib module's tests, and the tests that run a Postgres cluster of their own (the soaks, the
 # session kills and the clock skew together, then the failover's pg_auto_failover formation): each of those offers a fixed load well under what
@@ -24,7 +25,7 @@ TESTFLAGS ?=
 # database) of its own; more at once would slow each other down (the cores are busy, the
 # server's too) and run out of the server's 100 connections. LATENCY and CLUSTER are go test -run
 # regexps over the root package's and internal/chaos's tests; every other run skips them.
-LATENCY := ^(TestAwait.*|TestFairShareBurstDoesNotStarveSmallTenants|TestSecurity.*|TestSaturatedKeyDoesNotStarveTheWorkBehindIt|TestRateLimitConservesTokensAcrossEightClients|TestPoke.*|TestLostPokesCostAtMostAPoll|TestSignalPokesTheParkedInstancesNode|TestFanOutRoundTripWithoutPolling|TestBadInput|TestPostgresRestartMidRun|TestSmokeSuite.*|TestPartitionedWorkerIsFencedOut|TestConnectionResetsLoseCommitAcks)$$
+LATENCY := ^(TestAwait.*|TestFairShareBurstDoesNotStarveSmallTenants|TestFairKeyAloneUsesEverySlot|TestSecurity.*|TestSaturatedKeyDoesNotStarveTheWorkBehindIt|TestRateLimitConservesTokensAcrossEightClients|TestPoke.*|TestLostPokesCostAtMostAPoll|TestSignalPokesTheParkedInstancesNode|TestFanOutRoundTripWithoutPolling|TestBadInput|TestPostgresRestartMidRun|TestSmokeSuite.*|TestPartitionedWorkerIsFencedOut|TestConnectionResetsLoseCommitAcks)$$
 CLUSTER := ^(TestBloatSoak|TestLongSnapshotDuringSoak|TestSessionKills|TestWorkersOffTheDatabaseClockKeepLeasesHonest|TestFailoverLosesNothing)$$
 # FAILOVER: the cluster test that is no light neighbour (a pg_auto_failover formation of three
 # servers and three busy workers); test/cluster runs it after the others, not beside them.
