@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gendurable/gendurable/durabledbtest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -28,10 +27,7 @@ type admissionFixture struct {
 
 func newAdmissionFixture(t *testing.T) *admissionFixture {
 	t.Helper()
-	pool := durabledbtest.Pool(t, 2)
-	schema := durabledbtest.Schema(t, pool)
-	s, err := New(schema)
-	require.NoError(t, err)
+	s, pool, schema := newTestStore(t, 2)
 	ctx := context.Background()
 	f := &admissionFixture{s: s, db: pool, key: map[int64]string{},
 		gates: &Gates{Names: []string{"big", "g"}, Limits: []int32{300, 10}, Shards: []int32{2, 3}},

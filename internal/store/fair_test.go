@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gendurable/gendurable/durabledbtest"
 	"github.com/gendurable/gendurable/durablemigrate"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -28,10 +27,7 @@ func queueTagged(ctx context.Context, s *Store, db DB, queue string) (tagged boo
 // the pick sees it; weights scale a key's share; a more urgent priority comes first whatever the
 // keys.
 func TestFairPickServesKeysInTurnAndFillsItsBatch(t *testing.T) {
-	pool := durabledbtest.Pool(t, 2)
-	schema := durabledbtest.Schema(t, pool)
-	s, err := New(schema)
-	require.NoError(t, err)
+	s, pool, schema := newTestStore(t, 2)
 	ctx := context.Background()
 	row := func(key string, prio int) InsertRow {
 		return InsertRow{Machine: "m", Step: "s", State: "{}", Queue: "q", Priority: prio, MaxAttempts: 1, Weight: 1, FairKey: key}
@@ -128,16 +124,13 @@ func TestFairPickServesKeysInTurnAndFillsItsBatch(t *testing.T) {
 // A claimed row leaves the fair order; its outcome puts a row that runs again at once back in it
 // at its key's end (the key after the outcome: Next may set another).
 func TestFairOutcomeGivesTheNextStepItsPlace(t *testing.T) {
-	pool := durabledbtest.Pool(t, 2)
-	schema := durabledbtest.Schema(t, pool)
-	s, err := New(schema)
-	require.NoError(t, err)
+	s, pool, schema := newTestStore(t, 2)
 	ctx := context.Background()
 	rows := make([]InsertRow, 10)
 	for i := range rows {
 		rows[i] = InsertRow{Machine: "m", Step: "s", State: "{}", Queue: "q", Priority: 5, MaxAttempts: 1, Weight: 1, FairKey: "A"}
 	}
-	_, err = s.InsertMany(ctx, pool, rows)
+	_, err := s.InsertMany(ctx, pool, rows)
 	require.NoError(t, err)
 	res, err := s.Pick(ctx, pool, "q", 2, "o#1", PickOpts{Lease: time.Minute, FairOrder: true})
 	require.NoError(t, err)
@@ -182,10 +175,7 @@ func TestFairOutcomeGivesTheNextStepItsPlace(t *testing.T) {
 // run (its row executing, its bucket empty) the scan passes its rows over and the batch goes to
 // the others.
 func TestFairPickComposesWithKeysAndLimits(t *testing.T) {
-	pool := durabledbtest.Pool(t, 2)
-	schema := durabledbtest.Schema(t, pool)
-	s, err := New(schema)
-	require.NoError(t, err)
+	s, pool, _ := newTestStore(t, 2)
 	ctx := context.Background()
 	insert := func(queue, key string, n int, set func(*InsertRow)) {
 		t.Helper()
@@ -239,10 +229,7 @@ func TestFairProbesReadTheirOwnIndexesWithoutStatistics(t *testing.T) {
 }
 
 func fairProbesReadTheirOwnIndexes(t *testing.T, version int) {
-	pool := durabledbtest.Pool(t, 2)
-	schema := durabledbtest.Schema(t, pool)
-	s, err := New(schema)
-	require.NoError(t, err)
+	s, pool, schema := newTestStore(t, 2)
 	ctx := context.Background()
 	require.NoError(t, durablemigrate.MigrateTo(ctx, pool, schema, version))
 	prepared := 0
@@ -321,16 +308,13 @@ func fairProbesReadTheirOwnIndexes(t *testing.T, version int) {
 // an empty B-tree, its metapage alone), and the plain pick reads the tagged rows' index with one
 // descent of that empty tree.
 func TestRowsWithoutKeysPayNothingForFairness(t *testing.T) {
-	pool := durabledbtest.Pool(t, 2)
-	schema := durabledbtest.Schema(t, pool)
-	s, err := New(schema)
-	require.NoError(t, err)
+	s, pool, schema := newTestStore(t, 2)
 	ctx := context.Background()
 	rows := make([]InsertRow, 2000)
 	for i := range rows {
 		rows[i] = InsertRow{Machine: "m", Step: "s", State: "{}", Queue: "q", Priority: 1 + i%9, MaxAttempts: 3, Weight: 1}
 	}
-	_, err = s.InsertMany(ctx, pool, rows)
+	_, err := s.InsertMany(ctx, pool, rows)
 	require.NoError(t, err)
 	kinds := []OutcomeKind{KindNext, KindRetry, KindDone}
 	for p := range 10 {

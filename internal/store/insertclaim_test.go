@@ -5,17 +5,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gendurable/gendurable/durabledbtest"
 	"github.com/stretchr/testify/require"
 )
 
 // An Insert claimed by its own client is claimed exactly as a pick claims a row, and only when no
 // due row of its queue is as urgent or more; otherwise it goes in available, to wait its turn.
 func TestInsertClaimTakesTheRowOnlyWhenNothingIsAheadOfIt(t *testing.T) {
-	pool := durabledbtest.Pool(t, 2)
-	schema := durabledbtest.Schema(t, pool)
-	s, err := New(schema)
-	require.NoError(t, err)
+	s, pool, schema := newTestStore(t, 2)
 	ctx := context.Background()
 	row := func(queue string, prio int) *InsertRow {
 		return &InsertRow{Machine: "m", Step: "s", State: `{"b": 1, "a": [2]}`, Queue: queue, Priority: prio, MaxAttempts: 3}

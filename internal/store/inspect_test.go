@@ -6,7 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gendurable/gendurable/durabledbtest"
 	"github.com/gendurable/gendurable/internal/ident"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -20,12 +19,9 @@ import (
 // shows that the index covers what the statement reads).
 func TestInspectionStatementsUseTheirIndexes(t *testing.T) {
 	t.Parallel()
-	pool := durabledbtest.Pool(t, 2)
-	schema := durabledbtest.Schema(t, pool)
-	s, err := New(schema)
-	require.NoError(t, err)
+	s, pool, schema := newTestStore(t, 2)
 	ctx := context.Background()
-	_, err = pool.Exec(ctx, ident.Expand(`
+	_, err := pool.Exec(ctx, ident.Expand(`
 		INSERT INTO {schema}.instances (machine, step, queue, status, state, max_attempts, finalized_at,
 		                                rate_limit, locked_by, locked_until, await_names, await_deadline,
 		                                parent_id, parent_wave)

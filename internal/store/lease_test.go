@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gendurable/gendurable/durabledbtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
@@ -23,10 +22,7 @@ type leaseFixture struct {
 
 func newLeaseFixture(t *testing.T) *leaseFixture {
 	t.Helper()
-	pool := durabledbtest.Pool(t, 3)
-	schema := durabledbtest.Schema(t, pool)
-	s, err := New(schema)
-	require.NoError(t, err)
+	s, pool, schema := newTestStore(t, 3)
 	f := &leaseFixture{s: s, db: pool, schema: schema,
 		gates: &Gates{Names: []string{"g"}, Limits: []int32{1000}, Shards: []int32{2}}}
 	var rows []InsertRow
@@ -34,7 +30,7 @@ func newLeaseFixture(t *testing.T) *leaseFixture {
 		rows = append(rows, InsertRow{Machine: "m", Step: "s", State: "{}", Queue: "q", Priority: 5, MaxAttempts: 1,
 			ConcurrencyKey: k, Weight: 1})
 	}
-	_, err = s.InsertMany(context.Background(), pool, rows)
+	_, err := s.InsertMany(context.Background(), pool, rows)
 	require.NoError(t, err)
 	return f
 }

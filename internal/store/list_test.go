@@ -6,7 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gendurable/gendurable/durabledbtest"
 	"github.com/gendurable/gendurable/durabletype"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -15,12 +14,9 @@ import (
 // On a table of 300,000 rows, the list statement uses the sparse filters' indexes, and a deep
 // keyset page neither scans the table nor sorts: the plans of the statement List sends.
 func TestListPlansOnALargeTable(t *testing.T) {
-	pool := durabledbtest.Pool(t, 2)
-	schema := durabledbtest.Schema(t, pool)
-	s, err := New(schema)
-	require.NoError(t, err)
+	s, pool, schema := newTestStore(t, 2)
 	ctx := context.Background()
-	_, err = pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %[1]q.instances (machine, step, queue, status, max_attempts, state, correlation_key)
+	_, err := pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %[1]q.instances (machine, step, queue, status, max_attempts, state, correlation_key)
 		SELECT 'm' || (i %% 3), 's', 'q' || (i %% 2),
 		       (CASE WHEN i %% 10000 = 0 THEN 'failed' WHEN i %% 20000 = 1 THEN 'awaiting' ELSE 'done' END)::%[1]q.status,
 		       3, '{}', CASE WHEN i %% 10 = 0 THEN 'k' || i END

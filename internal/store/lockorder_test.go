@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gendurable/gendurable/durabledbtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
@@ -17,10 +16,8 @@ import (
 // in id order like every writer of several parents. Locking in heap order, the outcome statement
 // would hold B while it waits for A: a deadlock (found by the fan-out test under kills, T17).
 func TestSettleLocksParentsInIDOrder(t *testing.T) {
-	pool := durabledbtest.Pool(t, 4)
-	schema := durabledbtest.Schema(t, pool)
-	s, err := New(schema)
-	require.NoError(t, err)
+	s, pool, schema := newTestStore(t, 4)
+	var err error
 	ctx := context.Background()
 	q := pgx.Identifier{schema}.Sanitize()
 	var a, b int64
@@ -98,13 +95,10 @@ func TestCreditLocksGatesInKeyOrder(t *testing.T) {
 }
 
 func testCreditLockOrder(t *testing.T, reaper bool) {
-	pool := durabledbtest.Pool(t, 4)
-	schema := durabledbtest.Schema(t, pool)
-	s, err := New(schema)
-	require.NoError(t, err)
+	s, pool, schema := newTestStore(t, 4)
 	ctx := context.Background()
 	q := pgx.Identifier{schema}.Sanitize()
-	_, err = pool.Exec(ctx, `INSERT INTO `+q+`.gates (key, shard, held, capacity) VALUES ('g:x', 0, 1, 1), ('g:x', 1, 1, 1)`)
+	_, err := pool.Exec(ctx, `INSERT INTO `+q+`.gates (key, shard, held, capacity) VALUES ('g:x', 0, 1, 1), ('g:x', 1, 1, 1)`)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `UPDATE `+q+`.gates SET held = 1 WHERE key = 'g:x' AND shard = 0`) // its new version goes after shard 1's
 	require.NoError(t, err)

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gendurable/gendurable/durabledbtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -26,10 +25,7 @@ import (
 // 300 spawns pair by pair took 53 ms of the batch's 60). The plans are the ones each batch really
 // ran, as auto_explain reports them.
 func TestOutcomeBatchesReadRowsByKey(t *testing.T) {
-	pool := durabledbtest.Pool(t, 2)
-	schema := durabledbtest.Schema(t, pool)
-	s, err := New(schema)
-	require.NoError(t, err)
+	s, pool, schema := newTestStore(t, 2)
 	ctx := context.Background()
 	const finished, batch = 30000, 300
 	rows := make([]InsertRow, finished+3*batch)

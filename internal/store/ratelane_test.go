@@ -17,10 +17,7 @@ import (
 // full bucket); it claims the rows with no key or limit either way, and leaves rows of another
 // limit and of a key for an admission pick, which grants the lane's prefix that fits.
 func TestPickOnARateLaneGrantsAllOrNone(t *testing.T) {
-	pool := durabledbtest.Pool(t, 2)
-	schema := durabledbtest.Schema(t, pool)
-	s, err := New(schema)
-	require.NoError(t, err)
+	s, pool, schema := newTestStore(t, 2)
 	ctx := context.Background()
 	// A rate so slow that no bucket refills while the test runs.
 	rates := &Rates{Names: []string{"r"}, Rates: []float64{1e-9}, Bursts: []float64{100}}
@@ -55,7 +52,7 @@ func TestPickOnARateLaneGrantsAllOrNone(t *testing.T) {
 	// one of a key.
 	q1 := [][2]string{{"", "r:a"}, {"", "r:a"}, {"", ""}, {"", "r:a"}, {"", "r:b"}, {"k", ""}, {"", "r:a"}, {"", ""}}
 	insert("q1", q1...)
-	_, err = pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %q.buckets (key, tokens, rate, burst, updated_at) VALUES ('r:a', 10, 1e-9, 100, now())`, schema))
+	_, err := pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %q.buckets (key, tokens, rate, burst, updated_at) VALUES ('r:a', 10, 1e-9, 100, now())`, schema))
 	require.NoError(t, err)
 	res := pick("q1", "r:a")
 	require.Equal(t, []string{"-/-", "-/-", "-/-", "-/-", "-/-", "-/-"}, claimedKeys(res.Rows), "the lane's four rows and the two free ones")
@@ -159,17 +156,14 @@ type bucketRace struct {
 
 func newBucketRace(t *testing.T, rows int) *bucketRace {
 	t.Helper()
-	pool := durabledbtest.Pool(t, 4)
-	schema := durabledbtest.Schema(t, pool)
-	s, err := New(schema)
-	require.NoError(t, err)
+	s, pool, schema := newTestStore(t, 4)
 	ctx := context.Background()
 	r := &bucketRace{s: s, pool: pool, schema: schema, rates: &Rates{Names: []string{"r"}, Rates: []float64{10}, Bursts: []float64{10}}}
 	var in []InsertRow
 	for range rows {
 		in = append(in, InsertRow{Machine: "m", Step: "s", State: "{}", Queue: "q", Priority: 5, MaxAttempts: 1, RateLimit: "r:a", Weight: 1})
 	}
-	_, err = s.InsertMany(ctx, pool, in)
+	_, err := s.InsertMany(ctx, pool, in)
 	require.NoError(t, err)
 	r.pick, err = pool.Begin(ctx)
 	require.NoError(t, err)

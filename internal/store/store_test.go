@@ -11,10 +11,22 @@ import (
 
 	"github.com/gendurable/gendurable/durabledbtest"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
 func TestMain(m *testing.M) { durabledbtest.Main(m) }
+
+// newTestStore returns a Store on a schema of the test's own (dropped after it) in a pool of conns
+// connections, with the pool and the schema's name.
+func newTestStore(t *testing.T, conns int32) (*Store, *pgxpool.Pool, string) {
+	t.Helper()
+	pool := durabledbtest.Pool(t, conns)
+	schema := durabledbtest.Schema(t, pool)
+	s, err := New(schema)
+	require.NoError(t, err)
+	return s, pool, schema
+}
 
 // explainPick runs a pick under EXPLAIN ANALYZE in a transaction that is rolled back.
 func explainPick(t *testing.T, s *Store, db DB, stmt string, args pgx.NamedArgs) string {
@@ -39,16 +51,13 @@ func explainAnalyze(t *testing.T, db DB, options, sql string, args ...any) strin
 // Rows without a rate limit pay nothing for the rate-limit machinery: with no limits configured
 // the pick has none of it, and with limits configured its bucket reads never run for them.
 func TestRateLimitCostsNothingWhenUnused(t *testing.T) {
-	pool := durabledbtest.Pool(t, 2)
-	schema := durabledbtest.Schema(t, pool)
-	s, err := New(schema)
-	require.NoError(t, err)
+	s, pool, _ := newTestStore(t, 2)
 	ctx := context.Background()
 	rows := make([]InsertRow, 200)
 	for i := range rows {
 		rows[i] = InsertRow{Machine: "m", Step: "s", State: "{}", Queue: "q", Priority: 5, MaxAttempts: 1}
 	}
-	_, err = s.InsertMany(ctx, pool, rows)
+	_, err := s.InsertMany(ctx, pool, rows)
 	require.NoError(t, err)
 	base := pgx.NamedArgs{"queue": "q", "limit": 50, "owner": "o#1", "lease": time.Minute.Milliseconds(), "horizon": int64(0),
 		"mv_names": []string{}, "mv_versions": []int32{}}
@@ -101,10 +110,7 @@ func positional(s *Store, stmt string, literal map[string]string) (string, []str
 }
 
 func everyPickClaimsByPrimaryKey(t *testing.T, size int) {
-	pool := durabledbtest.Pool(t, 2)
-	schema := durabledbtest.Schema(t, pool)
-	s, err := New(schema)
-	require.NoError(t, err)
+	s, pool, schema := newTestStore(t, 2)
 	ctx := context.Background()
 	rows := make([]InsertRow, size)
 	for i := range rows {
@@ -114,7 +120,7 @@ func everyPickClaimsByPrimaryKey(t *testing.T, size int) {
 			rows[i].ConcurrencyKey, rows[i].RateLimit = "", "r"
 		}
 	}
-	_, err = s.InsertMany(ctx, pool, rows)
+	_, err := s.InsertMany(ctx, pool, rows)
 	require.NoError(t, err)
 	for _, table := range []string{"instances", "gates", "buckets"} {
 		_, err = pool.Exec(ctx, `ANALYZE "`+schema+`".`+table)
@@ -180,10 +186,7 @@ func everyPickClaimsByPrimaryKey(t *testing.T, size int) {
 // and planning cost more than executing.) The picks use their generic plan from the first run
 // (TestEveryPickClaimsByPrimaryKey checks that plan).
 func TestHotStatementsKeepTheirCachedPlan(t *testing.T) {
-	pool := durabledbtest.Pool(t, 2)
-	schema := durabledbtest.Schema(t, pool)
-	s, err := New(schema)
-	require.NoError(t, err)
+	s, pool, _ := newTestStore(t, 2)
 	ctx := context.Background()
 	conn, err := pool.Acquire(ctx)
 	require.NoError(t, err)
@@ -268,12 +271,9 @@ func TestHotStatementsKeepTheirCachedPlan(t *testing.T) {
 // descent per priority: every walk has the priority fixed, so the scheduled time bounds it),
 // not the hundreds that hold the delayed rows' entries.
 func TestPicksNeverReadDelayedRows(t *testing.T) {
-	pool := durabledbtest.Pool(t, 2)
-	schema := durabledbtest.Schema(t, pool)
-	s, err := New(schema)
-	require.NoError(t, err)
+	s, pool, schema := newTestStore(t, 2)
 	ctx := context.Background()
-	_, err = pool.Exec(ctx, `INSERT INTO "`+schema+`".instances (machine, step, queue, priority, state, max_attempts, scheduled_at)
+	_, err := pool.Exec(ctx, `INSERT INTO "`+schema+`".instances (machine, step, queue, priority, state, max_attempts, scheduled_at)
 		SELECT 'm', 's', 'q', CASE WHEN g % 2 = 0 THEN 1 ELSE 5 END, '{}', 1, now() + interval '1 day'
 		FROM generate_series(1, 100000) AS g`)
 	require.NoError(t, err)
