@@ -103,7 +103,7 @@ func TestBenchSmoke(t *testing.T) {
 		"latency-remote": {"p50_ms", "p95_ms", "p99_ms"},
 		"latency-tx":     {"p50_ms", "p95_ms", "p99_ms"},
 		"await":          {"steps_per_s", "p50_ms", "p99_ms"},
-		"signal":         {"steps_per_s", "p50_ms", "p99_ms"},
+		"signal":         {"steps_per_s", "p50_ms", "p99_ms", "client_cpu_us_per_job"},
 		"fanout":         {"steps_per_s"},
 		"gated":          {"insert_per_s", "work_per_s", "client_cpu_us_per_job"},
 		"fair":           {"insert_per_s", "work_per_s", "client_cpu_us_per_job"},

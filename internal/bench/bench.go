@@ -85,8 +85,8 @@ type Result struct {
 	DBmsPerJob  *float64 `json:"db_ms_per_job,omitempty"`
 	XactsPerJob *float64 `json:"xacts_per_job,omitempty"`
 	// ClientCPUusPerJob is the benchmark process's CPU time (user and system) per worked job
-	// (or chain step) over the work, when the clients work in-process: the library's own cost,
-	// beside the database's.
+	// (or chain step, or signal and the step it woke) over the work, when the clients work
+	// in-process: the library's own cost, beside the database's.
 	ClientCPUusPerJob *float64 `json:"client_cpu_us_per_job,omitempty"`
 	// PeakHeapMB is the largest live Go heap seen during the scenario; MaxRSSMB the process's
 	// peak resident set so far.
@@ -746,7 +746,7 @@ func runSignal(ctx context.Context, r *runner, n int) (Result, error) {
 		return Result{}, err
 	}
 	r.heap.reset()
-	t0 := time.Now()
+	t0, cpu := time.Now(), cpuTime()
 	var wg sync.WaitGroup
 	errs := make(chan error, 4)
 	for w := range 4 {
@@ -769,11 +769,12 @@ func runSignal(ctx context.Context, r *runner, n int) (Result, error) {
 	if err := waitFor(ctx, 5*time.Minute, "all woken instances done", func() bool { return finished.Load() >= int64(n) }); err != nil {
 		return Result{}, err
 	}
-	d := time.Since(t0)
+	d, cpu := time.Since(t0), cpuTime()-cpu
 	mu.Lock()
 	defer mu.Unlock()
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	return Result{Seconds: round(d.Seconds()), StepsPerS: rate(n, d), P50ms: pct(lat, 0.50), P95ms: pct(lat, 0.95), P99ms: pct(lat, 0.99)}, nil
+	return Result{Seconds: round(d.Seconds()), StepsPerS: rate(n, d), P50ms: pct(lat, 0.50), P95ms: pct(lat, 0.95), P99ms: pct(lat, 0.99),
+		ClientCPUusPerJob: per(float64(cpu.Microseconds()), n)}, nil
 }
 
 type fanState struct {
