@@ -901,21 +901,23 @@ func (h *heapSampler) stop() float64 {
 	return round(float64(h.peak.Load()) / (1 << 20))
 }
 
-// cpuTime is the CPU time (user and system) the process has used so far (0 if unknown).
-func cpuTime() time.Duration {
+// usage is the process's resource usage so far (zero if unknown).
+func usage() syscall.Rusage {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
+		return syscall.Rusage{}
 	}
+	return ru
+}
+
+// cpuTime is the CPU time (user and system) the process has used so far (0 if unknown).
+func cpuTime() time.Duration {
+	ru := usage()
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func maxRSSMB() float64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return round(float64(ru.Maxrss) / 1024) // kilobytes on Linux
+	return round(float64(usage().Maxrss) / 1024) // kilobytes on Linux
 }
 
 // WriteTable prints results as a human-readable table.
