@@ -242,7 +242,7 @@ func (p *Postgres) receive(ctx context.Context, conn *pgx.Conn) {
 func (p *Postgres) sendCheck(ctx context.Context) time.Time {
 	sctx, cancel := context.WithTimeout(ctx, p.t.ping)
 	defer cancel()
-	if err := p.store.Notify(sctx, p.pool, []string{p.check}, p.origin); err != nil {
+	if err := p.store.NotifyAlone(sctx, p.pool, []string{p.check}, p.origin); err != nil {
 		p.log.Debug("gendurable: poke self-check not sent", "client", p.client, "error", err)
 		return time.Time{}
 	}
@@ -300,7 +300,7 @@ func (p *Postgres) send(ctx context.Context) {
 		// not lost until the poll finds its rows.
 		sendCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		err := store.RetryConnLost(sendCtx, func() error {
-			return p.store.Notify(sendCtx, p.pool, p.chans(queues), p.origin)
+			return p.store.NotifyAlone(sendCtx, p.pool, p.chans(queues), p.origin)
 		})
 		cancel()
 		switch {

@@ -163,3 +163,48 @@ func TestHalfOpenListenerIsReplaced(t *testing.T) {
 		t.Fatal("no wake from a poke after the reconnect")
 	}
 }
+
+// The transport's sender notifies in a transaction of its own that commits without waiting for
+// its flush (NotifyAlone): the notification arrives, and the connection it used, which the pool
+// hands to data-writing statements next, still commits synchronously afterwards, in every
+// query mode the library supports (the setting is local to the statement's implicit
+// transaction).
+func TestNotifyAloneLeavesTheSessionDurable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st, err := store.New("poke_test")
+	require.NoError(t, err)
+	listener, err := pgx.Connect(ctx, durabledbtest.URL(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = listener.Close(context.Background()) })
+	ch := st.PokeChannel("alone")
+	require.NoError(t, st.Listen(ctx, listener, []string{ch}))
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+		db := pool(t, durabledbtest.URL(t), mode)
+		// One connection throughout, released before the pool closes whatever fails.
+		before, after, err := func() (before, after string, err error) {
+			conn, err := db.Acquire(ctx)
+			if err != nil {
+				return "", "", err
+			}
+			defer conn.Release()
+			if err := conn.QueryRow(ctx, "SHOW synchronous_commit").Scan(&before); err != nil {
+				return "", "", err
+			}
+			if err := st.NotifyAlone(ctx, conn, []string{ch}, mode.String()); err != nil {
+				return "", "", err
+			}
+			err = conn.QueryRow(ctx, "SHOW synchronous_commit").Scan(&after)
+			return before, after, err
+		}()
+		require.NoError(t, err)
+		require.Equal(t, "on", before, "the server's default, which the test relies on")
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		n, err := listener.WaitForNotification(wctx)
+		cancel()
+		require.NoError(t, err, "mode %v: the notification arrives", mode)
+		require.Equal(t, ch, n.Channel)
+		require.Equal(t, mode.String(), n.Payload)
+		require.Equal(t, "on", after, "mode %v: the session commits synchronously after the poke", mode)
+	}
+}

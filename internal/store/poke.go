@@ -35,6 +35,14 @@ func (s *Store) Notify(ctx context.Context, db DB, channels []string, origin str
 	return err
 }
 
+// NotifyAlone sends one poke per channel, tagged with origin, in a transaction of its own on db
+// (a pool or a connection outside any transaction) that commits without waiting for its flush:
+// see poke_notify_alone.
+func (s *Store) NotifyAlone(ctx context.Context, db DB, channels []string, origin string) error {
+	_, err := db.Exec(ctx, s.sql("poke_notify_alone"), channels, origin)
+	return err
+}
+
 // Listen subscribes conn to channels. LISTEN takes an identifier, not a parameter: each channel
 // is quoted.
 func (s *Store) Listen(ctx context.Context, conn *pgx.Conn, channels []string) error {

@@ -9,6 +9,17 @@
 -- name: poke_notify
 SELECT pg_notify(ch, $2) FROM unnest($1::text[]) AS ch;
 
+-- The same, sent on its own (the transport's sender, not a caller's transaction): the statement's
+-- implicit transaction commits without waiting for its WAL flush. A NOTIFY gets a transaction id
+-- and a commit record, so a synchronous commit would wait for a flush (and hold the server's
+-- notify lock, which serializes every notifying commit, through that wait) for a transaction
+-- that wrote no row: nothing here needs to survive a crash of Postgres, whose notifications are
+-- lost anyway, and the notification is delivered at commit, flushed or not. The rows the poke
+-- announces were committed, and flushed, before it is sent.
+-- name: poke_notify_alone
+SELECT pg_catalog.set_config('synchronous_commit', 'off', true), count(pg_notify(ch, $2))
+FROM unnest($1::text[]) AS ch;
+
 -- Which of the rows an InsertTx inserted are visible now, i.e. their transaction committed (the
 -- commit watcher: the transport could not send with the caller's commit). Read-only, by primary
 -- key; no locks. $1 the ids.
