@@ -102,8 +102,7 @@ func (e *Engine) execute(ctx context.Context, db store.DB, queue string, c *stor
 		e.Emit(durabletype.Event{Name: durabletype.EventStepError, Queue: queue, Machine: c.Machine, Step: c.Step,
 			InstanceID: c.ID, Attempt: c.Attempt, Err: out.Cause, Panic: out.Panic})
 	}
-	out.Fence(c)
-	out.WeighFair(e.cfg.Fair)
+	out.Fence(c, e.cfg.Fair)
 	return out, call
 }
 

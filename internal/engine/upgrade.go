@@ -53,8 +53,7 @@ func (e *Engine) admit(c *store.Claimed) (out store.Outcome, blocked error, ok b
 				durabletype.ErrUpgrade, c.Machine, version, def.version(), c.Step, step, def.version()))
 		}
 		out := store.Outcome{Kind: store.KindUpgrade, Step: step, State: state, Version: def.version()}
-		out.Fence(c)
-		out.WeighFair(e.cfg.Fair)
+		out.Fence(c, e.cfg.Fair)
 		// An upgrade is not a run: the pick's claim is handed back (its attempt restored) and
 		// the gate slot with it.
 		return out, nil, false

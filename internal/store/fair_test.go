@@ -143,7 +143,7 @@ func TestFairOutcomeGivesTheNextStepItsPlace(t *testing.T) {
 	for i := range outs {
 		res.Rows[i].Owner = "o#1"
 		outs[i] = Outcome{Kind: KindNext, Step: "s2"}
-		outs[i].Fence(&res.Rows[i])
+		outs[i].Fence(&res.Rows[i], nil)
 	}
 	outs[1].FairSet, outs[1].FairKey = true, "B"
 	applied, _, err := s.ApplyOutcomes(ctx, pool, outs)
@@ -329,7 +329,7 @@ func TestRowsWithoutKeysPayNothingForFairness(t *testing.T) {
 			if outs[i].Kind == KindRetry {
 				outs[i].Delay = time.Hour
 			}
-			outs[i].Fence(&res.Rows[i])
+			outs[i].Fence(&res.Rows[i], nil)
 		}
 		applied, _, err := s.ApplyOutcomes(ctx, pool, outs)
 		require.NoError(t, err)

@@ -133,13 +133,6 @@ func (o *Outcome) fairKey() string {
 	return o.Fair
 }
 
-// WeighFair sets FairWeight to the weight f gives the row's fairness key after the outcome.
-func (o *Outcome) WeighFair(f *FairWeights) {
-	if k := o.fairKey(); k != "" {
-		o.FairWeight = f.Of(k)
-	}
-}
-
 // fairNow reports whether the outcome makes the row runnable at once with a fairness key: it then
 // gets a new place in its queue's fair order.
 func (o *Outcome) fairNow() bool {
@@ -155,14 +148,18 @@ func (o *Outcome) fairNow() bool {
 	return false
 }
 
-// Fence makes o apply to c's claim, with what c's row held: its inbox, parent and gate slot.
+// Fence makes o apply to c's claim, with what c's row held: its inbox, parent and gate slot,
+// and its fairness key, which after the outcome weighs what fair gives it (nil: weight 1).
 // The kind must be final: progress consumes the awaited signals the step saw (Ctx.Awaited).
-func (o *Outcome) Fence(c *Claimed) {
+func (o *Outcome) Fence(c *Claimed, fair *FairWeights) {
 	o.Claim = Claim{ID: c.ID, Owner: c.Owner}
 	o.Signalled, o.Child, o.Credit = c.Signalled, c.Child, c.Slot()
 	o.Queue, o.Priority, o.Fair = c.Queue, c.Priority, ""
 	if c.FairKey != nil {
 		o.Fair = *c.FairKey
+	}
+	if k := o.fairKey(); k != "" {
+		o.FairWeight = fair.Of(k)
 	}
 	o.Seen = nil
 	if o.Kind.Progress() {

@@ -79,7 +79,7 @@ func TestOutcomeBatchesReadRowsByKey(t *testing.T) {
 		for i := range res.Rows {
 			res.Rows[i].Owner = owner
 			outcome(i, &outs[i])
-			outs[i].Fence(&res.Rows[i])
+			outs[i].Fence(&res.Rows[i], nil)
 		}
 		mu.Lock()
 		plans = nil
