@@ -8,7 +8,10 @@ import (
 )
 
 // Retryable reports whether err is worth retrying as is: the connection failed or was closed,
-// the server is shutting down or out of resources, or the transaction lost a serialization or
+// the server is shutting down or out of resources, the statement was cancelled (a
+// statement_timeout, an operator) or gave up waiting for a lock (a lock_timeout on the role:
+// another transaction held a row it writes), the server accepts no writes right now (a standby,
+// or a primary being demoted, during a failover), or the transaction lost a serialization or
 // deadlock conflict. A statement the server rejected for its content (a constraint, a type, a
 // syntax error) fails the same way every time.
 func Retryable(err error) bool {
@@ -20,6 +23,10 @@ func Retryable(err error) bool {
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case pgLockNotAvailable, pgReadOnlyTransaction:
+			return true
+		}
 		switch pgErr.Code[:2] {
 		case "08", "40", "53", "57", "58":
 			return true
@@ -29,6 +36,12 @@ func Retryable(err error) bool {
 	// Not a server error: a network or protocol failure.
 	return true
 }
+
+// SQLSTATEs that Retryable singles out of their classes.
+const (
+	pgLockNotAvailable    = "55P03" // lock_not_available: a lock_timeout ran out
+	pgReadOnlyTransaction = "25006" // read_only_sql_transaction: the server accepts no writes now
+)
 
 // ConnLost reports whether err is the loss of the connection a statement ran on (closed,
 // reset, or terminated by a restarting server), not a failure of the statement itself or of

@@ -1,0 +1,85 @@
+package gendurable_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/durabledbtest"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+)
+
+// A lock_timeout on the application's role (a common guard) cuts an outcome's wait for a row
+// lock short with lock_not_available (55P03): here a transaction of the test's holds the
+// executing row while its step finishes. That is a transient wait, not the outcome's fault: the
+// committer retries it, and once the lock is gone the instance moves on, its step run once,
+// neither failed ("rejected") nor left to the reaper ("lease").
+func TestOutcomeRetriedAfterALockTimeout(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(durabledbtest.URL(t))
+	require.NoError(t, err)
+	cfg.MaxConns = 8
+	cfg.ConnConfig.RuntimeParams["lock_timeout"] = "50ms"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	var runs atomic.Int32
+	started, release := make(chan int64, 1), make(chan struct{})
+	m := gendurable.FSM[int]{Name: "held", Start: "a", Steps: map[string]gendurable.StepFunc[int]{
+		"a": func(ctx *gendurable.Ctx, s int) (gendurable.Outcome, error) {
+			runs.Add(1)
+			started <- ctx.ID
+			<-release
+			return gendurable.Next("b", s+1), nil
+		},
+		"b": func(_ *gendurable.Ctx, s int) (gendurable.Outcome, error) { return gendurable.Done(s), nil },
+	}}
+	failed := make(chan error, 100)
+	cl, err := gendurable.NewClient(pool, &gendurable.Config{Schema: e.schema, Machines: []gendurable.Machine{m},
+		Queues: map[string]gendurable.QueueConfig{gendurable.DefaultQueue: {Concurrency: 2}},
+		Hooks: []func(gendurable.Event){func(ev gendurable.Event) {
+			if ev.Name == gendurable.EventCommitFailed {
+				select {
+				case failed <- ev.Err:
+				default:
+				}
+			}
+		}}})
+	require.NoError(t, err)
+	start(t, cl)
+	r, err := cl.Insert(ctx, m.With(0), nil)
+	require.NoError(t, err)
+	var id int64
+	select {
+	case id = <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the step did not start")
+	}
+	tx, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, expand(`SELECT 1 FROM {schema}.instances WHERE id = $1 FOR UPDATE`, e.schema), id)
+	require.NoError(t, err)
+	close(release)
+	select {
+	case err := <-failed:
+		require.ErrorContains(t, err, "lock timeout", "the outcome's first try waited on the held row")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the outcome's commit never failed on the held row")
+	}
+	require.NoError(t, tx.Commit(ctx))
+
+	res, err := cl.Await(ctx, r.ID, 30*time.Second, &gendurable.AwaitOpts{UntilTerminal: true})
+	require.NoError(t, err)
+	require.Equal(t, gendurable.AwaitDone, res.Status)
+	in, err := cl.Get(ctx, r.ID)
+	require.NoError(t, err)
+	require.Empty(t, in.Errors, "no error recorded: neither a rejection nor a lost lease")
+	require.Equal(t, int32(1), runs.Load(), "the step ran once")
+}
