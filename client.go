@@ -103,6 +103,9 @@ func (c *Client) Start(ctx context.Context) error {
 	if err := durablemigrate.Check(ctx, c.pool, c.store.Schema); err != nil {
 		return err
 	}
+	if err := c.checkIsolation(ctx); err != nil {
+		return err
+	}
 	c.checkSearchPath(ctx)
 	if err := c.eng.Start(ctx); err != nil {
 		return err
@@ -114,6 +117,25 @@ func (c *Client) Start(ctx context.Context) error {
 		return err
 	}
 	c.eng.KickSchedules()
+	return nil
+}
+
+// checkIsolation refuses a pool whose sessions default to an isolation other than read
+// committed (default_transaction_isolation set for the role, the database or the connection):
+// gendurable's statements rely on read committed's re-reads of rows changed under them, and
+// under repeatable read or serializable its picks and outcome batches fail one another's
+// serialization constantly (see store's session.sql).
+func (c *Client) checkIsolation(ctx context.Context) error {
+	iso, err := c.store.DefaultIsolation(ctx, c.pool)
+	if err != nil {
+		return fmt.Errorf("gendurable: read the session's default_transaction_isolation: %w", err)
+	}
+	if iso != "read committed" {
+		return fmt.Errorf("gendurable: the pool's sessions default to %s isolation (default_transaction_isolation); "+
+			"gendurable needs read committed, the server's default: give the pool it connects through "+
+			"default_transaction_isolation = 'read committed' (in its connection's RuntimeParams, or with ALTER ROLE ... SET "+
+			"for the role it connects as); your own transactions may still ask for another level with BEGIN", iso)
+	}
 	return nil
 }
 

@@ -8,7 +8,8 @@
 // with admission against gates and rate limits), outcome (group commit of step outcomes), signal
 // (delivery and wake), lease (claim heartbeats, gate leases), maintenance (reaper, GC, gate
 // reconciliation, buckets), inspect and list (the operator's reads), ops (cancel, retry), poke
-// (LISTEN/NOTIFY), await (the await bridge's probe), searchpath (the start-up security check).
+// (LISTEN/NOTIFY), await (the await bridge's probe), session (the checks Start runs on its
+// session: the search_path, the default isolation).
 package store
 
 import (

@@ -1,4 +1,7 @@
--- Statement family: the search_path check (CVE-2018-1058).
+-- Statement family: the checks Start runs on the session it is given: its search_path
+-- (CVE-2018-1058) and its default isolation. Locks: none (catalog and setting reads).
+
+-- The search_path.
 --
 -- gendurable names its own tables and types with the schema, but Postgres resolves built-in
 -- functions and operators (enum equality, unnest, jsonb_build_object, bigint * interval, …)
@@ -32,3 +35,12 @@ FROM path
 WHERE pg_catalog.has_schema_privilege('public', path.oid, 'CREATE')
    OR EXISTS (SELECT 1 FROM others WHERE pg_catalog.has_schema_privilege(others.oid, path.oid, 'CREATE'))
 ORDER BY path.ord;
+
+-- The isolation a transaction gets unless it asks for another. gendurable's statements are
+-- written for read committed, the server's default: each statement reads the newest committed
+-- rows, and an UPDATE that finds a row changed since its snapshot re-reads the row's newest
+-- version (a signal's flip, a park's re-check and the pick's SKIP LOCKED rely on it). Under
+-- repeatable read or serializable those statements fail with serialization errors instead (a
+-- pick and an outcome batch of the same rows, constantly), so Start refuses such a session.
+-- name: default_isolation
+SELECT pg_catalog.current_setting('default_transaction_isolation');
