@@ -15,6 +15,7 @@ import (
 	"github.com/gendurable/gendurable/internal/engine"
 	"github.com/gendurable/gendurable/internal/store"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -90,13 +91,13 @@ func open(ctx context.Context, st *store.Store, pool *pgxpool.Pool, client, orig
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	p.cancel = cancel
 	if len(queues) > 0 {
-		conn, err := p.listen(ctx)
+		conn, keep, err := p.listen(ctx)
 		if err != nil {
 			cancel()
 			return nil, fmt.Errorf("PokePostgres: listen for the pokes of %d queues: %w", len(queues), err)
 		}
 		p.wg.Add(1)
-		go p.receive(bg, conn)
+		go p.receive(bg, conn, keep)
 	}
 	p.wg.Add(1)
 	go p.send(bg)
@@ -142,8 +143,10 @@ func (p *Postgres) chans(queues []string) []string {
 }
 
 // listen opens the listening connection and LISTENs on the queues' channels and the
-// self-check's, within the connect bound.
-func (p *Postgres) listen(ctx context.Context) (*pgx.Conn, error) {
+// self-check's, within the connect bound. keep is how often the connection must run a statement
+// to outlive the server's idle_session_timeout (0: never): a session that only waits for
+// notifications is idle to the server, however many arrive.
+func (p *Postgres) listen(ctx context.Context) (conn *pgx.Conn, keep time.Duration, err error) {
 	ctx, cancel := context.WithTimeout(ctx, p.t.connect)
 	defer cancel()
 	cfg := p.pool.Config().ConnConfig.Copy()
@@ -151,9 +154,9 @@ func (p *Postgres) listen(ctx context.Context) (*pgx.Conn, error) {
 		cfg.RuntimeParams = map[string]string{}
 	}
 	cfg.RuntimeParams["application_name"] = "gendurable poke listener " + p.client
-	conn, err := pgx.ConnectConfig(ctx, cfg)
+	conn, err = pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	chans := make([]string, 0, len(p.channels)+1)
 	for ch := range p.channels {
@@ -162,12 +165,18 @@ func (p *Postgres) listen(ctx context.Context) (*pgx.Conn, error) {
 	chans = append(chans, p.check)
 	if err := p.store.Listen(ctx, conn, chans); err != nil {
 		_ = conn.Close(context.Background())
-		return nil, err
+		return nil, 0, err
 	}
-	return conn, nil
+	idle, err := p.store.IdleSessionTimeout(ctx, conn)
+	if err != nil {
+		_ = conn.Close(context.Background())
+		return nil, 0, err
+	}
+	// A third of the timeout leaves room for a late wake-up and the ping's trip.
+	return conn, idle / 3, nil
 }
 
-func (p *Postgres) receive(ctx context.Context, conn *pgx.Conn) {
+func (p *Postgres) receive(ctx context.Context, conn *pgx.Conn, keep time.Duration) {
 	defer p.wg.Done()
 	defer func() {
 		if conn != nil {
@@ -177,21 +186,30 @@ func (p *Postgres) receive(ctx context.Context, conn *pgx.Conn) {
 		}
 	}()
 	checkUntil := p.sendCheck(ctx) // zero: no self-check pending
+	lastStatement := time.Now()
 	for {
 		checking := !checkUntil.IsZero()
 		wait := p.t.idle
 		if checking {
 			wait = time.Until(checkUntil)
 		}
-		wctx, cancel := context.WithTimeout(ctx, wait)
-		n, err := conn.WaitForNotification(wctx)
-		cancel()
+		if keep > 0 {
+			wait = min(wait, time.Until(lastStatement.Add(keep)))
+		}
+		var n *pgconn.Notification
+		err := context.DeadlineExceeded // a keep-alive already due: no wait
+		if wait > 0 {
+			wctx, cancel := context.WithTimeout(ctx, wait)
+			n, err = conn.WaitForNotification(wctx)
+			cancel()
+		}
 		if ctx.Err() != nil {
 			return
 		}
 		if err != nil && errors.Is(err, context.DeadlineExceeded) && !conn.IsClosed() {
-			// Nothing heard for a while (the connection is still usable after such a timeout).
-			if checking {
+			// Nothing heard for a while, or the keep-alive is due (the connection is still
+			// usable after such a timeout).
+			if checking && !time.Now().Before(checkUntil) {
 				checkUntil = time.Time{}
 				p.log.Warn("gendurable: poke degraded: this client's LISTEN does not hear notifications "+
 					"(a transaction-pooling proxy such as PgBouncer?); pokes from other nodes are lost and "+
@@ -199,10 +217,12 @@ func (p *Postgres) receive(ctx context.Context, conn *pgx.Conn) {
 				continue
 			}
 			// A half-open connection (a peer or middlebox gone without a reset) would never
-			// deliver again: make sure this one still answers.
+			// deliver again: make sure this one still answers. The ping is also the statement
+			// that keeps the session from the server's idle_session_timeout.
 			pctx, pcancel := context.WithTimeout(ctx, p.t.ping)
 			err = conn.Ping(pctx)
 			pcancel()
+			lastStatement = time.Now()
 			if err == nil {
 				continue
 			}
@@ -216,9 +236,10 @@ func (p *Postgres) receive(ctx context.Context, conn *pgx.Conn) {
 				"client", p.client, "error", err)
 			checkUntil = time.Time{}
 			_ = conn.Close(context.Background())
-			if conn = p.reconnect(ctx); conn == nil {
+			if conn, keep = p.reconnect(ctx); conn == nil {
 				return
 			}
+			lastStatement = time.Now()
 			continue
 		}
 		if n.Channel == p.check {
@@ -251,24 +272,24 @@ func (p *Postgres) sendCheck(ctx context.Context) time.Time {
 
 // reconnect reopens the listening connection with backoff until it succeeds (nil once ctx ends),
 // then pokes every local queue: pokes sent while it was down are lost.
-func (p *Postgres) reconnect(ctx context.Context) *pgx.Conn {
+func (p *Postgres) reconnect(ctx context.Context) (*pgx.Conn, time.Duration) {
 	wait := minRetry
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
+			return nil, 0
 		case <-time.After(wait):
 		}
-		conn, err := p.listen(ctx)
+		conn, keep, err := p.listen(ctx)
 		if err == nil {
 			p.log.Info("gendurable: poke listener reconnected", "client", p.client)
 			for _, q := range p.queues {
 				p.wake(q)
 			}
-			return conn
+			return conn, keep
 		}
 		if ctx.Err() != nil {
-			return nil
+			return nil, 0
 		}
 		// The loss was logged as a warning; the retries are detail.
 		p.log.Debug("gendurable: poke listener could not reconnect; retrying", "client", p.client, "in", wait, "error", err)

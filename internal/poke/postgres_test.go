@@ -208,3 +208,34 @@ func TestNotifyAloneLeavesTheSessionDurable(t *testing.T) {
 		require.Equal(t, "on", after, "mode %v: the session commits synchronously after the poke", mode)
 	}
 }
+
+// A role with idle_session_timeout (Postgres 14+) ends sessions that run no statement for that
+// long, and a listening connection runs none while it waits, however many notifications arrive:
+// the listener pings often enough to stay under it, so it keeps its connection (no reconnect, no
+// poke lost meanwhile) over many times the timeout, while pokes keep arriving.
+func TestListenerOutlivesIdleSessionTimeout(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgxpool.ParseConfig(durabledbtest.URL(t))
+	require.NoError(t, err)
+	cfg.MaxConns = 4
+	cfg.ConnConfig.RuntimeParams["idle_session_timeout"] = "1s"
+	db, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(db.Close)
+	direct := pool(t, durabledbtest.URL(t), pgx.QueryExecModeCacheStatement)
+	_, st, l, wakes := transport(t, db, defaultTimings)
+	within(t, 5*time.Second, "the self-check passes", func() bool { return l.count("self-check passed") == 1 })
+	// Five times the timeout, a poke every 250ms from another connection: each arrives.
+	for range 20 {
+		require.NoError(t, st.Notify(context.Background(), direct, []string{st.PokeChannel("q")}, "another node"))
+		select {
+		case q := <-wakes:
+			require.Equal(t, "q", q)
+		case <-time.After(5 * time.Second):
+			t.Fatal("a poke did not arrive")
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	require.Zero(t, l.count("lost its connection"), "the server ended the listening session")
+	require.Zero(t, l.count("reconnected"))
+}

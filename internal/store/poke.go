@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -54,6 +55,16 @@ func (s *Store) Listen(ctx context.Context, conn *pgx.Conn, channels []string) e
 	}
 	_, err := conn.Exec(ctx, b.String())
 	return err
+}
+
+// IdleSessionTimeout returns the session's idle_session_timeout (0: none; see
+// poke_idle_timeout).
+func (s *Store) IdleSessionTimeout(ctx context.Context, db DB) (time.Duration, error) {
+	var ms int64
+	if err := db.QueryRow(ctx, s.sql("poke_idle_timeout")).Scan(&ms); err != nil {
+		return 0, err
+	}
+	return time.Duration(ms) * time.Millisecond, nil
 }
 
 // Committed returns which of ids are visible now: their inserting transaction has committed

@@ -25,3 +25,10 @@ FROM unnest($1::text[]) AS ch;
 -- key; no locks. $1 the ids.
 -- name: poke_committed
 SELECT id FROM {schema}.instances WHERE id = ANY($1::bigint[]);
+
+-- The server's idle_session_timeout for this session, in milliseconds (0: none; Postgres 13 and
+-- older have no such setting). A listening connection runs no statement while it waits for
+-- notifications, so the server counts it idle: the transport pings it often enough to stay
+-- under the timeout. Read-only; no locks.
+-- name: poke_idle_timeout
+SELECT coalesce(max(setting::bigint), 0) FROM pg_catalog.pg_settings WHERE name = 'idle_session_timeout';
