@@ -132,9 +132,9 @@ func (c *Client) checkIsolation(ctx context.Context) error {
 	}
 	if iso != "read committed" {
 		return fmt.Errorf("gendurable: the pool's sessions default to %s isolation (default_transaction_isolation); "+
-			"gendurable needs read committed, the server's default: give the pool it connects through "+
-			"default_transaction_isolation = 'read committed' (in its connection's RuntimeParams, or with ALTER ROLE ... SET "+
-			"for the role it connects as); your own transactions may still ask for another level with BEGIN", iso)
+			"gendurable needs read committed, the server's default: set default_transaction_isolation = 'read committed' "+
+			"for the pool's connections (pgxpool.Config.ConnConfig.RuntimeParams) or for the role they connect as; "+
+			"your own transactions may still ask for another level with BEGIN", iso)
 	}
 	return nil
 }

@@ -190,7 +190,7 @@ type ClusterOptions struct {
 	// NoInstall never installs packages.
 	NoInstall bool
 	// Settings are server settings (name → value) on top of the test defaults (fsync off,
-	// max_connections 300, listening on 127.0.0.1 only).
+	// max_connections 300, listening on 127.0.0.1 only, log messages in English).
 	Settings map[string]string
 	// Env adds variables ("NAME=value") to the environment the server runs in: pg_ctl's, which
 	// the postgres processes it starts inherit, at every start, restart and stop (a test runs
@@ -250,7 +250,9 @@ func startCluster(ctx context.Context, bin binaries, logw io.Writer, settings ma
 	if err != nil {
 		return fail(err)
 	}
-	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=300", port, sock)
+	// lc_messages=C: the server log is in English whatever the machine's locale, so that tests
+	// can read it (deadlocks, cancelled statements).
+	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=300 -c lc_messages=C", port, sock)
 	names := make([]string, 0, len(settings))
 	for name := range settings {
 		names = append(names, name)

@@ -15,7 +15,6 @@ import (
 	"github.com/gendurable/gendurable/internal/engine"
 	"github.com/gendurable/gendurable/internal/store"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -154,6 +153,9 @@ func (p *Postgres) listen(ctx context.Context) (conn *pgx.Conn, keep time.Durati
 		cfg.RuntimeParams = map[string]string{}
 	}
 	cfg.RuntimeParams["application_name"] = "gendurable poke listener " + p.client
+	// The pool's callback, if the application set one, would take the notifications that
+	// WaitForNotification must return.
+	cfg.OnNotification = nil
 	conn, err = pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, 0, err
@@ -185,8 +187,10 @@ func (p *Postgres) receive(ctx context.Context, conn *pgx.Conn, keep time.Durati
 			cancel()
 		}
 	}()
-	checkUntil := p.sendCheck(ctx) // zero: no self-check pending
+	// The listening connection's last statement was listen's; the self-check goes through the
+	// pool and may take a while.
 	lastStatement := time.Now()
+	checkUntil := p.sendCheck(ctx) // zero: no self-check pending
 	for {
 		checking := !checkUntil.IsZero()
 		wait := p.t.idle
@@ -196,13 +200,11 @@ func (p *Postgres) receive(ctx context.Context, conn *pgx.Conn, keep time.Durati
 		if keep > 0 {
 			wait = min(wait, time.Until(lastStatement.Add(keep)))
 		}
-		var n *pgconn.Notification
-		err := context.DeadlineExceeded // a keep-alive already due: no wait
-		if wait > 0 {
-			wctx, cancel := context.WithTimeout(ctx, wait)
-			n, err = conn.WaitForNotification(wctx)
-			cancel()
-		}
+		// With wait <= 0 the context is done at once: pgx still returns a notification it has
+		// buffered (one that arrived during a ping, say) before reporting the deadline.
+		wctx, cancel := context.WithTimeout(ctx, wait)
+		n, err := conn.WaitForNotification(wctx)
+		cancel()
 		if ctx.Err() != nil {
 			return
 		}
