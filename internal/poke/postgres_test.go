@@ -15,6 +15,7 @@ import (
 	"github.com/gendurable/gendurable/internal/faultproxy"
 	"github.com/gendurable/gendurable/internal/store"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
@@ -238,4 +239,36 @@ func TestListenerOutlivesIdleSessionTimeout(t *testing.T) {
 	}
 	require.Zero(t, l.count("lost its connection"), "the server ended the listening session")
 	require.Zero(t, l.count("reconnected"))
+}
+
+// An application's pool may carry an OnNotification callback of its own: the listener, which
+// copies the pool's connection settings, does not let it take the pokes it waits for.
+func TestListenerIgnoresThePoolsNotificationCallback(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgxpool.ParseConfig(durabledbtest.URL(t))
+	require.NoError(t, err)
+	cfg.MaxConns = 4
+	var taken sync.Mutex
+	tookOne := false
+	cfg.ConnConfig.OnNotification = func(*pgconn.PgConn, *pgconn.Notification) {
+		taken.Lock()
+		tookOne = true
+		taken.Unlock()
+	}
+	db, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(db.Close)
+	direct := pool(t, durabledbtest.URL(t), pgx.QueryExecModeCacheStatement)
+	_, st, l, wakes := transport(t, db, defaultTimings)
+	within(t, 5*time.Second, "the self-check passes", func() bool { return l.count("self-check passed") == 1 })
+	require.NoError(t, st.Notify(context.Background(), direct, []string{st.PokeChannel("q")}, "another node"))
+	select {
+	case q := <-wakes:
+		require.Equal(t, "q", q)
+	case <-time.After(5 * time.Second):
+		t.Fatal("no wake")
+	}
+	taken.Lock()
+	defer taken.Unlock()
+	require.False(t, tookOne, "the pool's callback saw the listener's notifications")
 }
