@@ -54,14 +54,34 @@ func (l *logs) count(s string) int {
 // pool opens a pool on url with the exec mode, closed when the test ends.
 func pool(t *testing.T, url string, mode pgx.QueryExecMode) *pgxpool.Pool {
 	t.Helper()
+	return poolWith(t, url, func(cfg *pgxpool.Config) { cfg.ConnConfig.DefaultQueryExecMode = mode })
+}
+
+// poolWith opens a pool of 4 connections on url, its configuration changed by set, closed when
+// the test ends.
+func poolWith(t *testing.T, url string, set func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
 	cfg, err := pgxpool.ParseConfig(url)
 	require.NoError(t, err)
 	cfg.MaxConns = 4
-	cfg.ConnConfig.DefaultQueryExecMode = mode
+	set(cfg)
 	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Cleanup(p.Close)
 	return p
+}
+
+// pokeArrives sends a poke for queue "q" through db, as another node would, and waits for the
+// transport to wake the queue.
+func pokeArrives(t *testing.T, st *store.Store, db *pgxpool.Pool, wakes chan string) {
+	t.Helper()
+	require.NoError(t, st.Notify(context.Background(), db, []string{st.PokeChannel("q")}, "another node"))
+	select {
+	case q := <-wakes:
+		require.Equal(t, "q", q)
+	case <-time.After(5 * time.Second):
+		t.Fatal("no wake")
+	}
 }
 
 // transport opens the transport for queue "q" with the timings; wakes receives its wakes.
@@ -90,13 +110,7 @@ func TestSelfCheckPassesDirect(t *testing.T) {
 	db := pool(t, durabledbtest.URL(t), pgx.QueryExecModeCacheStatement)
 	_, st, l, wakes := transport(t, db, defaultTimings)
 	within(t, 5*time.Second, "the self-check passes", func() bool { return l.count("self-check passed") == 1 })
-	require.NoError(t, st.Notify(context.Background(), db, []string{st.PokeChannel("q")}, "another node"))
-	select {
-	case q := <-wakes:
-		require.Equal(t, "q", q)
-	case <-time.After(5 * time.Second):
-		t.Fatal("no wake")
-	}
+	pokeArrives(t, st, db, wakes)
 	require.Zero(t, l.count("poke degraded"))
 }
 
@@ -157,12 +171,7 @@ func TestHalfOpenListenerIsReplaced(t *testing.T) {
 		t.Fatal("no wake after the reconnect")
 	}
 	require.Equal(t, 1, l.count("reconnected"))
-	require.NoError(t, st.Notify(context.Background(), direct, []string{st.PokeChannel("q")}, "another node"))
-	select {
-	case <-wakes:
-	case <-time.After(5 * time.Second):
-		t.Fatal("no wake from a poke after the reconnect")
-	}
+	pokeArrives(t, st, direct, wakes)
 }
 
 // The transport's sender notifies in a transaction of its own that commits without waiting for
@@ -216,25 +225,15 @@ func TestNotifyAloneLeavesTheSessionDurable(t *testing.T) {
 // poke lost meanwhile) over many times the timeout, while pokes keep arriving.
 func TestListenerOutlivesIdleSessionTimeout(t *testing.T) {
 	t.Parallel()
-	cfg, err := pgxpool.ParseConfig(durabledbtest.URL(t))
-	require.NoError(t, err)
-	cfg.MaxConns = 4
-	cfg.ConnConfig.RuntimeParams["idle_session_timeout"] = "1s"
-	db, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(db.Close)
+	db := poolWith(t, durabledbtest.URL(t), func(cfg *pgxpool.Config) {
+		cfg.ConnConfig.RuntimeParams["idle_session_timeout"] = "1s"
+	})
 	direct := pool(t, durabledbtest.URL(t), pgx.QueryExecModeCacheStatement)
 	_, st, l, wakes := transport(t, db, defaultTimings)
 	within(t, 5*time.Second, "the self-check passes", func() bool { return l.count("self-check passed") == 1 })
 	// Five times the timeout, a poke every 250ms from another connection: each arrives.
 	for range 20 {
-		require.NoError(t, st.Notify(context.Background(), direct, []string{st.PokeChannel("q")}, "another node"))
-		select {
-		case q := <-wakes:
-			require.Equal(t, "q", q)
-		case <-time.After(5 * time.Second):
-			t.Fatal("a poke did not arrive")
-		}
+		pokeArrives(t, st, direct, wakes)
 		time.Sleep(250 * time.Millisecond)
 	}
 	require.Zero(t, l.count("lost its connection"), "the server ended the listening session")
@@ -245,29 +244,19 @@ func TestListenerOutlivesIdleSessionTimeout(t *testing.T) {
 // copies the pool's connection settings, does not let it take the pokes it waits for.
 func TestListenerIgnoresThePoolsNotificationCallback(t *testing.T) {
 	t.Parallel()
-	cfg, err := pgxpool.ParseConfig(durabledbtest.URL(t))
-	require.NoError(t, err)
-	cfg.MaxConns = 4
 	var taken sync.Mutex
 	tookOne := false
-	cfg.ConnConfig.OnNotification = func(*pgconn.PgConn, *pgconn.Notification) {
-		taken.Lock()
-		tookOne = true
-		taken.Unlock()
-	}
-	db, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(db.Close)
+	db := poolWith(t, durabledbtest.URL(t), func(cfg *pgxpool.Config) {
+		cfg.ConnConfig.OnNotification = func(*pgconn.PgConn, *pgconn.Notification) {
+			taken.Lock()
+			tookOne = true
+			taken.Unlock()
+		}
+	})
 	direct := pool(t, durabledbtest.URL(t), pgx.QueryExecModeCacheStatement)
 	_, st, l, wakes := transport(t, db, defaultTimings)
 	within(t, 5*time.Second, "the self-check passes", func() bool { return l.count("self-check passed") == 1 })
-	require.NoError(t, st.Notify(context.Background(), direct, []string{st.PokeChannel("q")}, "another node"))
-	select {
-	case q := <-wakes:
-		require.Equal(t, "q", q)
-	case <-time.After(5 * time.Second):
-		t.Fatal("no wake")
-	}
+	pokeArrives(t, st, direct, wakes)
 	taken.Lock()
 	defer taken.Unlock()
 	require.False(t, tookOne, "the pool's callback saw the listener's notifications")
