@@ -178,24 +178,35 @@ func lostClaimIDs(t *testing.T, e *env) map[int64]bool {
 // unexplainedDuplicates counts the repeated effects no fault explains: for each (id, step)
 // with k effect rows where the step runs x times in a fault-free run (1, or runs[machine] for a
 // machine that runs each step more than once), at least k-x must be explained, either by runs
-// in processes that were killed or paused, or by releases of the step's lost leases (a worker
-// whose heartbeats time out under load loses its claim to the reaper and the step runs again:
-// at-least-once as documented, recorded in the instance's error history as kind "lease"). Each
-// release explains one rerun and so does each faulted run; the larger of the two counts is
-// taken, since a killed worker's lease is released too.
+// in processes that were killed or paused, or by lost leases. A worker whose heartbeats time out
+// under load loses its claim to the reaper, and the step runs again (at-least-once, as
+// documented): the release is recorded in the instance's error history (kind "lease", with the
+// step and the attempt), and gives the attempt back, so the rerun records its effect under the
+// same attempt as the lost run. A release explains one repeat among the effects of its step and
+// attempt, a faulted run one repeat; the larger of the two counts is taken, since a killed
+// worker's lease is released too.
 func unexplainedDuplicates(t *testing.T, e *env, faulted func(pid int) bool, runs map[string]int) int {
 	t.Helper()
 	machines, times := []string{}, []int32{}
 	for m, x := range runs {
 		machines, times = append(machines, m), append(times, int32(x))
 	}
-	rows, err := e.pool.Query(context.Background(), expand(`SELECT f.id, f.step, array_agg(f.pid), coalesce(min(r.times), 1),
-			min((SELECT count(*) FROM jsonb_array_elements(coalesce(i.errors, '[]'::jsonb)) AS x(e)
-			     WHERE x.e->>'kind' = 'lease' AND x.e->>'step' = f.step))
+	rows, err := e.pool.Query(context.Background(), expand(`WITH per_attempt AS (
+			SELECT f.id, f.step, count(*) AS k,
+			       (SELECT count(*) FROM {schema}.instances AS i,
+			               jsonb_array_elements(coalesce(i.errors, '[]'::jsonb)) AS x(e)
+			        WHERE i.id = f.id AND x.e->>'kind' = 'lease' AND x.e->>'step' = f.step
+			          AND (x.e->>'attempt')::int = f.attempt) AS leases
+			FROM {schema}.t_effects AS f
+			GROUP BY f.id, f.step, f.attempt
+		)
+		SELECT f.id, f.step, array_agg(f.pid), coalesce(min(r.times), 1),
+		       (SELECT coalesce(sum(least(a.k - 1, a.leases)), 0)::bigint FROM per_attempt AS a
+		        WHERE a.id = f.id AND a.step = f.step)
 		FROM {schema}.t_effects f
 		JOIN {schema}.instances i ON i.id = f.id
 		LEFT JOIN unnest($1::text[], $2::int[]) AS r(machine, times) ON r.machine = i.machine
-		GROUP BY 1, 2 HAVING count(*) > coalesce(min(r.times), 1)`, e.schema), machines, times)
+		GROUP BY f.id, f.step HAVING count(*) > coalesce(min(r.times), 1)`, e.schema), machines, times)
 	require.NoError(t, err)
 	defer rows.Close()
 	n := 0
@@ -214,7 +225,7 @@ func unexplainedDuplicates(t *testing.T, e *env, faulted func(pid int) bool, run
 		}
 		if max(fromFaulted, int(leases)) < len(pids)-expected {
 			n++
-			t.Errorf("unexplained repeat of %d/%s by pids %v (%d lost leases of the step)", id, step, pids, leases)
+			t.Errorf("unexplained repeat of %d/%s by pids %v (%d repeats explained by lost leases)", id, step, pids, leases)
 		}
 	}
 	require.NoError(t, rows.Err())
