@@ -33,7 +33,8 @@ type GC struct {
 	// Retention is how long a finished instance is kept after finalized_at, unless its machine
 	// declares its own (the retention table, written by the clients that register it).
 	Retention time.Duration
-	// Batch is how many instances one statement deletes at most.
+	// Batch is how many instances one statement deletes at most. A statement the server cancels
+	// (a statement_timeout on the role) halves it for the rest of the GC's life (see machine).
 	Batch int
 	// Budget bounds one sweep's instance deletion: past it the sweep stops after the batch in
 	// hand, and the next sweep carries on. Zero: Interval.
@@ -54,6 +55,8 @@ type GC struct {
 	// next is the machine the next sweep starts with: a sweep that runs out of budget carries on
 	// there next time, so that one machine's backlog never starves the others.
 	next string
+	// batch is the batch in use: Batch, or less once statements were cancelled (0: not yet set).
+	batch int
 }
 
 // GCResult is what one sweep did.
@@ -175,15 +178,30 @@ func (g *GC) instances(ctx context.Context, began time.Time, res *GCResult) erro
 
 // machine deletes machine's finished rows past retention, a batch per statement, until a short
 // batch (done) or the sweep's budget runs out.
+//
+// A batch the server cancels (query_canceled: a statement_timeout on the role, which a
+// thousand rows and their inboxes can outlast) is tried again at once at half the size, and the
+// GC keeps the smaller size: under a timeout it cannot change, it would otherwise fail every
+// sweep and leave the table to grow. It gives up (the sweep's error) only below one row.
 func (g *GC) machine(ctx context.Context, machine string, retention time.Duration, began time.Time, res *GCResult) (done bool, err error) {
 	budget := g.budget()
+	if g.batch == 0 {
+		g.batch = g.Batch
+	}
 	var cur store.GCCursor
 	for {
 		if g.beforeBatch != nil {
 			g.beforeBatch(machine, cur)
 		}
 		t0 := time.Now()
-		n, next, err := g.Store.GCInstances(ctx, g.DB, machine, retention, g.Batch, cur)
+		n, next, err := g.Store.GCInstances(ctx, g.DB, machine, retention, g.batch, cur)
+		if err != nil && store.QueryCanceled(err) && ctx.Err() == nil && g.batch > 1 {
+			g.batch /= 2
+			g.Logger.Warn("gendurable: the server cancelled a GC statement (a statement_timeout?); "+
+				"deleting fewer finished instances per statement from now on", "machine", machine,
+				"batch", g.batch, "took", time.Since(t0).Round(time.Millisecond), "error", err)
+			continue
+		}
 		if err != nil {
 			return false, fmt.Errorf("GC of finished instances of %q: %w", machine, err)
 		}
@@ -193,7 +211,7 @@ func (g *GC) machine(ctx context.Context, machine string, retention time.Duratio
 		res.Instances += n
 		res.Batches++
 		cur = next
-		if n < g.Batch {
+		if n < g.batch {
 			return true, nil
 		}
 		if time.Since(began) >= budget {

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -363,3 +364,63 @@ func TestGCRacingSweepersDeleteEachRowOnce(t *testing.T) {
 	require.Zero(t, e.count(t, `SELECT count(*) FROM {schema}.instances`))
 	require.Zero(t, e.count(t, `SELECT count(*) FROM {schema}.signals`))
 }
+
+// Under a statement_timeout that a full batch outlasts (here each row's delete sleeps 2 ms, a
+// trigger of the test's, and the GC's sessions time out after 300 ms), a cancelled batch is
+// tried again at half the size until one fits, and the GC keeps that size: the sweep deletes
+// every row past retention instead of failing every time, and the next sweep starts where the
+// last one ended instead of being cancelled down from the configured batch again.
+func TestGCBatchShrinksUnderAStatementTimeout(t *testing.T) {
+	t.Parallel()
+	e := newGCEnv(t)
+	e.exec(t, oldFinished, 600)
+	e.exec(t, `CREATE FUNCTION {schema}.slow_delete() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_catalog.pg_sleep(0.002); RETURN OLD; END $$`)
+	e.exec(t, `CREATE TRIGGER slow_delete BEFORE DELETE ON {schema}.instances FOR EACH ROW EXECUTE FUNCTION {schema}.slow_delete()`)
+	cfg, err := pgxpool.ParseConfig(durabledbtest.URL(t))
+	require.NoError(t, err)
+	cfg.MaxConns = 2
+	cfg.ConnConfig.RuntimeParams["statement_timeout"] = "300ms"
+	timed, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(timed.Close)
+
+	g := e.gc(time.Hour, 1000)
+	g.DB = timed
+	var cancels atomic.Int32
+	g.Logger = slog.New(countHandler{match: "cancelled a GC statement", n: &cancels})
+	res, err := g.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 600, res.Instances)
+	require.Zero(t, e.count(t, `SELECT count(*) FROM {schema}.instances`))
+	// 250 rows take at least 500 ms: from 1,000, at least three halvings, to 125 or fewer.
+	found := g.batch
+	require.LessOrEqual(t, found, 125)
+	require.GreaterOrEqual(t, int(cancels.Load()), 3)
+	t.Logf("%d cancelled batches; the batch is now %d", cancels.Load(), found)
+
+	// 300 more rows: from 1,000 again, the next sweep would be cancelled at 1,000, 500 and 250.
+	e.exec(t, oldFinished, 300)
+	cancels.Store(0)
+	res, err = g.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 300, res.Instances)
+	require.LessOrEqual(t, int(cancels.Load()), 1, "the sweep started from the batch the last one found")
+	require.LessOrEqual(t, g.batch, found)
+}
+
+// countHandler is a slog handler that counts the records whose message contains match.
+type countHandler struct {
+	match string
+	n     *atomic.Int32
+}
+
+func (h countHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h countHandler) Handle(_ context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, h.match) {
+		h.n.Add(1)
+	}
+	return nil
+}
+func (h countHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h countHandler) WithGroup(string) slog.Handler      { return h }

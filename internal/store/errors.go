@@ -37,10 +37,18 @@ func Retryable(err error) bool {
 	return true
 }
 
-// SQLSTATEs that Retryable singles out of their classes.
+// QueryCanceled reports whether the server cancelled the statement (query_canceled): its
+// statement_timeout ran out, or an operator cancelled it.
+func QueryCanceled(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == pgQueryCanceled
+}
+
+// SQLSTATEs that Retryable and QueryCanceled single out of their classes.
 const (
 	pgLockNotAvailable    = "55P03" // lock_not_available: a lock_timeout ran out
 	pgReadOnlyTransaction = "25006" // read_only_sql_transaction: the server accepts no writes now
+	pgQueryCanceled       = "57014" // query_canceled: a statement_timeout, pg_cancel_backend
 )
 
 // ConnLost reports whether err is the loss of the connection a statement ran on (closed,

@@ -58,3 +58,10 @@ func TestRetryableTellsTransientFailuresFromRefusals(t *testing.T) {
 		require.Equal(t, tc.retry, Retryable(tc.err), "%v", tc.err)
 	}
 }
+
+func TestQueryCanceledIsTheServersCancellation(t *testing.T) {
+	require.True(t, QueryCanceled(fmt.Errorf("gc: %w", &pgconn.PgError{Code: "57014"})))
+	require.False(t, QueryCanceled(&pgconn.PgError{Code: "57P01"}))
+	require.False(t, QueryCanceled(context.Canceled))
+	require.False(t, QueryCanceled(nil))
+}
