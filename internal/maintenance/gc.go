@@ -55,8 +55,8 @@ type GC struct {
 	// next is the machine the next sweep starts with: a sweep that runs out of budget carries on
 	// there next time, so that one machine's backlog never starves the others.
 	next string
-	// batch is the batch in use: Batch, or less once statements were cancelled (0: not yet set).
-	batch int
+	// batch is the batch in use: Batch, or less once statements were cancelled.
+	batch shrinking
 }
 
 // GCResult is what one sweep did.
@@ -185,21 +185,15 @@ func (g *GC) instances(ctx context.Context, began time.Time, res *GCResult) erro
 // sweep and leave the table to grow. It gives up (the sweep's error) only below one row.
 func (g *GC) machine(ctx context.Context, machine string, retention time.Duration, began time.Time, res *GCResult) (done bool, err error) {
 	budget := g.budget()
-	if g.batch == 0 {
-		g.batch = g.Batch
-	}
 	var cur store.GCCursor
 	for {
 		if g.beforeBatch != nil {
 			g.beforeBatch(machine, cur)
 		}
 		t0 := time.Now()
-		n, next, err := g.Store.GCInstances(ctx, g.DB, machine, retention, g.batch, cur)
-		if err != nil && store.QueryCanceled(err) && ctx.Err() == nil && g.batch > 1 {
-			g.batch /= 2
-			g.Logger.Warn("gendurable: the server cancelled a GC statement (a statement_timeout?); "+
-				"deleting fewer finished instances per statement from now on", "machine", machine,
-				"batch", g.batch, "took", time.Since(t0).Round(time.Millisecond), "error", err)
+		batch := g.batch.size(g.Batch)
+		n, next, err := g.Store.GCInstances(ctx, g.DB, machine, retention, batch, cur)
+		if g.batch.shrunk(ctx, err, g.Logger, "GC of finished instances", "machine", machine) {
 			continue
 		}
 		if err != nil {
@@ -211,7 +205,7 @@ func (g *GC) machine(ctx context.Context, machine string, retention time.Duratio
 		res.Instances += n
 		res.Batches++
 		cur = next
-		if n < g.batch {
+		if n < batch {
 			return true, nil
 		}
 		if time.Since(began) >= budget {
@@ -248,4 +242,31 @@ func (g *GC) gates(ctx context.Context, res *GCResult) error {
 	}
 	res.Gates += repaired + removed
 	return nil
+}
+
+// shrinking is the batch of a maintenance statement that the server may cancel (query_canceled:
+// a statement_timeout on the role, which a full batch can outlast): each cancellation halves it,
+// and the smaller size stays, since a timeout the engine cannot change would otherwise fail
+// every sweep while the work piles up. The zero value starts at the configured size.
+type shrinking struct{ n int }
+
+// size is the batch to use, of at most def rows.
+func (b *shrinking) size(def int) int {
+	if b.n == 0 || b.n > def {
+		b.n = def
+	}
+	return b.n
+}
+
+// shrunk halves the batch and reports true when err is the server's cancellation of a batch of
+// more than one row (not the caller's: ctx is live), logging the new size; the caller then
+// tries again at once.
+func (b *shrinking) shrunk(ctx context.Context, err error, log *slog.Logger, what string, attrs ...any) bool {
+	if err == nil || !store.QueryCanceled(err) || ctx.Err() != nil || b.n <= 1 {
+		return false
+	}
+	b.n /= 2
+	log.Warn("gendurable: the server cancelled a maintenance statement (a statement_timeout?); "+
+		"smaller batches from now on", append([]any{"statement", what, "batch", b.n, "error", err}, attrs...)...)
+	return true
 }

@@ -388,13 +388,13 @@ func TestGCBatchShrinksUnderAStatementTimeout(t *testing.T) {
 	g := e.gc(time.Hour, 1000)
 	g.DB = timed
 	var cancels atomic.Int32
-	g.Logger = slog.New(countHandler{match: "cancelled a GC statement", n: &cancels})
+	g.Logger = slog.New(countHandler{match: "cancelled a maintenance statement", n: &cancels})
 	res, err := g.Sweep(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, 600, res.Instances)
 	require.Zero(t, e.count(t, `SELECT count(*) FROM {schema}.instances`))
 	// 250 rows take at least 500 ms: from 1,000, at least three halvings, to 125 or fewer.
-	found := g.batch
+	found := g.batch.n
 	require.LessOrEqual(t, found, 125)
 	require.GreaterOrEqual(t, int(cancels.Load()), 3)
 	t.Logf("%d cancelled batches; the batch is now %d", cancels.Load(), found)
@@ -406,7 +406,7 @@ func TestGCBatchShrinksUnderAStatementTimeout(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 300, res.Instances)
 	require.LessOrEqual(t, int(cancels.Load()), 1, "the sweep started from the batch the last one found")
-	require.LessOrEqual(t, g.batch, found)
+	require.LessOrEqual(t, g.batch.n, found)
 }
 
 // countHandler is a slog handler that counts the records whose message contains match.
@@ -424,3 +424,35 @@ func (h countHandler) Handle(_ context.Context, r slog.Record) error {
 }
 func (h countHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h countHandler) WithGroup(string) slog.Handler      { return h }
+
+// The reaper's release of expired claims shrinks its batch the same way under a statement_timeout
+// that a full batch outlasts (each row's update sleeps 2 ms here): every expired claim is
+// released in one sweep instead of none, sweep after sweep.
+func TestReaperBatchShrinksUnderAStatementTimeout(t *testing.T) {
+	t.Parallel()
+	e := newGCEnv(t)
+	e.exec(t, `INSERT INTO {schema}.instances (machine, step, queue, status, attempt, max_attempts, state, locked_by, locked_until)
+		SELECT 'm', 's', 'q', 'executing', 1, 3, '{}'::jsonb, 'gone-worker', now() - interval '1 minute'
+		FROM generate_series(1, 600)`)
+	e.exec(t, `CREATE FUNCTION {schema}.slow_update() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_catalog.pg_sleep(0.002); RETURN NEW; END $$`)
+	e.exec(t, `CREATE TRIGGER slow_update BEFORE UPDATE ON {schema}.instances FOR EACH ROW EXECUTE FUNCTION {schema}.slow_update()`)
+	cfg, err := pgxpool.ParseConfig(durabledbtest.URL(t))
+	require.NoError(t, err)
+	cfg.MaxConns = 2
+	cfg.ConnConfig.RuntimeParams["statement_timeout"] = "300ms"
+	timed, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(timed.Close)
+
+	var cancels atomic.Int32
+	r := &Reaper{Store: e.st, DB: timed, Interval: time.Second, MaxRecoveries: 3,
+		Logger: slog.New(countHandler{match: "cancelled a maintenance statement", n: &cancels}),
+		Emit:   func(durabletype.Event) {}, Wake: func(string) {}}
+	n, err := r.releaseExpired(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 600, n)
+	require.Equal(t, 600, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'available' AND recoveries = 1`))
+	require.LessOrEqual(t, r.batch.n, 125, "250 rows take at least 500 ms")
+	require.GreaterOrEqual(t, int(cancels.Load()), 3)
+}

@@ -46,6 +46,9 @@ type Reaper struct {
 	// MaxRecoveries is how many lost claims of one step a release forgives before it fails the
 	// instance (ReaperConfig.MaxRecoveries, resolved: at least 1).
 	MaxRecoveries int
+
+	// batch is the release's batch: reapBatch, or less once the server cancelled one.
+	batch shrinking
 }
 
 // Run sweeps every Interval until stop is closed.
@@ -141,7 +144,11 @@ func FireAwaitDeadlines(ctx context.Context, st *store.Store, db store.DB, horiz
 func (r *Reaper) releaseExpired(ctx context.Context) (int, error) {
 	total := 0
 	for {
-		rows, woken, err := r.Store.ReleaseExpired(ctx, r.DB, reapBatch, "", 0, r.MaxRecoveries)
+		batch := r.batch.size(reapBatch)
+		rows, woken, err := r.Store.ReleaseExpired(ctx, r.DB, batch, "", 0, r.MaxRecoveries)
+		if r.batch.shrunk(ctx, err, r.Logger, "release of expired claims") {
+			continue
+		}
 		if err != nil {
 			return total, err
 		}
@@ -165,7 +172,7 @@ func (r *Reaper) releaseExpired(ctx context.Context) (int, error) {
 				r.Wake(q)
 			}
 		}
-		if len(rows) < reapBatch {
+		if len(rows) < batch {
 			return total, nil
 		}
 	}
