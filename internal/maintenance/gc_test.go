@@ -374,16 +374,7 @@ func TestGCBatchShrinksUnderAStatementTimeout(t *testing.T) {
 	t.Parallel()
 	e := newGCEnv(t)
 	e.exec(t, oldFinished, 600)
-	e.exec(t, `CREATE FUNCTION {schema}.slow_delete() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN PERFORM pg_catalog.pg_sleep(0.002); RETURN OLD; END $$`)
-	e.exec(t, `CREATE TRIGGER slow_delete BEFORE DELETE ON {schema}.instances FOR EACH ROW EXECUTE FUNCTION {schema}.slow_delete()`)
-	cfg, err := pgxpool.ParseConfig(durabledbtest.URL(t))
-	require.NoError(t, err)
-	cfg.MaxConns = 2
-	cfg.ConnConfig.RuntimeParams["statement_timeout"] = "300ms"
-	timed, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(timed.Close)
+	timed := e.slowRows(t, "DELETE")
 
 	g := e.gc(time.Hour, 1000)
 	g.DB = timed
@@ -407,6 +398,24 @@ func TestGCBatchShrinksUnderAStatementTimeout(t *testing.T) {
 	require.Equal(t, 300, res.Instances)
 	require.LessOrEqual(t, int(cancels.Load()), 1, "the sweep started from the batch the last one found")
 	require.LessOrEqual(t, g.batch.n, found)
+}
+
+// slowRows makes every row that a statement of kind event (UPDATE or DELETE) touches in the
+// instances table cost at least 2 ms (a trigger), and returns a pool whose sessions time out
+// statements after 300 ms: a batch of 250 rows or more is always cancelled, one of 125 fits.
+func (e *gcEnv) slowRows(t *testing.T, event string) *pgxpool.Pool {
+	t.Helper()
+	e.exec(t, `CREATE FUNCTION {schema}.slow_row() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_catalog.pg_sleep(0.002); RETURN coalesce(NEW, OLD); END $$`)
+	e.exec(t, `CREATE TRIGGER slow_row BEFORE `+event+` ON {schema}.instances FOR EACH ROW EXECUTE FUNCTION {schema}.slow_row()`)
+	cfg, err := pgxpool.ParseConfig(durabledbtest.URL(t))
+	require.NoError(t, err)
+	cfg.MaxConns = 2
+	cfg.ConnConfig.RuntimeParams["statement_timeout"] = "300ms"
+	timed, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(timed.Close)
+	return timed
 }
 
 // countHandler is a slog handler that counts the records whose message contains match.
@@ -434,16 +443,7 @@ func TestReaperBatchShrinksUnderAStatementTimeout(t *testing.T) {
 	e.exec(t, `INSERT INTO {schema}.instances (machine, step, queue, status, attempt, max_attempts, state, locked_by, locked_until)
 		SELECT 'm', 's', 'q', 'executing', 1, 3, '{}'::jsonb, 'gone-worker', now() - interval '1 minute'
 		FROM generate_series(1, 600)`)
-	e.exec(t, `CREATE FUNCTION {schema}.slow_update() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN PERFORM pg_catalog.pg_sleep(0.002); RETURN NEW; END $$`)
-	e.exec(t, `CREATE TRIGGER slow_update BEFORE UPDATE ON {schema}.instances FOR EACH ROW EXECUTE FUNCTION {schema}.slow_update()`)
-	cfg, err := pgxpool.ParseConfig(durabledbtest.URL(t))
-	require.NoError(t, err)
-	cfg.MaxConns = 2
-	cfg.ConnConfig.RuntimeParams["statement_timeout"] = "300ms"
-	timed, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(timed.Close)
+	timed := e.slowRows(t, "UPDATE")
 
 	var cancels atomic.Int32
 	r := &Reaper{Store: e.st, DB: timed, Interval: time.Second, MaxRecoveries: 3,
