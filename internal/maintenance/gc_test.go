@@ -456,3 +456,24 @@ func TestReaperBatchShrinksUnderAStatementTimeout(t *testing.T) {
 	require.LessOrEqual(t, r.batch.n, 125, "250 rows take at least 500 ms")
 	require.GreaterOrEqual(t, int(cancels.Load()), 3)
 }
+
+// The reaper's firing of await deadlines shrinks its batch the same way: 600 parked instances
+// whose deadline passed all wake in one sweep.
+func TestAwaitDeadlineBatchShrinksUnderAStatementTimeout(t *testing.T) {
+	t.Parallel()
+	e := newGCEnv(t)
+	e.exec(t, `INSERT INTO {schema}.instances (machine, step, queue, status, max_attempts, state, await_names, await_deadline)
+		SELECT 'm', 's', 'q', 'awaiting', 3, '{}'::jsonb, '{go}', now() - interval '1 minute'
+		FROM generate_series(1, 600)`)
+	timed := e.slowRows(t, "UPDATE")
+	var cancels atomic.Int32
+	r := &Reaper{Store: e.st, DB: timed, Interval: time.Second, MaxRecoveries: 3,
+		Logger: slog.New(countHandler{match: "cancelled a maintenance statement", n: &cancels}),
+		Emit:   func(durabletype.Event) {}, Wake: func(string) {}}
+	n, err := r.Sweep(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 600, n)
+	require.Equal(t, 600, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'available' AND await_deadline IS NULL`))
+	require.LessOrEqual(t, r.deadlines.n, 125, "250 rows take at least 500 ms")
+	require.GreaterOrEqual(t, int(cancels.Load()), 3)
+}

@@ -47,8 +47,9 @@ type Reaper struct {
 	// instance (ReaperConfig.MaxRecoveries, resolved: at least 1).
 	MaxRecoveries int
 
-	// batch is the release's batch: reapBatch, or less once the server cancelled one.
-	batch shrinking
+	// batch and deadlines are the batches of the release and of the await-deadline sweep:
+	// reapBatch, or less once the server cancelled one.
+	batch, deadlines shrinking
 }
 
 // Run sweeps every Interval until stop is closed.
@@ -91,7 +92,7 @@ func (r *Reaper) Sweep(ctx context.Context) (int, error) {
 	if err != nil {
 		return n, err
 	}
-	fired, err := FireAwaitDeadlines(ctx, r.Store, r.DB, 0, r.Emit, r.Wake)
+	fired, err := fireAwaitDeadlines(ctx, r.Store, r.DB, 0, r.Emit, r.Wake, &r.deadlines, r.Logger)
 	if err != nil {
 		return n + fired, err
 	}
@@ -118,9 +119,20 @@ func (r *Reaper) Sweep(ctx context.Context) (int, error) {
 // (0: due now), emits await.timeout, and wakes the local schedulers of their queues.
 func FireAwaitDeadlines(ctx context.Context, st *store.Store, db store.DB, horizon time.Duration,
 	emit func(durabletype.Event), wake func(string)) (int, error) {
+	return fireAwaitDeadlines(ctx, st, db, horizon, emit, wake, &shrinking{}, slog.New(slog.DiscardHandler))
+}
+
+// fireAwaitDeadlines is FireAwaitDeadlines in batches of batch's size (see shrinking), logging
+// to log.
+func fireAwaitDeadlines(ctx context.Context, st *store.Store, db store.DB, horizon time.Duration,
+	emit func(durabletype.Event), wake func(string), batch *shrinking, log *slog.Logger) (int, error) {
 	total := 0
 	for {
-		rows, err := st.FireAwaitDeadlines(ctx, db, reapBatch, horizon)
+		size := batch.size(reapBatch)
+		rows, err := st.FireAwaitDeadlines(ctx, db, size, horizon)
+		if batch.shrunk(ctx, err, log, "firing of await deadlines") {
+			continue
+		}
 		if err != nil {
 			return total, err
 		}
@@ -135,7 +147,7 @@ func FireAwaitDeadlines(ctx context.Context, st *store.Store, db store.DB, horiz
 				wake(q)
 			}
 		}
-		if len(rows) < reapBatch {
+		if len(rows) < size {
 			return total, nil
 		}
 	}
