@@ -434,46 +434,44 @@ func (h countHandler) Handle(_ context.Context, r slog.Record) error {
 func (h countHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h countHandler) WithGroup(string) slog.Handler      { return h }
 
-// The reaper's release of expired claims shrinks its batch the same way under a statement_timeout
-// that a full batch outlasts (each row's update sleeps 2 ms here): every expired claim is
-// released in one sweep instead of none, sweep after sweep.
-func TestReaperBatchShrinksUnderAStatementTimeout(t *testing.T) {
+// The reaper's statements shrink their batches the same way under a statement_timeout that a
+// full batch outlasts (each row's update sleeps 2 ms here): 600 expired claims are all released,
+// and 600 parked instances whose deadline passed all wake, in one sweep each, instead of none,
+// sweep after sweep.
+func TestReaperBatchesShrinkUnderAStatementTimeout(t *testing.T) {
 	t.Parallel()
-	e := newGCEnv(t)
-	e.exec(t, `INSERT INTO {schema}.instances (machine, step, queue, status, attempt, max_attempts, state, locked_by, locked_until)
-		SELECT 'm', 's', 'q', 'executing', 1, 3, '{}'::jsonb, 'gone-worker', now() - interval '1 minute'
-		FROM generate_series(1, 600)`)
-	timed := e.slowRows(t, "UPDATE")
-
-	var cancels atomic.Int32
-	r := &Reaper{Store: e.st, DB: timed, Interval: time.Second, MaxRecoveries: 3,
-		Logger: slog.New(countHandler{match: "cancelled a maintenance statement", n: &cancels}),
-		Emit:   func(durabletype.Event) {}, Wake: func(string) {}}
-	n, err := r.releaseExpired(context.Background())
-	require.NoError(t, err)
-	require.Equal(t, 600, n)
-	require.Equal(t, 600, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'available' AND recoveries = 1`))
-	require.LessOrEqual(t, r.batch.n, 125, "250 rows take at least 500 ms")
-	require.GreaterOrEqual(t, int(cancels.Load()), 3)
-}
-
-// The reaper's firing of await deadlines shrinks its batch the same way: 600 parked instances
-// whose deadline passed all wake in one sweep.
-func TestAwaitDeadlineBatchShrinksUnderAStatementTimeout(t *testing.T) {
-	t.Parallel()
-	e := newGCEnv(t)
-	e.exec(t, `INSERT INTO {schema}.instances (machine, step, queue, status, max_attempts, state, await_names, await_deadline)
-		SELECT 'm', 's', 'q', 'awaiting', 3, '{}'::jsonb, '{go}', now() - interval '1 minute'
-		FROM generate_series(1, 600)`)
-	timed := e.slowRows(t, "UPDATE")
-	var cancels atomic.Int32
-	r := &Reaper{Store: e.st, DB: timed, Interval: time.Second, MaxRecoveries: 3,
-		Logger: slog.New(countHandler{match: "cancelled a maintenance statement", n: &cancels}),
-		Emit:   func(durabletype.Event) {}, Wake: func(string) {}}
-	n, err := r.Sweep(context.Background())
-	require.NoError(t, err)
-	require.Equal(t, 600, n)
-	require.Equal(t, 600, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'available' AND await_deadline IS NULL`))
-	require.LessOrEqual(t, r.deadlines.n, 125, "250 rows take at least 500 ms")
-	require.GreaterOrEqual(t, int(cancels.Load()), 3)
+	for _, tc := range []struct {
+		name, rows, after string
+		batch             func(*Reaper) int
+	}{
+		{"release of expired claims",
+			`INSERT INTO {schema}.instances (machine, step, queue, status, attempt, max_attempts, state, locked_by, locked_until)
+			 SELECT 'm', 's', 'q', 'executing', 1, 3, '{}'::jsonb, 'gone-worker', now() - interval '1 minute'
+			 FROM generate_series(1, 600)`,
+			`SELECT count(*) FROM {schema}.instances WHERE status = 'available' AND recoveries = 1`,
+			func(r *Reaper) int { return r.batch.n }},
+		{"firing of await deadlines",
+			`INSERT INTO {schema}.instances (machine, step, queue, status, max_attempts, state, await_names, await_deadline)
+			 SELECT 'm', 's', 'q', 'awaiting', 3, '{}'::jsonb, '{go}', now() - interval '1 minute'
+			 FROM generate_series(1, 600)`,
+			`SELECT count(*) FROM {schema}.instances WHERE status = 'available' AND await_deadline IS NULL`,
+			func(r *Reaper) int { return r.deadlines.n }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newGCEnv(t)
+			e.exec(t, tc.rows)
+			timed := e.slowRows(t, "UPDATE")
+			var cancels atomic.Int32
+			r := &Reaper{Store: e.st, DB: timed, Interval: time.Second, MaxRecoveries: 3,
+				Logger: slog.New(countHandler{match: "cancelled a maintenance statement", n: &cancels}),
+				Emit:   func(durabletype.Event) {}, Wake: func(string) {}}
+			n, err := r.Sweep(context.Background())
+			require.NoError(t, err)
+			require.Equal(t, 600, n)
+			require.Equal(t, 600, e.count(t, tc.after))
+			require.LessOrEqual(t, tc.batch(r), 125, "250 rows take at least 500 ms")
+			require.GreaterOrEqual(t, int(cancels.Load()), 3)
+		})
+	}
 }
