@@ -18,13 +18,9 @@ func TestStartRefusesSessionsNotAtReadCommitted(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	for _, iso := range []string{"serializable", "repeatable read", "read committed"} {
-		cfg, err := pgxpool.ParseConfig(durabledbtest.URL(t))
-		require.NoError(t, err)
-		cfg.MaxConns = 4
-		cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = iso
-		pool, err := pgxpool.NewWithConfig(ctx, cfg)
-		require.NoError(t, err)
-		t.Cleanup(pool.Close)
+		pool := durabledbtest.Pool(t, 4, func(cfg *pgxpool.Config) {
+			cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = iso
+		})
 		cl, err := gendurable.NewClient(pool, &gendurable.Config{Schema: e.schema,
 			Queues: map[string]gendurable.QueueConfig{gendurable.DefaultQueue: {Concurrency: 1}}})
 		require.NoError(t, err)

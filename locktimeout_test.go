@@ -21,13 +21,7 @@ func TestOutcomeRetriedAfterALockTimeout(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(durabledbtest.URL(t))
-	require.NoError(t, err)
-	cfg.MaxConns = 8
-	cfg.ConnConfig.RuntimeParams["lock_timeout"] = "50ms"
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := durabledbtest.Pool(t, 8, func(cfg *pgxpool.Config) { cfg.ConnConfig.RuntimeParams["lock_timeout"] = "50ms" })
 
 	var runs atomic.Int32
 	started, release := make(chan int64, 1), make(chan struct{})

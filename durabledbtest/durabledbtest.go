@@ -63,8 +63,10 @@ func URL(t testing.TB) string {
 }
 
 // Pool returns a pool for this test, closed when it ends. Its connections carry the
-// application_name gd-test-<pid>, so tests can find their backends.
-func Pool(t testing.TB, maxConns int32) *pgxpool.Pool {
+// application_name gd-test-<pid>, so tests can find their backends. Each of set, if any, changes
+// the pool's configuration before it opens (session settings in ConnConfig.RuntimeParams, a
+// tracer, a callback).
+func Pool(t testing.TB, maxConns int32, set ...func(*pgxpool.Config)) *pgxpool.Pool {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(URL(t))
 	if err != nil {
@@ -74,6 +76,9 @@ func Pool(t testing.TB, maxConns int32) *pgxpool.Pool {
 		cfg.MaxConns = maxConns
 	}
 	cfg.ConnConfig.RuntimeParams["application_name"] = fmt.Sprintf("gd-test-%d", os.Getpid())
+	for _, f := range set {
+		f(cfg)
+	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("durabledbtest: pool: %v", err)

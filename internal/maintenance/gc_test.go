@@ -408,14 +408,7 @@ func (e *gcEnv) slowRows(t *testing.T, event string) *pgxpool.Pool {
 	e.exec(t, `CREATE FUNCTION {schema}.slow_row() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN PERFORM pg_catalog.pg_sleep(0.002); RETURN coalesce(NEW, OLD); END $$`)
 	e.exec(t, `CREATE TRIGGER slow_row BEFORE `+event+` ON {schema}.instances FOR EACH ROW EXECUTE FUNCTION {schema}.slow_row()`)
-	cfg, err := pgxpool.ParseConfig(durabledbtest.URL(t))
-	require.NoError(t, err)
-	cfg.MaxConns = 2
-	cfg.ConnConfig.RuntimeParams["statement_timeout"] = "300ms"
-	timed, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(timed.Close)
-	return timed
+	return durabledbtest.Pool(t, 2, func(cfg *pgxpool.Config) { cfg.ConnConfig.RuntimeParams["statement_timeout"] = "300ms" })
 }
 
 // countHandler is a slog handler that counts the records whose message contains match.

@@ -51,20 +51,13 @@ func (l *logs) count(s string) int {
 	return n
 }
 
-// pool opens a pool on url with the exec mode, closed when the test ends.
+// pool opens a pool of 4 connections on url with the exec mode, closed when the test ends.
 func pool(t *testing.T, url string, mode pgx.QueryExecMode) *pgxpool.Pool {
-	t.Helper()
-	return poolWith(t, url, func(cfg *pgxpool.Config) { cfg.ConnConfig.DefaultQueryExecMode = mode })
-}
-
-// poolWith opens a pool of 4 connections on url, its configuration changed by set, closed when
-// the test ends.
-func poolWith(t *testing.T, url string, set func(*pgxpool.Config)) *pgxpool.Pool {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(url)
 	require.NoError(t, err)
 	cfg.MaxConns = 4
-	set(cfg)
+	cfg.ConnConfig.DefaultQueryExecMode = mode
 	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Cleanup(p.Close)
@@ -225,7 +218,7 @@ func TestNotifyAloneLeavesTheSessionDurable(t *testing.T) {
 // poke lost meanwhile) over many times the timeout, while pokes keep arriving.
 func TestListenerOutlivesIdleSessionTimeout(t *testing.T) {
 	t.Parallel()
-	db := poolWith(t, durabledbtest.URL(t), func(cfg *pgxpool.Config) {
+	db := durabledbtest.Pool(t, 4, func(cfg *pgxpool.Config) {
 		cfg.ConnConfig.RuntimeParams["idle_session_timeout"] = "1s"
 	})
 	direct := pool(t, durabledbtest.URL(t), pgx.QueryExecModeCacheStatement)
@@ -246,7 +239,7 @@ func TestListenerIgnoresThePoolsNotificationCallback(t *testing.T) {
 	t.Parallel()
 	var taken sync.Mutex
 	tookOne := false
-	db := poolWith(t, durabledbtest.URL(t), func(cfg *pgxpool.Config) {
+	db := durabledbtest.Pool(t, 4, func(cfg *pgxpool.Config) {
 		cfg.ConnConfig.OnNotification = func(*pgconn.PgConn, *pgconn.Notification) {
 			taken.Lock()
 			tookOne = true

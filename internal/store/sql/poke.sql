@@ -1,5 +1,6 @@
--- Statement family: pokes over LISTEN/NOTIFY (the PokePostgres transport), and the commit watcher
--- of InsertTx (poke_committed). No row locks: NOTIFY
+-- Statement family: pokes over LISTEN/NOTIFY (the PokePostgres transport), the listener's
+-- keep-alive (poke_idle_timeout), and the commit watcher of InsertTx (poke_committed). No row
+-- locks: NOTIFY
 -- takes only the server's notification-queue lock at commit, and a poke's payload is the
 -- sending client's origin tag, never data.
 
