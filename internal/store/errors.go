@@ -12,13 +12,18 @@ import (
 // statement_timeout, an operator) or gave up waiting for a lock (a lock_timeout on the role:
 // another transaction held a row it writes), the server accepts no writes right now (a standby,
 // or a primary being demoted, during a failover), or the transaction lost a serialization or
-// deadlock conflict. A statement the server rejected for its content (a constraint, a type, a
+// deadlock conflict. A connection the server refused to open (a login revoked during a password
+// rotation, a database not accepting connections) says nothing about the statement it was for,
+// whatever its code. A statement the server rejected for its content (a constraint, a type, a
 // syntax error) fails the same way every time.
 func Retryable(err error) bool {
 	if err == nil {
 		return false
 	}
 	if errors.Is(err, context.DeadlineExceeded) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) {
+		return true
+	}
+	if _, dial := errors.AsType[*pgconn.ConnectError](err); dial {
 		return true
 	}
 	var pgErr *pgconn.PgError
