@@ -118,7 +118,7 @@ func (m FSM[S]) def() (*engine.MachineDef, error) {
 		Name: m.Name, Start: m.Start, Steps: steps,
 		Queue: orDefault(m.Queue, DefaultQueue), MaxAttempts: orDefaultInt(m.MaxAttempts, DefaultMaxAttempts),
 		Version: version, Upgrade: upgradeChain(m.Name, version, m.Upgrades), Upgrades: upgradeSteps(m.Upgrades),
-		Retention: m.Retention, Run: m.run,
+		Retention: m.Retention, Run: m.run, Fail: m.fail,
 	}, nil
 }
 
@@ -170,6 +170,23 @@ func (m FSM[S]) run(call *engine.Call) store.Outcome {
 	}
 	return m.route(ctx, state, err, kind)
 }
+
+// fail routes err, found after the step returned (its transaction could not commit), to Handle as
+// the step's error; writes Handle makes through Ctx.Tx for it are rolled back.
+func (m FSM[S]) fail(call *engine.Call, err error) store.Outcome {
+	ctx := newCtx(call)
+	var state S
+	if derr := jsonx.Decode(call.Row.State, &state); derr != nil {
+		return m.policy(ctx, err, kindTx)
+	}
+	out := m.route(ctx, state, err, kindTx)
+	call.RollbackTx()
+	return out
+}
+
+// kindTx is the error kind of a step whose transaction could not commit for a reason of the
+// step's making, found after it returned.
+const kindTx = "tx"
 
 // route hands a failed step's error to Handle and applies its decision. If Handle itself fails
 // (an error, a panic, an outcome that cannot be applied), the instance fails: the handler is the
@@ -402,7 +419,7 @@ func (j Job[A]) def() (*engine.MachineDef, error) {
 	return &engine.MachineDef{
 		Name: j.Name, Start: JobStep, Steps: map[string]bool{JobStep: true},
 		Queue: orDefault(j.Queue, DefaultQueue), MaxAttempts: orDefaultInt(j.MaxAttempts, DefaultMaxAttempts),
-		Retention: j.Retention, Run: j.run,
+		Retention: j.Retention, Run: j.run, Fail: j.fail,
 	}, nil
 }
 
@@ -425,6 +442,18 @@ func (j Job[A]) run(call *engine.Call) store.Outcome {
 			kind = "panic"
 		}
 	}
+	return j.failed(ctx, err, kind)
+}
+
+// fail applies the job's retry policy to err, found after Perform returned (its transaction could
+// not commit).
+func (j Job[A]) fail(call *engine.Call, err error) store.Outcome {
+	return j.failed(newCtx(call), err, kindTx)
+}
+
+// failed is the outcome of a try that failed with err: a retry after the job's backoff, or a
+// failure once the attempts are spent or err is unrecoverable.
+func (j Job[A]) failed(ctx *Ctx, err error, kind string) store.Outcome {
 	var out store.Outcome
 	if errors.Is(err, errUnrecoverable) || ctx.Attempt >= ctx.MaxAttempts {
 		out = store.Outcome{Kind: store.KindFailed}

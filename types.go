@@ -80,6 +80,7 @@ var (
 	ErrLeaseLost         = durabletype.ErrLeaseLost
 	ErrCancelled         = durabletype.ErrCancelled
 	ErrWrongStatus       = durabletype.ErrWrongStatus
+	ErrTxIdleTimeout     = durabletype.ErrTxIdleTimeout
 	ErrUnknownSchedule   = durabletype.ErrUnknownSchedule
 	ErrUnknownQueue      = durabletype.ErrUnknownQueue
 	ErrScheduleOwned     = durabletype.ErrScheduleOwned

@@ -58,7 +58,8 @@ type ErrorEntry struct {
 	// "lease" (the worker lost its claim; found by the reaper), "stop" (the step returned Stop),
 	// "rejected" (the database refused the step's outcome; the instance failed with the state it
 	// had), "decode" (the stored state could not be decoded), "retry" (Retry past MaxAttempts),
-	// "cancel" (an operator cancelled it).
+	// "cancel" (an operator cancelled it), "tx" (the step's transaction could not commit for a
+	// reason of the step's making, ErrTxIdleTimeout).
 	Kind string `json:"kind"`
 	// Error is the error's text.
 	Error string `json:"error"`

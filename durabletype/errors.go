@@ -59,6 +59,10 @@ var (
 	// ErrWrongStatus: the instance's status does not allow the operation (cancelling a
 	// finished instance, retrying a live one).
 	ErrWrongStatus = errors.New("gendurable: the instance's status does not allow this")
+	// ErrTxIdleTimeout: the server ended the session of a step's transaction (Ctx.Tx) because
+	// it sat idle longer than idle_in_transaction_session_timeout, and the transaction's writes
+	// were rolled back. The step's error handling gets it as the step's error.
+	ErrTxIdleTimeout = errors.New("gendurable: the step's transaction sat idle past idle_in_transaction_session_timeout")
 )
 
 // ConfigError says which Config field is invalid and why. It matches ErrInvalidConfig and,

@@ -104,6 +104,14 @@ func (e *Engine) drainOne(ctx context.Context, db store.DB, queue string, c *sto
 	var applied bool
 	if call != nil && call.tx != nil {
 		ok, _, err := e.commitInTx(call, &out)
+		if alt, fault := e.stepTxFault(call, &out, err); fault {
+			out = alt
+			var done map[store.Claim]struct{}
+			done, _, err = e.store.ApplyOutcomes(ctx, db, []store.Outcome{out})
+			if err = e.committed(err); err == nil {
+				_, ok = done[out.Claim]
+			}
+		}
 		if err != nil {
 			return fmt.Errorf("gendurable: drain: commit instance %d: %w", c.ID, err)
 		}

@@ -46,6 +46,17 @@ func (e *Engine) runStep(queue string, c *store.Claimed, gl *gateLease, release 
 		e.committing(f)
 		tx := call.tx
 		applied, woken, err := e.commitInTx(call, &out)
+		if alt, ok := e.stepTxFault(call, &out, err); ok && e.handOff(f) {
+			// The step held its transaction idle until the server ended it: that is the
+			// step's failure, counted as a try and handled like an error it returned, not a
+			// lost session to hand back (it would run again at once, and again, for ever).
+			e.log.Warn("gendurable: a step's transaction sat idle past the server's timeout; the step failed",
+				"client", e.cfg.Name, "queue", f.queue, "id", f.id, "error", err)
+			e.Emit(durabletype.Event{Name: durabletype.EventStepError, Queue: f.queue, Machine: f.machine, Step: f.step,
+				InstanceID: f.id, Attempt: f.attempt, Err: alt.Cause})
+			e.committer.submit(&commitReq{flight: f, out: alt, release: release})
+			return
+		}
 		if err != nil && tx.Conn().IsClosed() && e.handOff(f) {
 			// The transaction's session was lost (terminated, reset, timed out, the primary
 			// changed): if the commit was sent its fate is unknown, else nothing committed. The
@@ -150,6 +161,24 @@ func (e *Engine) commitInTx(call *Call, out *store.Outcome) (applied bool, woken
 		}
 	}
 	return true, woken, nil
+}
+
+// stepTxFault returns, when err says that the server ended the session of the step's transaction
+// because the step held it idle past idle_in_transaction_session_timeout, the outcome the
+// machine's error handling gives that (ErrTxIdleTimeout) in place of out, fenced like out. The
+// session was idle in the transaction when it ended, so the commit was never sent: nothing of the
+// step's committed. Any other error is not the step's: ok is false.
+func (e *Engine) stepTxFault(call *Call, out *store.Outcome, err error) (alt store.Outcome, ok bool) {
+	def := e.cfg.Machines[call.Row.Machine]
+	if err == nil || !store.IdleInTransaction(err) || def == nil || def.Fail == nil {
+		return store.Outcome{}, false
+	}
+	alt = def.Fail(call, fmt.Errorf("%w: the server ended the session of the step's transaction (Ctx.Tx) and rolled "+
+		"back its writes; make slow calls before writing through it, or give the role a longer timeout: %w",
+		durabletype.ErrTxIdleTimeout, err))
+	alt.Fence(call.Row, e.cfg.Fair)
+	alt.Credit = out.Credit
+	return alt, true
 }
 
 // finish reports an outcome that committed, or was found stale, or failed to commit.

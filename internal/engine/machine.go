@@ -38,6 +38,10 @@ type MachineDef struct {
 	// the claim). It recovers the step's panics and routes errors to the machine's handler
 	// itself; the engine only adds a last safety net.
 	Run func(call *Call) store.Outcome
+	// Fail returns the outcome the machine's error handling gives err as the error of the step
+	// call ran, as if the step had returned it: for a failure found only when the step's
+	// transaction was committed, after the step returned.
+	Fail func(call *Call, err error) store.Outcome
 }
 
 // Call is one execution of one step: what the machine's Run gets.

@@ -42,6 +42,13 @@ func Retryable(err error) bool {
 	return true
 }
 
+// IdleInTransaction reports whether the server ended the session because it sat idle in a
+// transaction longer than idle_in_transaction_session_timeout (which rolls the transaction back).
+func IdleInTransaction(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == pgIdleInTransaction
+}
+
 // QueryCanceled reports whether the server cancelled the statement (query_canceled): its
 // statement_timeout ran out, or an operator cancelled it.
 func QueryCanceled(err error) bool {
@@ -54,6 +61,7 @@ const (
 	pgLockNotAvailable    = "55P03" // lock_not_available: a lock_timeout ran out
 	pgReadOnlyTransaction = "25006" // read_only_sql_transaction: the server accepts no writes now
 	pgQueryCanceled       = "57014" // query_canceled: a statement_timeout, pg_cancel_backend
+	pgIdleInTransaction   = "25P03" // idle_in_transaction_session_timeout
 )
 
 // ConnLost reports whether err is the loss of the connection a statement ran on (closed,
