@@ -49,6 +49,9 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A claimed row's inbox and join are loaded with it up to a size that one value aggregated
+	// in the pick can hold; the executor reads the rest.
+	st.ClaimRows = store.ClaimRowsFor(ec.MaxPayload)
 	if cfg != nil {
 		ec.OpenPoke = openPoke(cfg.Poke, pool, schema, ec.Name, ec.Logger)
 		st.Codec = cfg.Codec

@@ -91,6 +91,15 @@ func (e *Engine) runStep(queue string, c *store.Claimed, gl *gateLease, release 
 // its machine is brought forward instead (KindUpgrade); one whose machine, version or step this
 // node cannot run is handed back untouched (KindReleased) with an fsm.unknown event.
 func (e *Engine) execute(ctx context.Context, db store.DB, queue string, c *store.Claimed) (store.Outcome, *Call) {
+	if c.HasMore() {
+		// A large inbox or join: the pick loaded its first part, the rest is read here, off the
+		// pick loop. A read that fails hands the claim back for a retry shortly.
+		if err := e.store.LoadRest(ctx, db, c); err != nil {
+			e.log.Warn("gendurable: could not read a claimed row's inbox or children; handed it back",
+				"client", e.cfg.Name, "queue", queue, "id", c.ID, "error", err)
+			return store.HandBack(store.Claim{ID: c.ID, Owner: c.Owner}, c.Slot(), time.Second), nil
+		}
+	}
 	if out, blocked, ok := e.admit(c); !ok {
 		if blocked != nil {
 			e.log.Warn("gendurable: claimed a row this node cannot run; handed it back for a node that can",

@@ -177,6 +177,22 @@ func (s *Store) openClaim(c *Claimed) {
 	c.CodecErr = o.err
 }
 
+// openRest opens the signals and children LoadRest appended to a claim, keeping the first error
+// the claim met.
+func (s *Store) openRest(c *Claimed, inbox []SignalRow, children []ChildRow) {
+	o := opener{s: s}
+	for i := range inbox {
+		o.doc((*[]byte)(&inbox[i].Payload))
+	}
+	for i := range children {
+		o.doc((*[]byte)(&children[i].Result))
+		o.text(&children[i].Error)
+	}
+	if c.CodecErr == nil {
+		c.CodecErr = o.err
+	}
+}
+
 // anySealed reports whether a claim's inbox or children hold a sealed value.
 func anySealed(c *Claimed) bool {
 	for _, sg := range c.Inbox {

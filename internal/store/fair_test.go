@@ -271,7 +271,7 @@ func fairProbesReadTheirOwnIndexes(t *testing.T, version int) {
 
 	literal := map[string]string{"queue": "'q'", "limit": "100", "owner": "'o#1'", "lease": "60000",
 		"mv_names": "'{m}'", "mv_versions": "'{2}'", "paused_machines": "'{other}'",
-		"fw_keys": "'{t}'", "fw_weights": "'{2}'", "fw_default": "1"}
+		"fw_keys": "'{t}'", "fw_weights": "'{2}'", "fw_default": "1", "claim_rows": "100"}
 	stmt, values := positional(s, "pick_fair", literal)
 	plan = generic(stmt, values)
 	keyProbeOnItsIndex("pick_fair", plan)

@@ -26,14 +26,19 @@ type Claimed struct {
 	InsertedAt     time.Time
 	// AwaitNames are the names the instance parked on, if this step runs after an Await.
 	AwaitNames []string
-	// Inbox is the instance's inbox as of the pick, oldest first.
+	// Inbox is the instance's inbox as of the pick, oldest first: up to the Store's ClaimRows
+	// signals, all of it once LoadRest has run.
 	Inbox []SignalRow
 	// Signalled says the instance has ever received a signal.
 	Signalled bool
 	// Child says the instance has a parent.
 	Child bool
-	// Children are the parent's latest wave, loaded when its join step is due.
+	// Children are the parent's latest wave, loaded when its join step is due: up to the
+	// Store's ClaimRows children, all of them once LoadRest has run.
 	Children []ChildRow
+	// inboxMore and childrenMore say the pick loaded as many signals or children as it could:
+	// there may be more, which LoadRest reads.
+	inboxMore, childrenMore bool
 	// ConcurrencyKey is the row's key (nil: none); ConcurrencyShard the gate shard its claim
 	// debited (nil: not gated). The outcome credits that shard back.
 	ConcurrencyKey   *string
@@ -377,7 +382,8 @@ type PickOpts struct {
 // Pick claims up to limit due rows of queue for the claim token owner.
 func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner string, o PickOpts) (PickResult, error) {
 	args := pgx.NamedArgs{"queue": queue, "limit": limit, "owner": owner, "lease": o.Lease.Milliseconds(),
-		"mv_names": []string{}, "mv_versions": []int32{},
+		"claim_rows": s.claimRows(),
+		"mv_names":   []string{}, "mv_versions": []int32{},
 		"paused_machines": o.PausedMachines}
 	if o.PausedMachines == nil {
 		args["paused_machines"] = []string{}
@@ -473,12 +479,14 @@ func (s *Store) claimedRows(rows pgx.Rows, queue string, limit int, res *PickRes
 			if err := json.Unmarshal(children, &c.Children); err != nil {
 				return nil, fmt.Errorf("decode children of %d: %w", c.ID, err)
 			}
+			c.childrenMore = len(c.Children) >= s.claimRows()
 		}
 		c.Attempt, c.MaxAttempts, c.Priority, c.MachineVersion = int(attempt), int(maxAttempts), int(priority), int(version)
 		if len(inbox) > 0 {
 			if err := json.Unmarshal(inbox, &c.Inbox); err != nil {
 				return nil, fmt.Errorf("decode inbox of %d: %w", c.ID, err)
 			}
+			c.inboxMore = len(c.Inbox) >= s.claimRows()
 		}
 		c.Queue = queue
 		s.openClaim(c)
@@ -544,4 +552,72 @@ func (s *Store) queryPicking(ctx context.Context, db DB, stmt, queue string, arg
 		}
 		return err
 	}, nil
+}
+
+// DefaultClaimRows is the Store's ClaimRows when it is not set: with payloads of at most 1 MiB,
+// 100 of them aggregate to well under jsonb's 256 MB.
+const DefaultClaimRows = 100
+
+func (s *Store) claimRows() int {
+	if s.ClaimRows > 0 {
+		return s.ClaimRows
+	}
+	return DefaultClaimRows
+}
+
+// ClaimRowsFor is the ClaimRows for payloads of at most maxPayload bytes: as many as fit 128 MiB
+// (half of jsonb's limit on one aggregated value), between 1 and DefaultClaimRows.
+func ClaimRowsFor(maxPayload int) int {
+	if maxPayload <= 0 {
+		return DefaultClaimRows
+	}
+	return max(1, min(DefaultClaimRows, (128<<20)/maxPayload))
+}
+
+// HasMore reports whether the pick may have left part of the claimed row's inbox or of its
+// join's children unread (LoadRest reads it).
+func (c *Claimed) HasMore() bool {
+	return c.inboxMore || c.childrenMore
+}
+
+// LoadRest reads the rest of a claimed row's inbox and of its join's children past what the pick
+// loaded (claim_inbox_rest, claim_children_rest), opening sealed values as the pick does.
+func (s *Store) LoadRest(ctx context.Context, db DB, c *Claimed) error {
+	if c.inboxMore {
+		n := len(c.Inbox)
+		rows, err := db.Query(ctx, s.sql("claim_inbox_rest"), c.ID, c.Inbox[n-1].ID)
+		if err != nil {
+			return fmt.Errorf("read the rest of the inbox of %d: %w", c.ID, err)
+		}
+		var sg SignalRow
+		var payload []byte
+		if _, err := pgx.ForEachRow(rows, []any{&sg.ID, &sg.Name, &payload, &sg.At}, func() error {
+			sg.Payload = json.RawMessage(payload)
+			c.Inbox = append(c.Inbox, sg)
+			return nil
+		}); err != nil {
+			return fmt.Errorf("read the rest of the inbox of %d: %w", c.ID, err)
+		}
+		c.inboxMore = false
+		s.openRest(c, c.Inbox[n:], nil)
+	}
+	if c.childrenMore {
+		n := len(c.Children)
+		rows, err := db.Query(ctx, s.sql("claim_children_rest"), c.ID, c.Children[n-1].ID)
+		if err != nil {
+			return fmt.Errorf("read the rest of the children of %d: %w", c.ID, err)
+		}
+		var ch ChildRow
+		var result []byte
+		if _, err := pgx.ForEachRow(rows, []any{&ch.ID, &ch.Machine, &ch.Status, &result, &ch.Error}, func() error {
+			ch.Result = json.RawMessage(result)
+			c.Children = append(c.Children, ch)
+			return nil
+		}); err != nil {
+			return fmt.Errorf("read the rest of the children of %d: %w", c.ID, err)
+		}
+		c.childrenMore = false
+		s.openRest(c, nil, c.Children[n:])
+	}
+	return nil
 }

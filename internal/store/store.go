@@ -43,8 +43,12 @@ type Store struct {
 	// Codec, when set (before the Store is shared), seals payloads before they are written and
 	// opens them after they are read (codec.go).
 	Codec Codec
-	stmts map[string]string // named statements, ready to run
-	frags map[string]string // fragments without a parameter, for statements assembled per call
+	// ClaimRows is how many signals of a claimed row's inbox, and children of its join, a pick
+	// loads with the row (0: DefaultClaimRows); LoadRest reads the rest. Set before the Store is
+	// shared.
+	ClaimRows int
+	stmts     map[string]string // named statements, ready to run
+	frags     map[string]string // fragments without a parameter, for statements assembled per call
 	// rewrites holds the hot statements' named arguments turned positional (named.go).
 	rewrites *rewrites
 }

@@ -131,12 +131,12 @@ func everyPickClaimsByPrimaryKey(t *testing.T, size int) {
 		"r_names": []string{"r"}, "r_rates": []float64{1e7}, "r_bursts": []float64{1e7},
 		"g_hint": []string{"g:x"}, "r_hint": []string{"r"}, "l_key": "g:x", "l_shard": int16(0), "l_owner": "o", "lr_key": "r",
 		"mv_names": []string{"m"}, "mv_versions": []int32{2}, "paused_machines": []string{"other"},
-		"fw_keys": []string{"t"}, "fw_weights": []float64{2}, "fw_default": 1.0}
+		"fw_keys": []string{"t"}, "fw_weights": []float64{2}, "fw_default": 1.0, "claim_rows": 100}
 	literal := map[string]string{"queue": "'q'", "limit": "100", "owner": "'o#1'", "lease": "60000", "horizon": "0",
 		"g_names": "'{g}'", "g_limits": "'{100000}'", "g_shards": "'{8}'", "r_names": "'{r}'", "r_rates": "'{1e7}'",
 		"r_bursts": "'{1e7}'", "g_hint": "'{g:x}'", "r_hint": "'{r}'", "l_key": "'g:x'", "l_shard": "0", "l_owner": "'o'", "lr_key": "'r'",
 		"mv_names": "'{m}'", "mv_versions": "'{2}'", "paused_machines": "'{other}'",
-		"fw_keys": "'{t}'", "fw_weights": "'{2}'", "fw_default": "1"}
+		"fw_keys": "'{t}'", "fw_weights": "'{2}'", "fw_default": "1", "claim_rows": "100"}
 	explain := func(settings, query string, args ...any) string {
 		t.Helper()
 		tx, err := pool.Begin(ctx)
@@ -319,7 +319,7 @@ func TestPicksNeverReadDelayedRows(t *testing.T) {
 	}
 	plan := explain("pick", pgx.NamedArgs{"queue": "q", "limit": 100, "owner": "o#1", "lease": time.Minute.Milliseconds(),
 		"horizon": int64(0), "mv_names": []string{}, "mv_versions": []int32{},
-		"fw_keys": []string{}, "fw_weights": []float64{}, "fw_default": 1.0})
+		"fw_keys": []string{}, "fw_weights": []float64{}, "fw_default": 1.0, "claim_rows": 100})
 	require.Contains(t, plan, "Update on instances i (actual", "the pick ran:\n%s", plan)
 	require.Less(t, pages(plan), 60, "the pick read the delayed rows' pages:\n%s", plan)
 	claim := explain("insert_claim", "m", "s", "{}", "q", int16(9), 1, "o#1", int64(60000), 1)

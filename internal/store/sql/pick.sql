@@ -29,7 +29,12 @@
 -- The statement also loads, for each claimed row, the inbox of a row that ever received a signal
 -- (as of the statement's snapshot: the step sees exactly these signals, and its progress consumes
 -- exactly the awaited ones among them; a signal committed later is a latecomer and stays), and
--- for a parent whose join step is due (join_due), the children of its latest wave.
+-- for a parent whose join step is due (join_due), the children of its latest wave: the first
+-- @claim_rows of each, by id. A row with more has the rest read by claim_inbox_rest and
+-- claim_children_rest before its step runs (store.LoadRest): one value aggregated from all of
+-- them could pass jsonb's limit of 256 MB (270 unawaited signals of 1 MB, 100,000 children's
+-- results of 3 KB), and the statement would fail for the whole batch, at every pick, until the
+-- row went: the queue would stall behind it.
 --
 -- @queue, @limit, @owner claim token, @lease ms, @horizon ms (the "_horizon" variants only: rows
 -- scheduled up to now() + horizon are due; the test kit's Drain passes a large horizon to collapse
@@ -109,14 +114,16 @@ RETURNING i.id, i.machine, i.step, i.state, i.attempt, i.max_attempts, i.priorit
           CASE WHEN i.signalled THEN
             (SELECT jsonb_agg(jsonb_build_object('id', s.id, 'name', s.name, 'payload', s.payload,
                                                  'at', s.inserted_at) ORDER BY s.id)
-             FROM {schema}.signals AS s WHERE s.instance_id = i.id)
+             FROM (SELECT s.id, s.name, s.payload, s.inserted_at FROM {schema}.signals AS s
+                   WHERE s.instance_id = i.id ORDER BY s.id LIMIT @claim_rows) AS s)
           END,
           i.parent_id IS NOT NULL,
           CASE WHEN i.join_due THEN
-            (SELECT jsonb_agg(jsonb_build_object('id', c.id, 'machine', c.machine, 'status', c.status,
-                                                 'result', c.result, 'error', c.errors -> -1 ->> 'error')
-                              ORDER BY c.id)
-             FROM {schema}.instances AS c WHERE c.parent_id = i.id AND c.parent_wave = i.spawn_wave)
+            (SELECT jsonb_agg(jsonb_build_object('id', w.id, 'machine', w.machine, 'status', w.status,
+                                                 'result', w.result, 'error', w.errors -> -1 ->> 'error')
+                              ORDER BY w.id)
+             FROM (SELECT w.id, w.machine, w.status, w.result, w.errors FROM {schema}.instances AS w
+                   WHERE w.parent_id = i.id AND w.parent_wave = i.spawn_wave ORDER BY w.id LIMIT @claim_rows) AS w)
           END,
           i.concurrency_key, i.concurrency_shard, i.rate_limit, i.machine_version, i.fair_key,
           (SELECT count(*) FROM candidates), (SELECT n FROM refused), (SELECT denied FROM refused)
@@ -654,3 +661,23 @@ refused AS (
 refused AS (
   SELECT 0::bigint AS n, 0::bigint AS denied
 )
+
+-- The rest of a claimed row's inbox and of its join's children, past the first @claim_rows the
+-- pick loaded (see the claim above), oldest first, one row each: streamed, they meet no size
+-- limit but the client's memory. The inbox is read as of this statement, so it may hold signals
+-- committed after the claim; the step sees them as it sees the others, and its progress consumes
+-- the awaited ones it saw, by id. The children of a join are settled, and do not change.
+-- Locks: none (plain reads). signals_instance (instance_id, id) from $2 on: O(rest). The children
+-- through instances_parent (parent_id, parent_wave), sorted by id: O(children of the wave).
+-- name: claim_inbox_rest
+SELECT s.id, s.name, s.payload, s.inserted_at
+FROM {schema}.signals AS s
+WHERE s.instance_id = $1 AND s.id > $2
+ORDER BY s.id;
+
+-- name: claim_children_rest
+SELECT w.id, w.machine, w.status::text, w.result, coalesce(w.errors -> -1 ->> 'error', '')
+FROM {schema}.instances AS w
+WHERE w.parent_id = $1 AND w.id > $2
+  AND w.parent_wave = (SELECT p.spawn_wave FROM {schema}.instances AS p WHERE p.id = $1)
+ORDER BY w.id;

@@ -1,0 +1,174 @@
+package gendurable_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/stretchr/testify/require"
+)
+
+// An inbox larger than one jsonb value can hold (270 unawaited signals of a megabyte each, as an
+// entity instance that lives for months can gather) failed every pick that claimed its row: the
+// pick aggregated the whole inbox, the statement failed for its whole batch, and the row stayed
+// at the head of its queue, so nothing behind it ran again. The pick now loads the first part of
+// an inbox and the executor reads the rest: the queue moves, and the woken step sees every
+// signal.
+func TestInboxPastJsonbsLimitStallsNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	var mu sync.Mutex
+	var inbox, awaited int
+	m := gendurable.FSM[int]{Name: "hoarder", Start: "a", Steps: map[string]gendurable.StepFunc[int]{
+		"a": func(_ *gendurable.Ctx, s int) (gendurable.Outcome, error) {
+			return gendurable.Await([]string{"go"}, "b", s), nil
+		},
+		"b": func(ctx *gendurable.Ctx, s int) (gendurable.Outcome, error) {
+			mu.Lock()
+			inbox, awaited = len(ctx.Inbox), len(ctx.Awaited)
+			mu.Unlock()
+			return gendurable.Done(s), nil
+		},
+	}}
+	job := gendurable.Job[int]{Name: "behind", Perform: func(*gendurable.Ctx, int) error { return nil }}
+	cl, err := gendurable.NewClient(e.pool, &gendurable.Config{Schema: e.schema, Machines: []gendurable.Machine{m, job},
+		Queues: map[string]gendurable.QueueConfig{gendurable.DefaultQueue: {Concurrency: 4}}})
+	require.NoError(t, err)
+	start(t, cl)
+	r, err := cl.Insert(ctx, m.With(0), nil)
+	require.NoError(t, err)
+	res, err := cl.Await(ctx, r.ID, 30*time.Second, nil)
+	require.NoError(t, err)
+	require.Equal(t, gendurable.AwaitAwaiting, res.Status)
+
+	// The unawaited signals, written by the server (a string of a million characters each
+	// compresses to almost nothing on disk): 270 MB once aggregated, past jsonb's 256 MB.
+	_, err = e.pool.Exec(ctx, expand(`INSERT INTO {schema}.signals (instance_id, name, payload)
+		SELECT $1, 'note', to_jsonb(repeat('x', 1000000)) FROM generate_series(1, 270)`, e.schema), r.ID)
+	require.NoError(t, err)
+	_, err = cl.Signal(ctx, gendurable.ByID(r.ID), "go", 1)
+	require.NoError(t, err)
+	b, err := cl.Insert(ctx, job.With(1), nil)
+	require.NoError(t, err)
+
+	res, err = cl.Await(ctx, b.ID, time.Minute, nil)
+	require.NoError(t, err)
+	require.Equal(t, gendurable.AwaitDone, res.Status, "the job behind the large inbox ran")
+	res, err = cl.Await(ctx, r.ID, time.Minute, nil)
+	require.NoError(t, err)
+	require.Equal(t, gendurable.AwaitDone, res.Status)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, 271, inbox, "the woken step saw the whole inbox")
+	require.Equal(t, 1, awaited)
+}
+
+// With payloads allowed up to 64 MiB a pick loads two signals of an inbox and two children of a
+// join with their row; the rest are read before the step runs, in order, opened by the codec
+// like the first ones, and the awaited signal among them is consumed by the step's progress.
+func TestClaimedRowGetsItsWholeInboxAndJoin(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	key := sha256.Sum256([]byte("large inbox test"))
+	codec, err := gendurable.NewAESGCM("k1", map[string][]byte{"k1": key[:]})
+	require.NoError(t, err)
+
+	var mu sync.Mutex
+	seen := map[string][]string{} // step → the inbox's names and payloads, or the children's results
+	note := func(step string, v string) {
+		mu.Lock()
+		defer mu.Unlock()
+		seen[step] = append(seen[step], v)
+	}
+	collector := gendurable.FSM[int]{Name: "collector", Start: "a", Steps: map[string]gendurable.StepFunc[int]{
+		"a": func(_ *gendurable.Ctx, s int) (gendurable.Outcome, error) {
+			return gendurable.Await([]string{"go"}, "b", s), nil
+		},
+		"b": func(ctx *gendurable.Ctx, s int) (gendurable.Outcome, error) {
+			for _, sg := range ctx.Inbox {
+				var p string
+				if err := sg.Decode(&p); err != nil {
+					return gendurable.Outcome{}, err
+				}
+				note("b", sg.Name+":"+p)
+			}
+			for _, sg := range ctx.Awaited {
+				note("b.awaited", sg.Name)
+			}
+			return gendurable.Await([]string{"again"}, "c", s), nil
+		},
+		"c": func(ctx *gendurable.Ctx, s int) (gendurable.Outcome, error) {
+			for _, sg := range ctx.Inbox {
+				note("c", sg.Name)
+			}
+			return gendurable.Done(s), nil
+		},
+	}}
+	kidFSM := gendurable.FSM[int]{Name: "kidfsm", Start: "x", Steps: map[string]gendurable.StepFunc[int]{
+		"x": func(_ *gendurable.Ctx, n int) (gendurable.Outcome, error) { return gendurable.Done(n * 10), nil },
+	}}
+	fan := gendurable.FSM[int]{Name: "fan", Start: "spawn", Steps: map[string]gendurable.StepFunc[int]{
+		"spawn": func(_ *gendurable.Ctx, s int) (gendurable.Outcome, error) {
+			children := make([]gendurable.Child, 5)
+			for i := range children {
+				children[i] = gendurable.Child{Input: kidFSM.With(i + 1)}
+			}
+			return gendurable.Spawn(children, "join", s), nil
+		},
+		"join": func(ctx *gendurable.Ctx, s int) (gendurable.Outcome, error) {
+			for _, c := range ctx.Children {
+				var n int
+				if err := c.Decode(&n); err != nil {
+					return gendurable.Outcome{}, err
+				}
+				note("join", string(rune('0'+n/10)))
+			}
+			return gendurable.Done(s), nil
+		},
+	}}
+	cl, err := gendurable.NewClient(e.pool, &gendurable.Config{Schema: e.schema, Codec: codec, MaxPayloadBytes: 64 << 20,
+		Machines: []gendurable.Machine{collector, fan, kidFSM},
+		Queues:   map[string]gendurable.QueueConfig{gendurable.DefaultQueue: {Concurrency: 4}}})
+	require.NoError(t, err)
+	start(t, cl)
+
+	r, err := cl.Insert(ctx, collector.With(0), nil)
+	require.NoError(t, err)
+	res, err := cl.Await(ctx, r.ID, 30*time.Second, nil)
+	require.NoError(t, err)
+	require.Equal(t, gendurable.AwaitAwaiting, res.Status)
+	for _, p := range []string{"1", "2", "3", "4", "5"} {
+		_, err := cl.Signal(ctx, gendurable.ByID(r.ID), "note", p)
+		require.NoError(t, err)
+	}
+	_, err = cl.Signal(ctx, gendurable.ByID(r.ID), "go", "g")
+	require.NoError(t, err)
+	res, err = cl.Await(ctx, r.ID, 30*time.Second, nil)
+	require.NoError(t, err)
+	require.Equal(t, gendurable.AwaitAwaiting, res.Status, "parked again, on again")
+	_, err = cl.Signal(ctx, gendurable.ByID(r.ID), "again", "a")
+	require.NoError(t, err)
+	res, err = cl.Await(ctx, r.ID, 30*time.Second, &gendurable.AwaitOpts{UntilTerminal: true})
+	require.NoError(t, err)
+	require.Equal(t, gendurable.AwaitDone, res.Status)
+
+	f, err := cl.Insert(ctx, fan.With(0), nil)
+	require.NoError(t, err)
+	res, err = cl.Await(ctx, f.ID, 30*time.Second, &gendurable.AwaitOpts{UntilTerminal: true})
+	require.NoError(t, err)
+	require.Equal(t, gendurable.AwaitDone, res.Status)
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []string{"note:1", "note:2", "note:3", "note:4", "note:5", "go:g"}, seen["b"],
+		"the whole inbox, oldest first, opened")
+	require.Equal(t, []string{"go"}, seen["b.awaited"])
+	require.Equal(t, []string{"note", "note", "note", "note", "note", "again"}, seen["c"],
+		"the awaited signal read past the first page was consumed")
+	require.Equal(t, []string{"1", "2", "3", "4", "5"}, seen["join"], "every child, in spawn order")
+}
