@@ -144,6 +144,10 @@ type Engine struct {
 	retentionsSet bool
 	committer     *committer
 	lastBeat      time.Time
+	// beatConn is the heartbeat's own connection (heartbeatLoop's alone; nil until dialled);
+	// beatOnPool says it was refused a statement, and the beats go through the pool.
+	beatConn   *pgx.Conn
+	beatOnPool bool
 	// paused is what this node last read of the pauses table (nil before Start's read).
 	paused atomic.Pointer[pauseSet]
 

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -9,6 +10,8 @@ import (
 	"github.com/gendurable/gendurable/durabletype"
 	"github.com/gendurable/gendurable/internal/fault"
 	"github.com/gendurable/gendurable/internal/store"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // heartbeatLoop extends the leases of every claim in flight, once per interval, in one
@@ -19,6 +22,7 @@ import (
 // presumed lost.
 func (e *Engine) heartbeatLoop() {
 	defer e.bg.Done()
+	defer e.closeBeatConn()
 	t := time.NewTicker(e.cfg.Heartbeat)
 	defer t.Stop()
 	var retry <-chan time.Time
@@ -78,7 +82,11 @@ func (e *Engine) beat() bool {
 	// stale pool connections) is sent again at once on another.
 	var lost []int64
 	err := store.RetryConnLost(ctx, func() (err error) {
-		lost, err = e.store.Heartbeat(ctx, e.pool, ids, owners, e.cfg.Lease)
+		db := e.beatDB(ctx)
+		lost, err = e.store.Heartbeat(ctx, db, ids, owners, e.cfg.Lease)
+		if e.beatDone(db, err) {
+			lost, err = e.store.Heartbeat(ctx, e.pool, ids, owners, e.cfg.Lease)
+		}
 		return err
 	})
 	cancel()
@@ -150,7 +158,11 @@ func (e *Engine) renewLeases() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(e.baseCtx, e.cfg.Heartbeat)
-	renewed, err := e.store.RenewLeases(ctx, e.pool, leases, e.cfg.Lease)
+	db := e.beatDB(ctx)
+	renewed, err := e.store.RenewLeases(ctx, db, leases, e.cfg.Lease)
+	if e.beatDone(db, err) {
+		renewed, err = e.store.RenewLeases(ctx, e.pool, leases, e.cfg.Lease)
+	}
 	cancel()
 	if err != nil {
 		// The picks check the lease themselves: one that expired admits nothing.
@@ -170,5 +182,63 @@ func (e *Engine) renewLeases() {
 			e.log.Warn("gendurable: a gate lease expired before it was renewed; its key is admitted claim by claim again",
 				"client", e.cfg.Name, "key", gl.Key, "shard", gl.Shard)
 		}
+	}
+}
+
+// beatDB is where the heartbeat extends leases: a connection of its own, outside the pool, so
+// that steps holding every connection of the pool (each in its transaction, say) cannot keep the
+// leases of their own claims from being extended, and have them presumed lost and cancelled.
+// It is dialled when first needed and again after it broke; while it cannot be, the pool serves.
+func (e *Engine) beatDB(ctx context.Context) store.DB {
+	if e.beatConn != nil && !e.beatConn.IsClosed() {
+		return e.beatConn
+	}
+	e.closeBeatConn()
+	pool, ok := e.pool.(*pgxpool.Pool)
+	if !ok || e.beatOnPool {
+		return e.pool
+	}
+	dctx, cancel := context.WithTimeout(ctx, beatDialTimeout)
+	conn, err := store.Dial(dctx, pool, "gendurable heartbeat "+e.cfg.Name)
+	cancel()
+	if err != nil {
+		e.log.Debug("gendurable: the heartbeat's connection could not be opened; beating through the pool",
+			"client", e.cfg.Name, "error", err)
+		return e.pool
+	}
+	e.beatConn = conn
+	return conn
+}
+
+// beatDialTimeout bounds the opening of the heartbeat's connection; the beat then goes through
+// the pool.
+const beatDialTimeout = 5 * time.Second
+
+// beatDone drops the heartbeat's connection after a statement on it failed with the connection
+// (closed, lost, or timed out and so closed by pgx): the next beat dials again. A statement the
+// server refused there (a session set up unlike the pool's, by a hook pgx runs at each acquire)
+// sends this client's beats through the pool from then on; it reports that, and the caller sends
+// the statement again there.
+func (e *Engine) beatDone(db store.DB, err error) (again bool) {
+	if err == nil || e.beatConn == nil || db != store.DB(e.beatConn) {
+		return false
+	}
+	if e.beatConn.IsClosed() || store.ConnLost(err) || errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err) {
+		e.closeBeatConn()
+		return false
+	}
+	e.log.Warn("gendurable: the heartbeat's own connection was refused a statement; beating through the pool",
+		"client", e.cfg.Name, "error", err)
+	e.closeBeatConn()
+	e.beatOnPool = true
+	return true
+}
+
+func (e *Engine) closeBeatConn() {
+	if e.beatConn != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = e.beatConn.Close(ctx)
+		cancel()
+		e.beatConn = nil
 	}
 }

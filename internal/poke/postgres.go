@@ -148,15 +148,9 @@ func (p *Postgres) chans(queues []string) []string {
 func (p *Postgres) listen(ctx context.Context) (conn *pgx.Conn, keep time.Duration, err error) {
 	ctx, cancel := context.WithTimeout(ctx, p.t.connect)
 	defer cancel()
-	cfg := p.pool.Config().ConnConfig.Copy()
-	if cfg.RuntimeParams == nil {
-		cfg.RuntimeParams = map[string]string{}
-	}
-	cfg.RuntimeParams["application_name"] = "gendurable poke listener " + p.client
-	// The pool's callback, if the application set one, would take the notifications that
-	// WaitForNotification must return.
-	cfg.OnNotification = nil
-	conn, err = pgx.ConnectConfig(ctx, cfg)
+	// Dial leaves out the pool's notification callback, if the application set one: it would take
+	// the notifications that WaitForNotification must return.
+	conn, err = store.Dial(ctx, p.pool, "gendurable poke listener "+p.client)
 	if err != nil {
 		return nil, 0, err
 	}
