@@ -149,7 +149,7 @@ func Example_highAvailability() {
 	ctx := context.Background()
 	// docs:begin ha
 	// pgx tries the hosts in turn and keeps the first that accepts writes; every connection the
-	// client opens later (its pool's, the poke listener's) does the same.
+	// client opens later (its pool's, the heartbeat's, the poke listener's) does the same.
 	cfg, err := pgxpool.ParseConfig("postgres://app@db1:5432,db2:5432/app?target_session_attrs=read-write")
 	if err != nil {
 		panic(err)

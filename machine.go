@@ -505,7 +505,9 @@ type Ctx struct {
 	// Children are the instances the last Spawn started, with how they finished, when this
 	// step is that Spawn's join step (and on its retries); nil otherwise.
 	Children []ChildResult
-	// Inbox is the whole inbox as of the claim, oldest first. The step's progress (Next, Await)
+	// Inbox is the whole inbox as of the claim, oldest first (one of 100 signals or more: the
+	// first 100 as of the claim, the later ones as of just before the step ran; see
+	// docs/signals.md). The step's progress (Next, Await)
 	// consumes exactly the signals on Awaited; the others, and later arrivals, stay in the inbox
 	// until an Await of theirs consumes them; a terminal outcome clears the inbox.
 	Inbox []Signal

@@ -59,7 +59,9 @@ type ErrorEntry struct {
 	// "rejected" (the database refused the step's outcome; the instance failed with the state it
 	// had), "decode" (the stored state could not be decoded), "retry" (Retry past MaxAttempts),
 	// "cancel" (an operator cancelled it), "tx" (the step's transaction could not commit for a
-	// reason of the step's making, ErrTxIdleTimeout).
+	// reason of the step's making, ErrTxIdleTimeout), "codec" (a sealed value the step would read
+	// could not be opened on the node that claimed it), "load" (the rest of a large inbox or join
+	// could not be read after the claim); the last two hand the claim back, no attempt spent.
 	Kind string `json:"kind"`
 	// Error is the error's text.
 	Error string `json:"error"`

@@ -105,6 +105,8 @@ func (e *Engine) drainOne(ctx context.Context, db store.DB, queue string, c *sto
 	if call != nil && call.tx != nil {
 		ok, _, err := e.commitInTx(call, &out)
 		if alt, fault := e.stepTxFault(call, &out, err); fault {
+			e.Emit(durabletype.Event{Name: durabletype.EventStepError, Queue: queue, Machine: c.Machine, Step: c.Step,
+				InstanceID: c.ID, Attempt: c.Attempt, Err: alt.Cause})
 			out = alt
 			var done map[store.Claim]struct{}
 			done, _, err = e.store.ApplyOutcomes(ctx, db, []store.Outcome{out})

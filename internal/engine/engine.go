@@ -146,8 +146,10 @@ type Engine struct {
 	lastBeat      time.Time
 	// beatConn is the heartbeat's own connection (heartbeatLoop's alone; nil until dialled);
 	// beatOnPool says it was refused a statement, and the beats go through the pool.
-	beatConn   *pgx.Conn
-	beatOnPool bool
+	beatConn      *pgx.Conn
+	beatDialing   chan *pgx.Conn // a dial in flight, its connection (nil: it failed) when done
+	beatDialAfter time.Time      // no dial before then
+	beatOnPool    bool
 	// paused is what this node last read of the pauses table (nil before Start's read).
 	paused atomic.Pointer[pauseSet]
 

@@ -91,16 +91,24 @@ func (e *Engine) runStep(queue string, c *store.Claimed, gl *gateLease, release 
 // its machine is brought forward instead (KindUpgrade); one whose machine, version or step this
 // node cannot run is handed back untouched (KindReleased) with an fsm.unknown event.
 func (e *Engine) execute(ctx context.Context, db store.DB, queue string, c *store.Claimed) (store.Outcome, *Call) {
-	if c.HasMore() {
+	out, blocked, ok := e.admit(c)
+	if ok && c.HasMore() {
 		// A large inbox or join: the pick loaded its first part, the rest is read here, off the
-		// pick loop. A read that fails hands the claim back for a retry shortly.
+		// pick loop, for a row this node will run. A read that fails hands the claim back, the
+		// reason in its error history (no attempt spent), to be tried again a few seconds later.
 		if err := e.store.LoadRest(ctx, db, c); err != nil {
+			err = fmt.Errorf("read the rest of the inbox or children of the claimed row: %w", err)
 			e.log.Warn("gendurable: could not read a claimed row's inbox or children; handed it back",
 				"client", e.cfg.Name, "queue", queue, "id", c.ID, "error", err)
-			return store.HandBack(store.Claim{ID: c.ID, Owner: c.Owner}, c.Slot(), time.Second), nil
+			out = store.HandBack(store.Claim{ID: c.ID, Owner: c.Owner}, c.Slot(), unknownDelay)
+			out.ErrKind, out.ErrMsg = errKindLoad, err.Error()
+			return out, nil
+		}
+		if c.CodecErr != nil { // a sealed value among the rest that this node cannot open
+			out, blocked, ok = e.admit(c)
 		}
 	}
-	if out, blocked, ok := e.admit(c); !ok {
+	if !ok {
 		if blocked != nil {
 			e.log.Warn("gendurable: claimed a row this node cannot run; handed it back for a node that can",
 				"client", e.cfg.Name, "queue", queue, "id", c.ID, "machine", c.Machine, "step", c.Step,
@@ -117,7 +125,7 @@ func (e *Engine) execute(ctx context.Context, db store.DB, queue string, c *stor
 	}
 	e.Emit(durabletype.Event{Name: durabletype.EventStepStarted, Queue: queue, Machine: c.Machine, Step: c.Step,
 		InstanceID: c.ID, Attempt: c.Attempt})
-	out := safeRun(def, call)
+	out = safeRun(def, call)
 	if out.Cause != nil {
 		e.Emit(durabletype.Event{Name: durabletype.EventStepError, Queue: queue, Machine: c.Machine, Step: c.Step,
 			InstanceID: c.ID, Attempt: c.Attempt, Err: out.Cause, Panic: out.Panic})
@@ -125,6 +133,10 @@ func (e *Engine) execute(ctx context.Context, db store.DB, queue string, c *stor
 	out.Fence(c, e.cfg.Fair)
 	return out, call
 }
+
+// errKindLoad is the error kind of a claim handed back because the rest of its inbox or children
+// could not be read.
+const errKindLoad = "load"
 
 // safeRun is the last safety net around a machine's Run, which recovers step panics itself: if
 // Run panics anyway (a bug in a handler's encoding), the instance fails with the panic recorded
@@ -183,7 +195,7 @@ func (e *Engine) stepTxFault(call *Call, out *store.Outcome, err error) (alt sto
 		return store.Outcome{}, false
 	}
 	alt = def.Fail(call, fmt.Errorf("%w: the server ended the session of the step's transaction (Ctx.Tx) and rolled "+
-		"back its writes; make slow calls before writing through it, or give the role a longer timeout: %w",
+		"back its writes; make slow calls before the step calls Ctx.Tx, or give the role a longer timeout: %w",
 		durabletype.ErrTxIdleTimeout, err))
 	alt.Fence(call.Row, e.cfg.Fair)
 	alt.Credit = out.Credit

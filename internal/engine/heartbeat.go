@@ -10,6 +10,7 @@ import (
 	"github.com/gendurable/gendurable/durabletype"
 	"github.com/gendurable/gendurable/internal/fault"
 	"github.com/gendurable/gendurable/internal/store"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -22,7 +23,10 @@ import (
 // presumed lost.
 func (e *Engine) heartbeatLoop() {
 	defer e.bg.Done()
-	defer e.closeBeatConn()
+	defer e.dropBeatConn()
+	if len(e.runners) > 0 {
+		e.dialBeatConn() // ready before the first claims need a beat
+	}
 	t := time.NewTicker(e.cfg.Heartbeat)
 	defer t.Stop()
 	var retry <-chan time.Time
@@ -82,7 +86,7 @@ func (e *Engine) beat() bool {
 	// stale pool connections) is sent again at once on another.
 	var lost []int64
 	err := store.RetryConnLost(ctx, func() (err error) {
-		db := e.beatDB(ctx)
+		db := e.beatDB()
 		lost, err = e.store.Heartbeat(ctx, db, ids, owners, e.cfg.Lease)
 		if e.beatDone(db, err) {
 			lost, err = e.store.Heartbeat(ctx, e.pool, ids, owners, e.cfg.Lease)
@@ -158,7 +162,7 @@ func (e *Engine) renewLeases() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(e.baseCtx, e.cfg.Heartbeat)
-	db := e.beatDB(ctx)
+	db := e.beatDB()
 	renewed, err := e.store.RenewLeases(ctx, db, leases, e.cfg.Lease)
 	if e.beatDone(db, err) {
 		renewed, err = e.store.RenewLeases(ctx, e.pool, leases, e.cfg.Lease)
@@ -188,43 +192,79 @@ func (e *Engine) renewLeases() {
 // beatDB is where the heartbeat extends leases: a connection of its own, outside the pool, so
 // that steps holding every connection of the pool (each in its transaction, say) cannot keep the
 // leases of their own claims from being extended, and have them presumed lost and cancelled.
-// It is dialled when first needed and again after it broke; while it cannot be, the pool serves.
-func (e *Engine) beatDB(ctx context.Context) store.DB {
+// It is dialled in the background (at Start on a node that runs queues, and again after it
+// broke); a beat waits up to beatDialWait for a dial in flight, and goes through the pool while
+// there is none.
+func (e *Engine) beatDB() store.DB {
 	if e.beatConn != nil && !e.beatConn.IsClosed() {
 		return e.beatConn
 	}
 	e.closeBeatConn()
-	pool, ok := e.pool.(*pgxpool.Pool)
-	if !ok || e.beatOnPool {
-		return e.pool
+	if e.beatDialing == nil {
+		e.dialBeatConn()
 	}
-	dctx, cancel := context.WithTimeout(ctx, beatDialTimeout)
-	conn, err := store.Dial(dctx, pool, "gendurable heartbeat "+e.cfg.Name)
-	cancel()
-	if err != nil {
-		e.log.Debug("gendurable: the heartbeat's connection could not be opened; beating through the pool",
-			"client", e.cfg.Name, "error", err)
-		return e.pool
+	if e.beatDialing != nil {
+		t := time.NewTimer(beatDialWait)
+		defer t.Stop()
+		select {
+		case conn := <-e.beatDialing:
+			e.beatDialing = nil
+			if conn != nil {
+				e.beatConn, e.beatDialAfter = conn, time.Time{}
+				return conn
+			}
+		case <-t.C:
+		}
 	}
-	e.beatConn = conn
-	return conn
+	return e.pool
 }
 
-// beatDialTimeout bounds the opening of the heartbeat's connection; the beat then goes through
-// the pool.
-const beatDialTimeout = 5 * time.Second
+// dialBeatConn starts opening the heartbeat's connection, unless the pool is not a pgxpool (a
+// test's), the connection was refused for good, or the last dial failed less than
+// beatDialBackoff ago.
+func (e *Engine) dialBeatConn() {
+	pool, ok := e.pool.(*pgxpool.Pool)
+	if !ok || e.beatOnPool || e.bgCtx == nil || time.Now().Before(e.beatDialAfter) {
+		return
+	}
+	e.beatDialAfter = time.Now().Add(beatDialBackoff)
+	dialed := make(chan *pgx.Conn, 1)
+	e.beatDialing = dialed
+	go func() {
+		ctx, cancel := context.WithTimeout(e.bgCtx, beatDialTimeout)
+		defer cancel()
+		conn, err := store.Dial(ctx, pool, "gendurable heartbeat "+e.cfg.Name)
+		if err != nil {
+			e.log.Debug("gendurable: the heartbeat's connection could not be opened; beating through the pool",
+				"client", e.cfg.Name, "error", err)
+		}
+		dialed <- conn
+	}()
+}
+
+// beatDialTimeout bounds the opening of the heartbeat's connection; beatDialBackoff is the least
+// time between two dials; beatDialWait is how long a beat waits for a dial in flight.
+const (
+	beatDialTimeout = 10 * time.Second
+	beatDialBackoff = 5 * time.Second
+	beatDialWait    = 500 * time.Millisecond
+)
 
 // beatDone drops the heartbeat's connection after a statement on it failed with the connection
-// (closed, lost, or timed out and so closed by pgx): the next beat dials again. A statement the
-// server refused there (a session set up unlike the pool's, by a hook pgx runs at each acquire)
-// sends this client's beats through the pool from then on; it reports that, and the caller sends
-// the statement again there.
+// (closed, lost, or timed out and so closed by pgx): the next beat dials again. A transient
+// failure (a statement cancelled, a lock not granted, a server taking no writes for a while)
+// keeps it. A statement the server refused there for good (a session set up unlike the pool's,
+// by a hook pgx runs at each acquire: no privilege, no such schema) sends this client's beats
+// through the pool from then on; it reports that, and the caller sends the statement again there.
 func (e *Engine) beatDone(db store.DB, err error) (again bool) {
 	if err == nil || e.beatConn == nil || db != store.DB(e.beatConn) {
 		return false
 	}
 	if e.beatConn.IsClosed() || store.ConnLost(err) || errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err) {
 		e.closeBeatConn()
+		return false
+	}
+	if store.Retryable(err) {
 		return false
 	}
 	e.log.Warn("gendurable: the heartbeat's own connection was refused a statement; beating through the pool",
@@ -240,5 +280,19 @@ func (e *Engine) closeBeatConn() {
 		_ = e.beatConn.Close(ctx)
 		cancel()
 		e.beatConn = nil
+	}
+}
+
+// dropBeatConn closes the heartbeat's connection, and one being dialled (Stop has cancelled the
+// dial's context, so it ends at once).
+func (e *Engine) dropBeatConn() {
+	e.closeBeatConn()
+	if e.beatDialing != nil {
+		if conn := <-e.beatDialing; conn != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_ = conn.Close(ctx)
+			cancel()
+		}
+		e.beatDialing = nil
 	}
 }

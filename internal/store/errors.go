@@ -65,7 +65,7 @@ const (
 )
 
 // ConnLost reports whether err is the loss of the connection a statement ran on (closed,
-// reset, or terminated by a restarting server), not a failure of the statement itself or of
+// reset, terminated by a restarting server, or ended by idle_session_timeout), not a failure of the statement itself or of
 // time. After a database restart, a pool hands out the connections it held before one by one,
 // each failing this way once; a maintenance loop retries at once on another connection
 // (RetryConnLost) instead of waiting for its next tick.
@@ -75,7 +75,8 @@ func ConnLost(err error) bool {
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		return pgErr.Code[:2] == "08" || pgErr.Code == "57P01" || pgErr.Code == "57P02" || pgErr.Code == "57P03"
+		return pgErr.Code[:2] == "08" || pgErr.Code == "57P01" || pgErr.Code == "57P02" || pgErr.Code == "57P03" ||
+			pgErr.Code == "57P05" // idle_session_timeout ended an idle session
 	}
 	return true
 }

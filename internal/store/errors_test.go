@@ -21,6 +21,7 @@ func TestConnLostTellsTheConnectionFromTheStatement(t *testing.T) {
 		{fmt.Errorf("heartbeat: %w", io.EOF), true},
 		{&pgconn.PgError{Code: "57P01"}, true}, // terminating connection due to administrator command
 		{&pgconn.PgError{Code: "08006"}, true}, // connection failure
+		{&pgconn.PgError{Code: "57P05"}, true}, // idle_session_timeout ended the session
 		{&pgconn.PgError{Code: "23505"}, false},
 		{&pgconn.PgError{Code: "40P01"}, false},
 		{&pgconn.PgError{Code: "57014"}, false}, // query cancelled: a timeout, not the connection

@@ -27,8 +27,8 @@
 -- this up: over-admission cannot commit).
 --
 -- The statement also loads, for each claimed row, the inbox of a row that ever received a signal
--- (as of the statement's snapshot: the step sees exactly these signals, and its progress consumes
--- exactly the awaited ones among them; a signal committed later is a latecomer and stays), and
+-- (as of the statement's snapshot: the step sees these signals, and its progress consumes exactly
+-- the awaited ones among them; a signal committed later is a latecomer and stays), and
 -- for a parent whose join step is due (join_due), the children of its latest wave: the first
 -- @claim_rows of each, by id. A row with more has the rest read by claim_inbox_rest and
 -- claim_children_rest before its step runs (store.LoadRest): one value aggregated from all of
