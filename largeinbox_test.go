@@ -16,55 +16,67 @@ import (
 // pick aggregated the whole inbox, the statement failed for its whole batch, and the row stayed
 // at the head of its queue, so nothing behind it ran again. The pick now loads the first part of
 // an inbox and the executor reads the rest: the queue moves, and the woken step sees every
-// signal.
+// signal. Signals larger than the worker's MaxPayloadBytes (90 of 3 MB, sent by another client)
+// overflow even the first part: the pick is made again loading one signal per row.
 func TestInboxPastJsonbsLimitStallsNothing(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	ctx := context.Background()
-	var mu sync.Mutex
-	var inbox, awaited int
-	m := gendurable.FSM[int]{Name: "hoarder", Start: "a", Steps: map[string]gendurable.StepFunc[int]{
-		"a": func(_ *gendurable.Ctx, s int) (gendurable.Outcome, error) {
-			return gendurable.Await([]string{"go"}, "b", s), nil
-		},
-		"b": func(ctx *gendurable.Ctx, s int) (gendurable.Outcome, error) {
+	for _, tc := range []struct {
+		name       string
+		n, payload int
+	}{
+		{"many signals", 270, 1_000_000},
+		{"large signals", 90, 3_000_000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			ctx := context.Background()
+			var mu sync.Mutex
+			var inbox, awaited int
+			m := gendurable.FSM[int]{Name: "hoarder", Start: "a", Steps: map[string]gendurable.StepFunc[int]{
+				"a": func(_ *gendurable.Ctx, s int) (gendurable.Outcome, error) {
+					return gendurable.Await([]string{"go"}, "b", s), nil
+				},
+				"b": func(ctx *gendurable.Ctx, s int) (gendurable.Outcome, error) {
+					mu.Lock()
+					inbox, awaited = len(ctx.Inbox), len(ctx.Awaited)
+					mu.Unlock()
+					return gendurable.Done(s), nil
+				},
+			}}
+			job := gendurable.Job[int]{Name: "behind", Perform: func(*gendurable.Ctx, int) error { return nil }}
+			cl, err := gendurable.NewClient(e.pool, &gendurable.Config{Schema: e.schema, Machines: []gendurable.Machine{m, job},
+				Queues: map[string]gendurable.QueueConfig{gendurable.DefaultQueue: {Concurrency: 4}}})
+			require.NoError(t, err)
+			start(t, cl)
+			r, err := cl.Insert(ctx, m.With(0), nil)
+			require.NoError(t, err)
+			res, err := cl.Await(ctx, r.ID, 30*time.Second, nil)
+			require.NoError(t, err)
+			require.Equal(t, gendurable.AwaitAwaiting, res.Status)
+
+			// The unawaited signals, written by the server (a string of repeated characters
+			// compresses to almost nothing on disk): 270 MB once aggregated, past jsonb's 256 MB.
+			_, err = e.pool.Exec(ctx, expand(`INSERT INTO {schema}.signals (instance_id, name, payload)
+				SELECT $1, 'note', to_jsonb(repeat('x', $3)) FROM generate_series(1, $2)`, e.schema), r.ID, tc.n, tc.payload)
+			require.NoError(t, err)
+			_, err = cl.Signal(ctx, gendurable.ByID(r.ID), "go", 1)
+			require.NoError(t, err)
+			b, err := cl.Insert(ctx, job.With(1), nil)
+			require.NoError(t, err)
+
+			res, err = cl.Await(ctx, b.ID, time.Minute, nil)
+			require.NoError(t, err)
+			require.Equal(t, gendurable.AwaitDone, res.Status, "the job behind the large inbox ran")
+			res, err = cl.Await(ctx, r.ID, time.Minute, nil)
+			require.NoError(t, err)
+			require.Equal(t, gendurable.AwaitDone, res.Status)
 			mu.Lock()
-			inbox, awaited = len(ctx.Inbox), len(ctx.Awaited)
-			mu.Unlock()
-			return gendurable.Done(s), nil
-		},
-	}}
-	job := gendurable.Job[int]{Name: "behind", Perform: func(*gendurable.Ctx, int) error { return nil }}
-	cl, err := gendurable.NewClient(e.pool, &gendurable.Config{Schema: e.schema, Machines: []gendurable.Machine{m, job},
-		Queues: map[string]gendurable.QueueConfig{gendurable.DefaultQueue: {Concurrency: 4}}})
-	require.NoError(t, err)
-	start(t, cl)
-	r, err := cl.Insert(ctx, m.With(0), nil)
-	require.NoError(t, err)
-	res, err := cl.Await(ctx, r.ID, 30*time.Second, nil)
-	require.NoError(t, err)
-	require.Equal(t, gendurable.AwaitAwaiting, res.Status)
-
-	// The unawaited signals, written by the server (a string of a million characters each
-	// compresses to almost nothing on disk): 270 MB once aggregated, past jsonb's 256 MB.
-	_, err = e.pool.Exec(ctx, expand(`INSERT INTO {schema}.signals (instance_id, name, payload)
-		SELECT $1, 'note', to_jsonb(repeat('x', 1000000)) FROM generate_series(1, 270)`, e.schema), r.ID)
-	require.NoError(t, err)
-	_, err = cl.Signal(ctx, gendurable.ByID(r.ID), "go", 1)
-	require.NoError(t, err)
-	b, err := cl.Insert(ctx, job.With(1), nil)
-	require.NoError(t, err)
-
-	res, err = cl.Await(ctx, b.ID, time.Minute, nil)
-	require.NoError(t, err)
-	require.Equal(t, gendurable.AwaitDone, res.Status, "the job behind the large inbox ran")
-	res, err = cl.Await(ctx, r.ID, time.Minute, nil)
-	require.NoError(t, err)
-	require.Equal(t, gendurable.AwaitDone, res.Status)
-	mu.Lock()
-	defer mu.Unlock()
-	require.Equal(t, 271, inbox, "the woken step saw the whole inbox")
-	require.Equal(t, 1, awaited)
+			defer mu.Unlock()
+			require.Equal(t, tc.n+1, inbox, "the woken step saw the whole inbox")
+			require.Equal(t, 1, awaited)
+		})
+	}
 }
 
 // With payloads allowed up to 64 MiB a pick loads two signals of an inbox and two children of a

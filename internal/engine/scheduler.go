@@ -342,12 +342,20 @@ const pickContentionRetries = 10
 // pick.sql).
 func (e *Engine) pickOnce(ctx context.Context, db store.DB, queue string, n int, owner string, horizon time.Duration, hint store.Hint, lane store.Lane) ([]store.Claimed, error) {
 	mode := e.fairMode(queue)
+	claimRows := 0 // the Store's
 	for try := 1; ; try++ {
 		fair := mode.Load()
 		res, err := e.store.Pick(ctx, db, queue, n, owner, store.PickOpts{Lease: e.cfg.Lease, Horizon: horizon,
 			Gates: e.cfg.Gates, Rates: e.cfg.Rates, Versions: e.versions, PausedMachines: e.pausedMachines(),
-			Fair: e.cfg.Fair, FairOrder: fair, Hint: hint, Lane: lane})
+			Fair: e.cfg.Fair, FairOrder: fair, Hint: hint, Lane: lane, ClaimRows: claimRows})
 		if err != nil {
+			if store.ValueTooLarge(err) && claimRows != 1 {
+				// A claimed row's first signals or children did not fit one jsonb value (their
+				// payloads are larger than this client's MaxPayloadBytes: another client wrote
+				// them). Pick again loading one of each per row; the executor reads the rest.
+				claimRows = 1
+				continue
+			}
 			if store.GateContention(err) && try <= pickContentionRetries {
 				e.Emit(durabletype.Event{Name: durabletype.EventConcurrencyContended, Queue: queue, Err: err})
 				// The winner commits within milliseconds; a short, jittered pause lets it, and

@@ -98,6 +98,13 @@ func RetryConnLost(ctx context.Context, fn func() error) error {
 	return err
 }
 
+// ValueTooLarge reports whether a statement built a value past one of Postgres's size limits
+// (program_limit_exceeded: a jsonb value over 256 MB, say).
+func ValueTooLarge(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "54000"
+}
+
 // GateContention reports whether err is a pick losing a race for a concurrency key or the last
 // slot of a gate, or waiting on another transaction past its lock timeout (it is retried).
 func GateContention(err error) bool {

@@ -377,12 +377,19 @@ type PickOpts struct {
 	// batch like the last one (see Lane).
 	Hint Hint
 	Lane Lane
+	// ClaimRows, if positive, is how many signals of an inbox and children of a join the pick
+	// loads with each row, in place of the Store's ClaimRows.
+	ClaimRows int
 }
 
 // Pick claims up to limit due rows of queue for the claim token owner.
 func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner string, o PickOpts) (PickResult, error) {
+	claimRows := s.claimRows()
+	if o.ClaimRows > 0 {
+		claimRows = o.ClaimRows
+	}
 	args := pgx.NamedArgs{"queue": queue, "limit": limit, "owner": owner, "lease": o.Lease.Milliseconds(),
-		"claim_rows": s.claimRows(),
+		"claim_rows": claimRows,
 		"mv_names":   []string{}, "mv_versions": []int32{},
 		"paused_machines": o.PausedMachines}
 	if o.PausedMachines == nil {
@@ -443,7 +450,7 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 		return PickResult{}, err
 	}
 	res := PickResult{Tagged: tagged}
-	res.Rows, err = s.claimedRows(rows, queue, limit, &res)
+	res.Rows, err = s.claimedRows(rows, queue, limit, claimRows, &res)
 	// The claims are the batch's implicit transaction's: they stand only if it commits.
 	if derr := done(); err == nil {
 		err = derr
@@ -455,7 +462,7 @@ func (s *Store) Pick(ctx context.Context, db DB, queue string, limit int, owner 
 }
 
 // claimedRows reads a pick's claimed rows (and its counts into res), in urgency order.
-func (s *Store) claimedRows(rows pgx.Rows, queue string, limit int, res *PickResult) ([]Claimed, error) {
+func (s *Store) claimedRows(rows pgx.Rows, queue string, limit, claimRows int, res *PickResult) ([]Claimed, error) {
 	out := make([]Claimed, 0, limit)
 	// Scanned through pointers, these escape: declared once per pick, not once per row, and each
 	// row is scanned in place in out.
@@ -479,14 +486,14 @@ func (s *Store) claimedRows(rows pgx.Rows, queue string, limit int, res *PickRes
 			if err := json.Unmarshal(children, &c.Children); err != nil {
 				return nil, fmt.Errorf("decode children of %d: %w", c.ID, err)
 			}
-			c.childrenMore = len(c.Children) >= s.claimRows()
+			c.childrenMore = len(c.Children) >= claimRows
 		}
 		c.Attempt, c.MaxAttempts, c.Priority, c.MachineVersion = int(attempt), int(maxAttempts), int(priority), int(version)
 		if len(inbox) > 0 {
 			if err := json.Unmarshal(inbox, &c.Inbox); err != nil {
 				return nil, fmt.Errorf("decode inbox of %d: %w", c.ID, err)
 			}
-			c.inboxMore = len(c.Inbox) >= s.claimRows()
+			c.inboxMore = len(c.Inbox) >= claimRows
 		}
 		c.Queue = queue
 		s.openClaim(c)

@@ -28,13 +28,15 @@
 --
 -- The statement also loads, for each claimed row, the inbox of a row that ever received a signal
 -- (as of the statement's snapshot: the step sees these signals, and its progress consumes exactly
--- the awaited ones among them; a signal committed later is a latecomer and stays), and
--- for a parent whose join step is due (join_due), the children of its latest wave: the first
+-- the awaited ones among them; a signal committed later is a latecomer and stays), and for a
+-- parent whose join step is due (join_due), the children of its latest wave: the first
 -- @claim_rows of each, by id. A row with more has the rest read by claim_inbox_rest and
 -- claim_children_rest before its step runs (store.LoadRest): one value aggregated from all of
 -- them could pass jsonb's limit of 256 MB (270 unawaited signals of 1 MB, 100,000 children's
 -- results of 3 KB), and the statement would fail for the whole batch, at every pick, until the
--- row went: the queue would stall behind it.
+-- row went: the queue would stall behind it. (If even the first @claim_rows pass the limit, with
+-- payloads larger than the caller's MaxPayloadBytes that another client wrote, the caller picks
+-- again with 1.)
 --
 -- @queue, @limit, @owner claim token, @lease ms, @horizon ms (the "_horizon" variants only: rows
 -- scheduled up to now() + horizon are due; the test kit's Drain passes a large horizon to collapse
