@@ -592,17 +592,13 @@ func (c *Claimed) HasMore() bool {
 func (s *Store) LoadRest(ctx context.Context, db DB, c *Claimed) error {
 	if c.inboxMore {
 		n := len(c.Inbox)
-		rows, err := db.Query(ctx, s.sql("claim_inbox_rest"), c.ID, c.Inbox[n-1].ID)
-		if err != nil {
-			return fmt.Errorf("read the rest of the inbox of %d: %w", c.ID, err)
-		}
 		var sg SignalRow
 		var payload []byte
-		if _, err := pgx.ForEachRow(rows, []any{&sg.ID, &sg.Name, &payload, &sg.At}, func() error {
-			sg.Payload = json.RawMessage(payload)
-			c.Inbox = append(c.Inbox, sg)
-			return nil
-		}); err != nil {
+		if err := readRest(ctx, db, s.sql("claim_inbox_rest"), c.ID, c.Inbox[n-1].ID,
+			[]any{&sg.ID, &sg.Name, &payload, &sg.At}, func() {
+				sg.Payload = json.RawMessage(payload)
+				c.Inbox = append(c.Inbox, sg)
+			}); err != nil {
 			return fmt.Errorf("read the rest of the inbox of %d: %w", c.ID, err)
 		}
 		c.inboxMore = false
@@ -610,21 +606,28 @@ func (s *Store) LoadRest(ctx context.Context, db DB, c *Claimed) error {
 	}
 	if c.childrenMore {
 		n := len(c.Children)
-		rows, err := db.Query(ctx, s.sql("claim_children_rest"), c.ID, c.Children[n-1].ID)
-		if err != nil {
-			return fmt.Errorf("read the rest of the children of %d: %w", c.ID, err)
-		}
 		var ch ChildRow
 		var result []byte
-		if _, err := pgx.ForEachRow(rows, []any{&ch.ID, &ch.Machine, &ch.Status, &result, &ch.Error}, func() error {
-			ch.Result = json.RawMessage(result)
-			c.Children = append(c.Children, ch)
-			return nil
-		}); err != nil {
+		if err := readRest(ctx, db, s.sql("claim_children_rest"), c.ID, c.Children[n-1].ID,
+			[]any{&ch.ID, &ch.Machine, &ch.Status, &result, &ch.Error}, func() {
+				ch.Result = json.RawMessage(result)
+				c.Children = append(c.Children, ch)
+			}); err != nil {
 			return fmt.Errorf("read the rest of the children of %d: %w", c.ID, err)
 		}
 		c.childrenMore = false
 		s.openRest(c, nil, c.Children[n:])
 	}
 	return nil
+}
+
+// readRest runs one of the LoadRest statements for row id past the id after, scanning each row
+// into dest and calling add after each.
+func readRest(ctx context.Context, db DB, sql string, id, after int64, dest []any, add func()) error {
+	rows, err := db.Query(ctx, sql, id, after)
+	if err != nil {
+		return err
+	}
+	_, err = pgx.ForEachRow(rows, dest, func() error { add(); return nil })
+	return err
 }
