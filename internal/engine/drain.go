@@ -102,23 +102,20 @@ func (e *Engine) drainOne(ctx context.Context, db store.DB, queue string, c *sto
 	started := time.Now()
 	out, call := e.execute(ctx, db, queue, c)
 	var applied bool
-	if call != nil && call.tx != nil {
+	inTx := call != nil && call.tx != nil
+	if inTx {
 		ok, _, err := e.commitInTx(call, &out)
 		if alt, fault := e.stepTxFault(call, &out, err); fault {
+			// The step's own failure (see runStep): its outcome is applied like any other.
 			e.Emit(durabletype.Event{Name: durabletype.EventStepError, Queue: queue, Machine: c.Machine, Step: c.Step,
 				InstanceID: c.ID, Attempt: c.Attempt, Err: alt.Cause})
-			out = alt
-			var done map[store.Claim]struct{}
-			done, _, err = e.store.ApplyOutcomes(ctx, db, []store.Outcome{out})
-			if err = e.committed(err); err == nil {
-				_, ok = done[out.Claim]
-			}
-		}
-		if err != nil {
+			out, inTx = alt, false
+		} else if err != nil {
 			return fmt.Errorf("gendurable: drain: commit instance %d: %w", c.ID, err)
 		}
 		applied = ok
-	} else {
+	}
+	if !inTx {
 		ok, _, err := e.store.ApplyOutcomes(ctx, db, []store.Outcome{out})
 		if err = e.committed(err); err != nil {
 			return fmt.Errorf("gendurable: drain: commit instance %d: %w", c.ID, err)

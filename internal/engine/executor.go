@@ -46,17 +46,6 @@ func (e *Engine) runStep(queue string, c *store.Claimed, gl *gateLease, release 
 		e.committing(f)
 		tx := call.tx
 		applied, woken, err := e.commitInTx(call, &out)
-		if alt, ok := e.stepTxFault(call, &out, err); ok && e.handOff(f) {
-			// The step held its transaction idle until the server ended it: that is the
-			// step's failure, counted as a try and handled like an error it returned, not a
-			// lost session to hand back (it would run again at once, and again, for ever).
-			e.log.Warn("gendurable: a step's transaction sat idle past the server's timeout; the step failed",
-				"client", e.cfg.Name, "queue", f.queue, "id", f.id, "error", err)
-			e.Emit(durabletype.Event{Name: durabletype.EventStepError, Queue: f.queue, Machine: f.machine, Step: f.step,
-				InstanceID: f.id, Attempt: f.attempt, Err: alt.Cause})
-			e.committer.submit(&commitReq{flight: f, out: alt, release: release})
-			return
-		}
 		if err != nil && tx.Conn().IsClosed() && e.handOff(f) {
 			// The transaction's session was lost (terminated, reset, timed out, the primary
 			// changed): if the commit was sent its fate is unknown, else nothing committed. The
@@ -66,11 +55,23 @@ func (e *Engine) runStep(queue string, c *store.Claimed, gl *gateLease, release 
 			// again (its writes rolled back). An error that leaves the session open (the step
 			// misused its transaction, a value that cannot be encoded) is no such loss: it waits
 			// for the lease like any failed commit, so that it cannot loop without a count.
-			e.log.Warn("gendurable: a step's transaction lost its session; handing its claim back",
-				"client", e.cfg.Name, "queue", f.queue, "id", f.id, "error", err)
-			e.Emit(durabletype.Event{Name: durabletype.EventCommitFailed, Queue: f.queue, Machine: f.machine, Step: f.step,
-				InstanceID: f.id, Attempt: f.attempt, Count: 1, Err: err})
-			e.committer.submit(&commitReq{flight: f, out: store.HandBack(out.Claim, out.Credit, 0), release: release})
+			// A session the server ended because the step held its transaction idle is the
+			// step's failure instead: counted as a try and handled like an error it returned
+			// (handed back, it would run again at once, and again, for ever).
+			next := store.HandBack(out.Claim, out.Credit, 0)
+			if alt, fault := e.stepTxFault(call, &out, err); fault {
+				next = alt
+				e.log.Warn("gendurable: a step's transaction sat idle past the server's timeout; the step failed",
+					"client", e.cfg.Name, "queue", f.queue, "id", f.id, "error", err)
+				e.Emit(durabletype.Event{Name: durabletype.EventStepError, Queue: f.queue, Machine: f.machine, Step: f.step,
+					InstanceID: f.id, Attempt: f.attempt, Err: alt.Cause})
+			} else {
+				e.log.Warn("gendurable: a step's transaction lost its session; handing its claim back",
+					"client", e.cfg.Name, "queue", f.queue, "id", f.id, "error", err)
+				e.Emit(durabletype.Event{Name: durabletype.EventCommitFailed, Queue: f.queue, Machine: f.machine, Step: f.step,
+					InstanceID: f.id, Attempt: f.attempt, Count: 1, Err: err})
+			}
+			e.committer.submit(&commitReq{flight: f, out: next, release: release})
 			return
 		}
 		release()

@@ -85,13 +85,11 @@ func (e *Engine) beat() bool {
 	// Extending leases is idempotent: a beat whose connection was lost (a restarted database's
 	// stale pool connections) is sent again at once on another.
 	var lost []int64
-	err := store.RetryConnLost(ctx, func() (err error) {
-		db := e.beatDB()
-		lost, err = e.store.Heartbeat(ctx, db, ids, owners, e.cfg.Lease)
-		if e.beatDone(db, err) {
-			lost, err = e.store.Heartbeat(ctx, e.pool, ids, owners, e.cfg.Lease)
-		}
-		return err
+	err := store.RetryConnLost(ctx, func() error {
+		return e.onBeatConn(func(db store.DB) (err error) {
+			lost, err = e.store.Heartbeat(ctx, db, ids, owners, e.cfg.Lease)
+			return err
+		})
 	})
 	cancel()
 	if err != nil && e.bgCtx.Err() != nil {
@@ -162,11 +160,11 @@ func (e *Engine) renewLeases() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(e.baseCtx, e.cfg.Heartbeat)
-	db := e.beatDB()
-	renewed, err := e.store.RenewLeases(ctx, db, leases, e.cfg.Lease)
-	if e.beatDone(db, err) {
-		renewed, err = e.store.RenewLeases(ctx, e.pool, leases, e.cfg.Lease)
-	}
+	var renewed []store.Lease
+	err := e.onBeatConn(func(db store.DB) (err error) {
+		renewed, err = e.store.RenewLeases(ctx, db, leases, e.cfg.Lease)
+		return err
+	})
 	cancel()
 	if err != nil {
 		// The picks check the lease themselves: one that expired admits nothing.
@@ -187,6 +185,17 @@ func (e *Engine) renewLeases() {
 				"client", e.cfg.Name, "key", gl.Key, "shard", gl.Shard)
 		}
 	}
+}
+
+// onBeatConn runs a heartbeat statement on the heartbeat's connection (beatDB), and again on
+// the pool if that connection was refused it for good (beatDone).
+func (e *Engine) onBeatConn(run func(db store.DB) error) error {
+	db := e.beatDB()
+	err := run(db)
+	if e.beatDone(db, err) {
+		err = run(e.pool)
+	}
+	return err
 }
 
 // beatDB is where the heartbeat extends leases: a connection of its own, outside the pool, so
@@ -276,11 +285,16 @@ func (e *Engine) beatDone(db store.DB, err error) (again bool) {
 
 func (e *Engine) closeBeatConn() {
 	if e.beatConn != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_ = e.beatConn.Close(ctx)
-		cancel()
+		closeConn(e.beatConn)
 		e.beatConn = nil
 	}
+}
+
+// closeConn closes conn, waiting at most a second for the server to hear of it.
+func closeConn(conn *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	_ = conn.Close(ctx)
+	cancel()
 }
 
 // dropBeatConn closes the heartbeat's connection, and one being dialled (Stop has cancelled the
@@ -289,9 +303,7 @@ func (e *Engine) dropBeatConn() {
 	e.closeBeatConn()
 	if e.beatDialing != nil {
 		if conn := <-e.beatDialing; conn != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			_ = conn.Close(ctx)
-			cancel()
+			closeConn(conn)
 		}
 		e.beatDialing = nil
 	}

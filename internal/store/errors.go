@@ -65,8 +65,8 @@ const (
 )
 
 // ConnLost reports whether err is the loss of the connection a statement ran on (closed,
-// reset, terminated by a restarting server, or ended by idle_session_timeout), not a failure of the statement itself or of
-// time. After a database restart, a pool hands out the connections it held before one by one,
+// reset, terminated by a restarting server, or ended by idle_session_timeout), not a failure of
+// the statement itself or of time. After a database restart, a pool hands out the connections it held before one by one,
 // each failing this way once; a maintenance loop retries at once on another connection
 // (RetryConnLost) instead of waiting for its next tick.
 func ConnLost(err error) bool {

@@ -155,8 +155,8 @@ RETURNING i.id, u.owner, i.signalled IS TRUE AS signalled, u.kind, i.parent_id, 
 
 -- Progress (next, await, spawn) consumes exactly the awaited signals the step saw (its
 -- Ctx.Awaited): (@seen_inst, @seen_sig) pairs of (instance id, signal id) from the pick's inbox
--- load (and, for a large inbox, the executor's read of the rest, store.LoadRest). Signals it saw but did not await stay in the inbox (an instance can await them later);
--- latecomers stay too. Retry and released consume nothing.
+-- load (and, for a large inbox, the executor's read of the rest, store.LoadRest). Signals it saw
+-- but did not await stay in the inbox (an instance can await them later); latecomers stay too. Retry and released consume nothing.
 -- Locks: the deleted signal rows.
 
 -- fragment: outcome_consume
