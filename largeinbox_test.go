@@ -3,11 +3,13 @@ package gendurable_test
 import (
 	"context"
 	"crypto/sha256"
+	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -183,4 +185,72 @@ func TestClaimedRowGetsItsWholeInboxAndJoin(t *testing.T) {
 	require.Equal(t, []string{"note", "note", "note", "note", "note", "again"}, seen["c"],
 		"the awaited signal read past the first page was consumed")
 	require.Equal(t, []string{"1", "2", "3", "4", "5"}, seen["join"], "every child, in spawn order")
+}
+
+// Senders racing the steps of instances whose every claim reads its inbox in two parts (two
+// signals with the row, the rest after: payloads of up to 64 MiB allowed, eight unawaited
+// signals waiting in each inbox first): each awaited signal is counted exactly once, by the
+// rows. A signal the second read misses stays and wakes the instance again; one it reads is
+// consumed by id with the step's progress.
+func TestPagedInboxesCountEverySignalOnceUnderRacingSenders(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	const instances, ticks, noise, senders = 40, 8, 8, 8
+	tally := gendurable.FSM[int]{Name: "tally", Start: "wait", Steps: map[string]gendurable.StepFunc[int]{
+		"wait": func(_ *gendurable.Ctx, n int) (gendurable.Outcome, error) {
+			return gendurable.Await([]string{"tick"}, "count", n), nil
+		},
+		"count": func(ctx *gendurable.Ctx, n int) (gendurable.Outcome, error) {
+			n += len(ctx.Awaited)
+			if n >= ticks {
+				return gendurable.Done(n), nil
+			}
+			return gendurable.Await([]string{"tick"}, "count", n), nil
+		},
+	}}
+	cl, err := gendurable.NewClient(e.pool, &gendurable.Config{Schema: e.schema, MaxPayloadBytes: 64 << 20,
+		Machines: []gendurable.Machine{tally},
+		Queues:   map[string]gendurable.QueueConfig{gendurable.DefaultQueue: {Concurrency: 8}}})
+	require.NoError(t, err)
+	start(t, cl)
+	ids := make([]int64, instances)
+	for i := range ids {
+		r, err := cl.Insert(ctx, tally.With(0), nil)
+		require.NoError(t, err)
+		ids[i] = r.ID
+		for k := range noise {
+			_, err := cl.Signal(ctx, gendurable.ByID(r.ID), "noise", k)
+			require.NoError(t, err)
+		}
+	}
+	// Every tick, in a random order, from senders at once.
+	var sends []int64
+	for _, id := range ids {
+		for range ticks {
+			sends = append(sends, id)
+		}
+	}
+	rand.Shuffle(len(sends), func(i, j int) { sends[i], sends[j] = sends[j], sends[i] })
+	var wg sync.WaitGroup
+	for w := range senders {
+		wg.Go(func() {
+			for i := w; i < len(sends); i += senders {
+				_, err := cl.Signal(ctx, gendurable.ByID(sends[i]), "tick", i)
+				assert.NoError(t, err)
+			}
+		})
+	}
+	wg.Wait()
+	for _, id := range ids {
+		res, err := cl.Await(ctx, id, time.Minute, &gendurable.AwaitOpts{UntilTerminal: true})
+		require.NoError(t, err)
+		require.Equal(t, gendurable.AwaitDone, res.Status, "instance %d", id)
+	}
+	var exact, left int
+	require.NoError(t, e.pool.QueryRow(ctx, expand(`SELECT count(*) FROM {schema}.instances
+		WHERE machine = 'tally' AND status = 'done' AND result = to_jsonb($1::int)`, e.schema), ticks).Scan(&exact))
+	require.Equal(t, instances, exact, "every instance counted each of its ticks exactly once")
+	require.NoError(t, e.pool.QueryRow(ctx, expand(`SELECT count(*) FROM {schema}.signals`, e.schema)).Scan(&left))
+	require.Zero(t, left, "the finished instances' inboxes are cleared")
 }
