@@ -132,12 +132,13 @@ type ReaperConfig struct {
 	Disabled bool
 	// Interval is the time between sweeps. Default 5s.
 	Interval time.Duration
-	// MaxRecoveries is how many claims of one step an instance may lose to crashed or stalled
-	// workers (a lease that ran out, released by a reaper or by the worker's own restart) before
-	// the next such loss fails it. A lost claim costs no attempt: MaxAttempts bounds only the
-	// tries whose step returned. Progress to another step starts the count again. Default 100;
-	// 1 to 2^31 − 1. Every node that releases claims (its reaper, its startup reclaim) applies
-	// its own value: give them the same.
+	// MaxRecoveries is how many claims of one step an instance may lose before the next such
+	// loss fails it: to crashed or stalled workers (a lease that ran out, released by a reaper or
+	// by the worker's own restart), to the lost session of the step's transaction (Ctx.Tx), or
+	// to an inbox or join the worker could not read. A lost claim costs no attempt: MaxAttempts
+	// bounds only the tries whose step returned. Progress to another step starts the count again.
+	// Default 100; 1 to 2^31 − 1. Every node that releases claims (its reaper, its startup
+	// reclaim, its steps) applies its own value: give them the same.
 	MaxRecoveries int
 }
 

@@ -408,8 +408,13 @@ func TestTransactionalStepWhoseSessionDiesIsHandedBack(t *testing.T) {
 	})
 	require.EqualValues(t, 2, tries.Load())
 	// The first try's write was lost with its session; the second's committed, on the same
-	// attempt (a hand-back is not a failure), and no lease ran out.
+	// attempt (a hand-back is not a failure: it counts a recovery), and no lease ran out.
 	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM {schema}.ledger WHERE instance = $1`, res.ID))
 	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM {schema}.ledger WHERE instance = $1 AND try = 2 AND attempt = 1`, res.ID))
-	require.Zero(t, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE id = $1 AND errors IS NOT NULL`, res.ID))
+	in, err := cl.Get(ctx, res.ID)
+	require.NoError(t, err)
+	require.Equal(t, 1, in.Recoveries)
+	require.Len(t, in.Errors, 1, "the lost session, and no lease error")
+	require.Equal(t, "session", in.Errors[0].Kind)
+	require.Equal(t, 1, in.Errors[0].Attempt)
 }

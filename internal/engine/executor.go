@@ -55,17 +55,27 @@ func (e *Engine) runStep(queue string, c *store.Claimed, gl *gateLease, release 
 			// again (its writes rolled back). An error that leaves the session open (the step
 			// misused its transaction, a value that cannot be encoded) is no such loss: it waits
 			// for the lease like any failed commit, so that it cannot loop without a count.
+			// The hand-back counts a recovery of the step, as a reaped claim does: a step whose
+			// session is always ended (a watchdog that ends long transactions, a statement that
+			// crashes its backend) fails past MaxRecoveries instead of running for ever.
 			// A session the server ended because the step held its transaction idle is the
-			// step's failure instead: counted as a try and handled like an error it returned
-			// (handed back, it would run again at once, and again, for ever).
-			next := store.HandBack(out.Claim, out.Credit, 0)
-			if alt, fault := e.stepTxFault(call, &out, err); fault {
+			// step's failure instead: counted as a try and handled like an error it returned.
+			next := store.Recovery(call.Row, out.Credit, 0, errKindSession, e.cfg.MaxRecoveries,
+				fmt.Errorf("the session of the step's transaction (Ctx.Tx) was lost before its commit was acknowledged: %w", err))
+			alt, fault := e.stepTxFault(call, &out, err)
+			switch {
+			case fault:
 				next = alt
 				e.log.Warn("gendurable: a step's transaction sat idle past the server's timeout; the step failed",
 					"client", e.cfg.Name, "queue", f.queue, "id", f.id, "error", err)
 				e.Emit(durabletype.Event{Name: durabletype.EventStepError, Queue: f.queue, Machine: f.machine, Step: f.step,
 					InstanceID: f.id, Attempt: f.attempt, Err: alt.Cause})
-			} else {
+			case next.Kind == store.KindFailed:
+				e.log.Error("gendurable: a step's transaction lost its session once more than MaxRecoveries allows; the instance failed",
+					"client", e.cfg.Name, "queue", f.queue, "id", f.id, "error", next.Cause)
+				e.Emit(durabletype.Event{Name: durabletype.EventStepError, Queue: f.queue, Machine: f.machine, Step: f.step,
+					InstanceID: f.id, Attempt: f.attempt, Err: next.Cause})
+			default:
 				e.log.Warn("gendurable: a step's transaction lost its session; handing its claim back",
 					"client", e.cfg.Name, "queue", f.queue, "id", f.id, "error", err)
 				e.Emit(durabletype.Event{Name: durabletype.EventCommitFailed, Queue: f.queue, Machine: f.machine, Step: f.step,
@@ -96,13 +106,18 @@ func (e *Engine) execute(ctx context.Context, db store.DB, queue string, c *stor
 	if ok && c.HasMore() {
 		// A large inbox or join: the pick loaded its first part, the rest is read here, off the
 		// pick loop, for a row this node will run. A read that fails hands the claim back, the
-		// reason in its error history (no attempt spent), to be tried again a few seconds later.
+		// reason in its error history (no attempt spent, a recovery counted), to be tried again
+		// a few seconds later; past MaxRecoveries the instance fails.
 		if err := e.store.LoadRest(ctx, db, c); err != nil {
 			err = fmt.Errorf("read the rest of the inbox or children of the claimed row: %w", err)
-			e.log.Warn("gendurable: could not read a claimed row's inbox or children; handed it back",
-				"client", e.cfg.Name, "queue", queue, "id", c.ID, "error", err)
-			out = store.HandBack(store.Claim{ID: c.ID, Owner: c.Owner}, c.Slot(), unknownDelay)
-			out.ErrKind, out.ErrMsg = errKindLoad, err.Error()
+			out = store.Recovery(c, c.Slot(), unknownDelay, errKindLoad, e.cfg.MaxRecoveries, err)
+			if out.Kind == store.KindFailed {
+				e.log.Error("gendurable: could not read a claimed row's inbox or children, once more than MaxRecoveries allows; the instance failed",
+					"client", e.cfg.Name, "queue", queue, "id", c.ID, "error", out.Cause)
+			} else {
+				e.log.Warn("gendurable: could not read a claimed row's inbox or children; handed it back",
+					"client", e.cfg.Name, "queue", queue, "id", c.ID, "error", err)
+			}
 			return out, nil
 		}
 		if c.CodecErr != nil { // a sealed value among the rest that this node cannot open
@@ -135,9 +150,12 @@ func (e *Engine) execute(ctx context.Context, db store.DB, queue string, c *stor
 	return out, call
 }
 
-// errKindLoad is the error kind of a claim handed back because the rest of its inbox or children
-// could not be read.
-const errKindLoad = "load"
+// Error kinds of recoveries: a claim handed back because the rest of its inbox or children could
+// not be read (load), or because the session of the step's transaction was lost (session).
+const (
+	errKindLoad    = "load"
+	errKindSession = "session"
+)
 
 // safeRun is the last safety net around a machine's Run, which recovers step panics itself: if
 // Run panics anyway (a bug in a handler's encoding), the instance fails with the panic recorded

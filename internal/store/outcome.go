@@ -26,8 +26,10 @@ const (
 	KindDone OutcomeKind = "done"
 	// KindFailed finishes the instance as failed, ErrMsg recorded.
 	KindFailed OutcomeKind = "failed"
-	// KindReleased hands the claim back untouched: attempt restored, no error recorded, due
-	// after Delay (a node that cannot run the row, a shutdown's deadline).
+	// KindReleased hands the claim back untouched: attempt restored, due after Delay (a node
+	// that cannot run the row, a shutdown's deadline). With ErrKind set it is a recovery (the
+	// step's transaction lost its session, its inbox could not be read): the error is recorded
+	// and the row's recoveries count one more (Recovery).
 	KindReleased OutcomeKind = "released"
 	// KindAwait parks the instance on AwaitNames; Step runs on the wake.
 	KindAwait OutcomeKind = "await"
@@ -182,6 +184,23 @@ func (o *Outcome) FailInstead(errKind, errMsg string, cause error) Outcome {
 // slot credited.
 func HandBack(claim Claim, credit *GateSlot, delay time.Duration) Outcome {
 	return Outcome{Kind: KindReleased, Delay: delay, Claim: claim, Credit: credit}
+}
+
+// Recovery is the outcome of c's claim lost for a reason that is not the step's (kind and err say
+// which): handed back like HandBack, due after delay, with the error recorded and a recovery
+// counted; or, once the step has had max recoveries (the reaper's limit), failed, so that a step
+// that loses its claim every time cannot loop for ever. credit is the gate slot to credit back.
+func Recovery(c *Claimed, credit *GateSlot, delay time.Duration, kind string, max int, err error) Outcome {
+	if c.Recoveries < max {
+		out := HandBack(Claim{ID: c.ID, Owner: c.Owner}, credit, delay)
+		out.ErrKind, out.ErrMsg = kind, err.Error()
+		return out
+	}
+	err = fmt.Errorf("%w; recovery %d of this step, past the limit of %d", err, c.Recoveries+1, max)
+	out := Outcome{Kind: KindFailed, ErrKind: kind, ErrMsg: err.Error(), Cause: err}
+	out.Fence(c, nil) // a failed row settles its parent's join and clears its inbox
+	out.Credit = credit
+	return out
 }
 
 // Woken is an instance an outcome batch made runnable (a park whose awaited signal had already

@@ -15,12 +15,15 @@ import (
 
 // Claimed is a row the pick claimed.
 type Claimed struct {
-	ID             int64
-	Machine        string
-	Step           string
-	State          []byte
-	Attempt        int
-	MaxAttempts    int
+	ID          int64
+	Machine     string
+	Step        string
+	State       []byte
+	Attempt     int
+	MaxAttempts int
+	// Recoveries is how many claims of its current step the row has lost (ReleaseExpired, a
+	// hand-back with a reason): the executor fails it past the client's MaxRecoveries.
+	Recoveries     int
 	Priority       int
 	CorrelationKey string
 	InsertedAt     time.Time
@@ -466,7 +469,7 @@ func (s *Store) claimedRows(rows pgx.Rows, queue string, limit, claimRows int, r
 	out := make([]Claimed, 0, limit)
 	// Scanned through pointers, these escape: declared once per pick, not once per row, and each
 	// row is scanned in place in out.
-	var attempt, maxAttempts int32
+	var attempt, maxAttempts, recoveries int32
 	var priority int16
 	var inbox, children []byte
 	var considered, refused, denied int64
@@ -477,7 +480,7 @@ func (s *Store) claimedRows(rows pgx.Rows, queue string, limit, claimRows int, r
 		inbox, children = nil, nil
 		if err := rows.Scan(&c.ID, &c.Machine, &c.Step, &c.State, &attempt, &maxAttempts, &priority,
 			&c.CorrelationKey, &c.InsertedAt, &c.AwaitNames, &c.Signalled, &inbox, &c.Child, &children,
-			&c.ConcurrencyKey, &c.ConcurrencyShard, &c.RateLimit, &version, &c.FairKey,
+			&c.ConcurrencyKey, &c.ConcurrencyShard, &c.RateLimit, &version, &c.FairKey, &recoveries,
 			&considered, &refused, &denied); err != nil {
 			return nil, err
 		}
@@ -489,6 +492,7 @@ func (s *Store) claimedRows(rows pgx.Rows, queue string, limit, claimRows int, r
 			c.childrenMore = len(c.Children) >= claimRows
 		}
 		c.Attempt, c.MaxAttempts, c.Priority, c.MachineVersion = int(attempt), int(maxAttempts), int(priority), int(version)
+		c.Recoveries = int(recoveries)
 		if len(inbox) > 0 {
 			if err := json.Unmarshal(inbox, &c.Inbox); err != nil {
 				return nil, fmt.Errorf("decode inbox of %d: %w", c.ID, err)

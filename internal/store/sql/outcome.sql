@@ -33,7 +33,8 @@
 -- statement joins its own sets, outcome_settings_joined), sent first in the same round trip.
 --
 -- Kinds (store.OutcomeKind): next, retry, done, failed, released (claim handed back untouched:
--- attempt restored, no error recorded, due after the delay), await (park on signal names, step =
+-- attempt restored, due after the delay; with an error kind, a recovery: the error recorded and
+-- one more recovery counted), await (park on signal names, step =
 -- the step to run on wake), spawn (park on children, step = the join step; with no children it
 -- is runnable at once), upgrade (the row brought forward to a newer version of its machine by
 -- the node that claimed it, before its step ran: step and state as the upgrade made them, the
@@ -98,7 +99,10 @@ status           = (CASE u.kind WHEN 'done' THEN 'done' WHEN 'failed' THEN 'fail
     attempt          = CASE WHEN u.kind IN ('next', 'await', 'spawn') THEN 0
                             WHEN u.kind IN ('released', 'upgrade') THEN greatest(i.attempt - 1, 0)
                             ELSE i.attempt END,
-    recoveries       = CASE WHEN u.kind IN ('next', 'await', 'spawn') THEN 0 ELSE i.recoveries END,
+    -- A hand-back with a reason (err_kind) is a recovery: the claim was lost, not spent.
+    recoveries       = CASE WHEN u.kind IN ('next', 'await', 'spawn') THEN 0
+                            WHEN u.kind = 'released' AND u.err_kind IS NOT NULL THEN i.recoveries + 1
+                            ELSE i.recoveries END,
     scheduled_at     = CASE WHEN u.kind IN ('next', 'retry', 'released', 'upgrade') THEN now() + coalesce(u.delay_ms, 0) * interval '1 millisecond'
                             WHEN u.kind = 'spawn' THEN now()
                             ELSE i.scheduled_at END,

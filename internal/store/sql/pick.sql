@@ -127,7 +127,7 @@ RETURNING i.id, i.machine, i.step, i.state, i.attempt, i.max_attempts, i.priorit
              FROM (SELECT w.id, w.machine, w.status, w.result, w.errors FROM {schema}.instances AS w
                    WHERE w.parent_id = i.id AND w.parent_wave = i.spawn_wave ORDER BY w.id LIMIT @claim_rows) AS w)
           END,
-          i.concurrency_key, i.concurrency_shard, i.rate_limit, i.machine_version, i.fair_key,
+          i.concurrency_key, i.concurrency_shard, i.rate_limit, i.machine_version, i.fair_key, i.recoveries,
           (SELECT count(*) FROM candidates), (SELECT n FROM refused), (SELECT denied FROM refused)
 
 -- The candidate scan. Its filters (the predicates below) go into each of its scans, each as
