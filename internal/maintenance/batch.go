@@ -3,21 +3,36 @@ package maintenance
 import (
 	"context"
 	"log/slog"
+	"time"
 
 	"github.com/gendurable/gendurable/internal/store"
 )
 
 // shrinking is the batch of a maintenance statement that the server may cancel (query_canceled:
 // a statement_timeout on the role, which a full batch can outlast): each cancellation halves it,
-// and the smaller size stays, since a timeout the engine cannot change would otherwise fail
-// every sweep while the work piles up. The zero value starts at the configured size.
-type shrinking struct{ n int }
+// since a timeout the engine cannot change would otherwise fail every sweep while the work piles
+// up. It grows back, doubling, once a full batch runs in under a quarter of the time the last
+// cancelled statement ran (the cancellation came from a slow spell, not from a timeout the
+// smaller batch is close to), or once no statement was cancelled for regrowAfter (one doubling
+// each time: a lasting timeout then costs one cancelled statement per period). The zero value
+// starts at the configured size.
+type shrinking struct {
+	n int
+	// began is when the statement of the last size call began; limit how long the last
+	// cancelled one ran, cut when it was cancelled or the batch last grew for want of news.
+	began, cut time.Time
+	limit      time.Duration
+}
 
-// size is the batch to use, of at most def rows.
+// regrowAfter is how long a shrunk batch stays without a cancellation before it doubles anyway.
+const regrowAfter = 10 * time.Minute
+
+// size is the batch to use, of at most def rows, for a statement that begins now.
 func (b *shrinking) size(def int) int {
 	if b.n == 0 || b.n > def {
 		b.n = def
 	}
+	b.began = time.Now()
 	return b.n
 }
 
@@ -29,7 +44,27 @@ func (b *shrinking) shrunk(ctx context.Context, err error, log *slog.Logger, wha
 		return false
 	}
 	b.n /= 2
+	b.cut = time.Now()
+	b.limit = b.cut.Sub(b.began)
 	log.Warn("gendurable: the server cancelled a maintenance statement (a statement_timeout?); "+
-		"smaller batches from now on", append([]any{"statement", what, "batch", b.n, "error", err}, attrs...)...)
+		"smaller batches for now", append([]any{"statement", what, "batch", b.n, "error", err}, attrs...)...)
 	return true
+}
+
+// ran notes that the statement of the last size call (of at most def rows) succeeded on rows
+// rows, and doubles a shrunk batch that was full, when the time it took allows (see shrinking).
+func (b *shrinking) ran(rows, def int, log *slog.Logger, what string) {
+	if b.n >= def || rows < b.n {
+		return
+	}
+	now := time.Now()
+	switch {
+	case now.Sub(b.began) < b.limit/4:
+	case now.Sub(b.cut) >= regrowAfter:
+		b.cut = now
+	default:
+		return
+	}
+	b.n = min(2*b.n, def)
+	log.Debug("gendurable: a maintenance statement's batch grows again", "statement", what, "batch", b.n)
 }

@@ -181,8 +181,9 @@ func (g *GC) instances(ctx context.Context, began time.Time, res *GCResult) erro
 //
 // A batch the server cancels (query_canceled: a statement_timeout on the role, which a
 // thousand rows and their inboxes can outlast) is tried again at once at half the size, and the
-// GC keeps the smaller size: under a timeout it cannot change, it would otherwise fail every
-// sweep and leave the table to grow. It gives up (the sweep's error) only below one row.
+// GC keeps the smaller size until full batches run fast again (shrinking): under a timeout it
+// cannot change, it would otherwise fail every sweep and leave the table to grow. It gives up
+// (the sweep's error) only below one row.
 func (g *GC) machine(ctx context.Context, machine string, retention time.Duration, began time.Time, res *GCResult) (done bool, err error) {
 	budget := g.budget()
 	var cur store.GCCursor
@@ -199,6 +200,7 @@ func (g *GC) machine(ctx context.Context, machine string, retention time.Duratio
 		if err != nil {
 			return false, fmt.Errorf("GC of finished instances of %q: %w", machine, err)
 		}
+		g.batch.ran(n, g.Batch, g.Logger, "GC of finished instances")
 		if g.afterBatch != nil {
 			g.afterBatch(machine, n, time.Since(t0))
 		}

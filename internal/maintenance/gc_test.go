@@ -398,6 +398,54 @@ func TestGCBatchShrinksUnderAStatementTimeout(t *testing.T) {
 	require.Equal(t, 300, res.Instances)
 	require.LessOrEqual(t, int(cancels.Load()), 1, "the sweep started from the batch the last one found")
 	require.LessOrEqual(t, g.batch.n, found)
+
+	// The slow spell passes (the trigger goes): full batches now run in a fraction of the time
+	// the cancelled ones ran, and the batch doubles back to its configured size, batch by batch,
+	// rather than delete 125 rows a statement for ever.
+	// (A batch that ran slow on a busy machine does not grow: sweeps go on until one has.)
+	e.exec(t, `DROP TRIGGER slow_row ON {schema}.instances`)
+	var sizes []int
+	g.afterBatch = func(string, int, time.Duration) { sizes = append(sizes, g.batch.n) } // the next batch
+	cancels.Store(0)
+	for sweep := 0; g.batch.n < 1000 && sweep < 10; sweep++ {
+		e.exec(t, oldFinished, 3000)
+		res, err = g.Sweep(context.Background())
+		require.NoError(t, err)
+		require.Equal(t, 3000, res.Instances)
+	}
+	require.Zero(t, cancels.Load())
+	require.Equal(t, 1000, g.batch.n, "back to the configured batch; batches %v", sizes)
+	for i := 1; i < len(sizes); i++ {
+		require.Contains(t, []int{sizes[i-1], 2 * sizes[i-1], 1000}, sizes[i], "one doubling a batch at most: %v", sizes)
+	}
+}
+
+// A shrunk batch doubles after a full batch that ran in under a quarter of the cancelled
+// statement's time, or, failing that, once per regrowAfter without a cancellation; never past
+// the configured size, and not after a batch that was not full (nothing is known of its time).
+func TestShrunkBatchGrowsBack(t *testing.T) {
+	t.Parallel()
+	log := slog.New(slog.DiscardHandler)
+	now := time.Now()
+	b := &shrinking{n: 100, limit: 400 * time.Millisecond, cut: now}
+	b.began = now.Add(-50 * time.Millisecond)
+	b.ran(100, 1000, log, "t")
+	require.Equal(t, 200, b.n, "a full batch in an eighth of the limit")
+	b.began = time.Now().Add(-150 * time.Millisecond)
+	b.ran(200, 1000, log, "t")
+	require.Equal(t, 200, b.n, "a full batch near half the limit stays")
+	b.began = time.Now().Add(-time.Millisecond)
+	b.ran(199, 1000, log, "t")
+	require.Equal(t, 200, b.n, "a batch that was not full says nothing")
+	b.cut = time.Now().Add(-regrowAfter)
+	b.began = time.Now().Add(-150 * time.Millisecond)
+	b.ran(200, 1000, log, "t")
+	require.Equal(t, 400, b.n, "no cancellation for a period: one doubling")
+	b.ran(400, 1000, log, "t")
+	require.Equal(t, 400, b.n, "and the period starts again")
+	b.n, b.began = 800, time.Now()
+	b.ran(800, 1000, log, "t")
+	require.Equal(t, 1000, b.n, "never past the configured size")
 }
 
 // slowRows makes every row that a statement of kind event (UPDATE or DELETE) touches in the
