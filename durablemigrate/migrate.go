@@ -395,6 +395,10 @@ func Migrate(ctx context.Context, db DB, schema string) error {
 // applies the next step towards target and records the new version, so that concurrent callers
 // serialize and each sees the others' work. A schema newer than this library knows is left alone
 // when target is Version (a fleet migrated ahead of its deploy) and refused otherwise.
+//
+// On a pool or a connection the run turns the session's statement_timeout off (a role's timeout
+// would cancel an index build on a large table) and sets it back after: ctx bounds the run. In a
+// caller's transaction the caller's settings apply.
 func MigrateTo(ctx context.Context, db DB, schema string, target int) error {
 	schema, err := ident.Schema(schema)
 	if err != nil {
@@ -414,6 +418,11 @@ func MigrateTo(ctx context.Context, db DB, schema string, target int) error {
 	}
 	if sess != nil {
 		defer release()
+		restore, err := liftStatementTimeout(ctx, sess)
+		if err != nil {
+			return fmt.Errorf("gendurable: migrate %s: %w", schema, err)
+		}
+		defer restore()
 		if err := lockSession(ctx, sess, schema); err != nil {
 			return fmt.Errorf("gendurable: migrate %s: lock: %w", schema, err)
 		}
@@ -459,6 +468,27 @@ func session(ctx context.Context, db DB) (sessionDB, func(), error) {
 		return d, func() {}, nil
 	}
 	return nil, nil, nil
+}
+
+// liftStatementTimeout turns the session's statement_timeout off for the run and returns what
+// sets it back to the session's default. A role's timeout (often seconds) is shorter than an
+// index build on a large table, or a step's wait for its lock: cancelled, the build leaves an
+// invalid index and the run fails, and every run after it the same. The caller's context bounds
+// the run instead; lock_timeout is left as the role has it. A pool's connection whose reset
+// fails is closed, so that the pool never hands out a session without the timeout.
+func liftStatementTimeout(ctx context.Context, sess sessionDB) (func(), error) {
+	if _, err := sess.Exec(ctx, "SET statement_timeout = 0"); err != nil {
+		return nil, fmt.Errorf("lift statement_timeout for the run: %w", err)
+	}
+	return func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, err := sess.Exec(rctx, "RESET statement_timeout"); err != nil {
+			if c, ok := sess.(*pgxpool.Conn); ok {
+				_ = c.Conn().Close(rctx)
+			}
+		}
+	}, nil
 }
 
 // lockSession takes the schema's migration lock for the session, polling.
