@@ -44,8 +44,8 @@ func (b *shrinking) shrunk(ctx context.Context, err error, log *slog.Logger, wha
 		return false
 	}
 	b.n /= 2
+	b.limit = time.Since(b.began)
 	b.cut = time.Now()
-	b.limit = b.cut.Sub(b.began)
 	log.Warn("gendurable: the server cancelled a maintenance statement (a statement_timeout?); "+
 		"smaller batches for now", append([]any{"statement", what, "batch", b.n, "error", err}, attrs...)...)
 	return true
@@ -57,11 +57,10 @@ func (b *shrinking) ran(rows, def int, log *slog.Logger, what string) {
 	if b.n >= def || rows < b.n {
 		return
 	}
-	now := time.Now()
 	switch {
-	case now.Sub(b.began) < b.limit/4:
-	case now.Sub(b.cut) >= regrowAfter:
-		b.cut = now
+	case time.Since(b.began) < b.limit/4:
+	case time.Since(b.cut) >= regrowAfter:
+		b.cut = time.Now()
 	default:
 		return
 	}
