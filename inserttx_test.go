@@ -27,9 +27,10 @@ func TestInsertTxStartsAtItsCommitWithoutWaitingForAPoll(t *testing.T) {
 		Queues: map[string]gendurable.QueueConfig{"default": {Concurrency: 2}}})
 	start(t, cl)
 	eng, _ := bridge.Engine(cl)
-	// The idle runner backs off from 10ms, doubling: once its next pick is 5s away, nothing but a
-	// wake makes it pick sooner.
-	eventually(t, time.Minute, "an idle gap of five seconds", func() bool { return eng.QuietFor("default") >= 5*time.Second })
+	// The idle runner backs off from 10ms, doubling: once its next pick is 10s away, nothing but a
+	// wake makes it pick sooner, and the steps below (well under a second, several on a loaded
+	// machine) end long before that pick.
+	eventually(t, time.Minute, "an idle gap of ten seconds", func() bool { return eng.QuietFor("default") >= 10*time.Second })
 
 	rolledBack, err := e.pool.Begin(ctx)
 	require.NoError(t, err)
