@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/durabledbtest"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -253,4 +255,60 @@ func TestPagedInboxesCountEverySignalOnceUnderRacingSenders(t *testing.T) {
 	require.Equal(t, instances, exact, "every instance counted each of its ticks exactly once")
 	require.NoError(t, e.pool.QueryRow(ctx, expand(`SELECT count(*) FROM {schema}.signals`, e.schema)).Scan(&left))
 	require.Zero(t, left, "the finished instances' inboxes are cleared")
+}
+
+// A signal's At is the same instant in the same zone (the process's local one) whether it came
+// with the claimed row (as JSON, carrying the session's TimeZone offset) or was read after it (by
+// the driver), here with sessions in a zone that is not the process's and an inbox read in two
+// parts.
+func TestInboxTimesComeInOneZone(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	zone := "Asia/Kathmandu" // +05:45: no process's local zone here shares it
+	if time.Now().Format("-07:00") == "+05:45" {
+		zone = "America/St_Johns"
+	}
+	pool := durabledbtest.Pool(t, 8, func(cfg *pgxpool.Config) { cfg.ConnConfig.RuntimeParams["timezone"] = zone })
+	schema := durabledbtest.Schema(t, pool)
+	var mu sync.Mutex
+	var got []gendurable.Signal
+	m := gendurable.FSM[int]{Name: "zoned", Start: "a", Steps: map[string]gendurable.StepFunc[int]{
+		"a": func(_ *gendurable.Ctx, s int) (gendurable.Outcome, error) {
+			return gendurable.Await([]string{"go"}, "b", s), nil
+		},
+		"b": func(ctx *gendurable.Ctx, s int) (gendurable.Outcome, error) {
+			mu.Lock()
+			got = append(got, ctx.Inbox...)
+			mu.Unlock()
+			return gendurable.Done(s), nil
+		},
+	}}
+	// Payloads of up to 64 MiB: two signals come with the row, the rest is read after.
+	cl, err := gendurable.NewClient(pool, &gendurable.Config{Schema: schema, MaxPayloadBytes: 64 << 20,
+		Machines: []gendurable.Machine{m}, Queues: map[string]gendurable.QueueConfig{gendurable.DefaultQueue: {Concurrency: 2}}})
+	require.NoError(t, err)
+	start(t, cl)
+	r, err := cl.Insert(ctx, m.With(0), nil)
+	require.NoError(t, err)
+	res, err := cl.Await(ctx, r.ID, 30*time.Second, nil)
+	require.NoError(t, err)
+	require.Equal(t, gendurable.AwaitAwaiting, res.Status)
+	for _, name := range []string{"x", "x", "x", "go"} {
+		_, err := cl.Signal(ctx, gendurable.ByID(r.ID), name, nil)
+		require.NoError(t, err)
+	}
+	res, err = cl.Await(ctx, r.ID, 30*time.Second, &gendurable.AwaitOpts{UntilTerminal: true})
+	require.NoError(t, err)
+	require.Equal(t, gendurable.AwaitDone, res.Status)
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, got, 4)
+	for i, sg := range got {
+		require.Equal(t, time.Local, sg.At.Location(), "signal %d (%s)", i+1, sg.At)
+		require.WithinDuration(t, time.Now(), sg.At, time.Minute)
+		if i > 0 {
+			require.False(t, sg.At.Before(got[i-1].At), "oldest first")
+		}
+	}
 }

@@ -497,6 +497,11 @@ func (s *Store) claimedRows(rows pgx.Rows, queue string, limit, claimRows int, r
 			if err := json.Unmarshal(inbox, &c.Inbox); err != nil {
 				return nil, fmt.Errorf("decode inbox of %d: %w", c.ID, err)
 			}
+			// JSON carries the session's offset (TimeZone); the rest of an inbox, scanned by
+			// the driver, comes in the local zone: the same, whichever part a signal is in.
+			for i := range c.Inbox {
+				c.Inbox[i].At = c.Inbox[i].At.Local()
+			}
 			c.inboxMore = len(c.Inbox) >= claimRows
 		}
 		c.Queue = queue
