@@ -282,9 +282,11 @@ SELECT id, NULL, NULL, NULL, queue FROM settled WHERE woke
 -- no other way carries their penalty cost, far above jit_above_cost. And the cached generic plan
 -- from the first run, which with these settings is the plan by key at any size: planned on every
 -- run, the settings cost a single outcome's batch 0.3 ms (`bench --scenario await` p50).
--- (The pick's, pick.sql's by_key_settings.)
+-- (The pick's, pick.sql's by_key_settings.) And the engine's own statement timeout (see
+-- pick.sql's pick_settings).
 -- name: outcome_settings
-SELECT {{by_key_settings}};
+SELECT pg_catalog.set_config('statement_timeout', '30s', true),
+       {{by_key_settings}};
 
 -- The same for a batch whose statement joins its own sets (the children or the consumed signals
 -- to the applied outcomes, upd): those have no index, and a nested loop between them costs their
@@ -292,7 +294,8 @@ SELECT {{by_key_settings}};
 -- the statement is planned for its sets' sizes on every run (a generic plan guesses ten rows
 -- each, and loops).
 -- name: outcome_settings_joined
-SELECT pg_catalog.set_config('jit', 'off', true),
+SELECT pg_catalog.set_config('statement_timeout', '30s', true),
+       pg_catalog.set_config('jit', 'off', true),
        pg_catalog.set_config('enable_seqscan', 'off', true);
 
 -- The inboxes of instances that just finished: a terminal outcome clears the whole inbox,

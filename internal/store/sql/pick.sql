@@ -77,8 +77,15 @@
 -- LIMIT, every gate counter and bucket is read by key, and the claim walks an array by primary
 -- key (see claim), with the join methods that could read a table whole turned off as above
 -- (TestEveryPickClaimsByPrimaryKey checks every variant's generic plan).
+--
+-- A pick and an outcome batch of its own also carry the engine's statement timeout, 30s, the
+-- ceiling of the deadline the client gives them (engine.StatementTimeout), in place of the
+-- role's: a role's timeout of a second or less cancelled a large spawn's outcome (thousands of
+-- children) every time, and the instance stayed executing for ever
+-- (TestSpawnOutlastsTheRolesStatementTimeout).
 -- name: pick_settings
 SELECT pg_catalog.set_config('lock_timeout', $1, true),
+       pg_catalog.set_config('statement_timeout', '30s', true),
        {{by_key_settings}};
 
 -- The planner settings of a transaction whose every read goes by key (above; outcome.sql's

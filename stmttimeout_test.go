@@ -1,0 +1,71 @@
+package gendurable_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/durabledbtest"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+)
+
+// A role's statement_timeout (here 300ms) shorter than the outcome statement of a large spawn
+// (30,000 children) cancelled it at every try: the committer retried it for half an hour, the
+// parent stayed executing, its lease extended by the heartbeat, and after that the reaper ran the
+// step again, for ever. The engine's own statements (picks, outcome batches) carry a timeout of
+// their own, the ceiling of the deadline the client gives them: the spawn commits, and the
+// other work of the client goes on beside it.
+func TestSpawnOutlastsTheRolesStatementTimeout(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := durabledbtest.Pool(t, 8, func(cfg *pgxpool.Config) { cfg.ConnConfig.RuntimeParams["statement_timeout"] = "300ms" })
+	schema := durabledbtest.Schema(t, pool)
+	kid := gendurable.Job[int]{Name: "kid", Queue: "kids", Perform: func(*gendurable.Ctx, int) error { return nil }}
+	other := gendurable.Job[int]{Name: "other", Perform: func(*gendurable.Ctx, int) error { return nil }}
+	parent := gendurable.FSM[int]{Name: "parent", Start: "spawn", Steps: map[string]gendurable.StepFunc[int]{
+		"spawn": func(*gendurable.Ctx, int) (gendurable.Outcome, error) {
+			kids := make([]gendurable.Child, 30000)
+			for i := range kids {
+				kids[i] = gendurable.Child{Input: kid.With(i)}
+			}
+			return gendurable.Spawn(kids, "join", 0), nil
+		},
+		"join": func(ctx *gendurable.Ctx, s int) (gendurable.Outcome, error) {
+			return gendurable.Done(len(ctx.Children)), nil
+		},
+	}}
+	cl, err := gendurable.NewClient(pool, &gendurable.Config{Schema: schema, Machines: []gendurable.Machine{kid, other, parent},
+		Queues: map[string]gendurable.QueueConfig{gendurable.DefaultQueue: {Concurrency: 4}}})
+	require.NoError(t, err)
+	start(t, cl)
+	p, err := cl.Insert(ctx, parent.With(0), nil)
+	require.NoError(t, err)
+	var ids []int64
+	for i := range 20 {
+		r, err := cl.Insert(ctx, other.With(i), nil)
+		require.NoError(t, err)
+		ids = append(ids, r.ID)
+	}
+	for _, id := range ids {
+		res, err := cl.Await(ctx, id, 20*time.Second, nil)
+		require.NoError(t, err)
+		require.Equal(t, gendurable.AwaitDone, res.Status, "other job %d", id)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		in, err := cl.Get(ctx, p.ID)
+		require.NoError(t, err)
+		if in.Status != gendurable.StatusExecuting && in.Status != gendurable.StatusAvailable {
+			require.Equal(t, gendurable.StatusJoining, in.Status)
+			require.Empty(t, in.Errors)
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "parent still %s, errors %v", in.Status, in.Errors)
+		time.Sleep(100 * time.Millisecond)
+	}
+	var kids int
+	require.NoError(t, pool.QueryRow(ctx, expand(`SELECT count(*) FROM {schema}.instances WHERE parent_id = $1`, schema), p.ID).Scan(&kids))
+	require.Equal(t, 30000, kids)
+}
