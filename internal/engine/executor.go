@@ -7,6 +7,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"runtime/debug"
 	"slices"
 	"time"
@@ -60,26 +61,25 @@ func (e *Engine) runStep(queue string, c *store.Claimed, gl *gateLease, release 
 			// crashes its backend) fails past MaxRecoveries instead of running for ever.
 			// A session the server ended because the step held its transaction idle is the
 			// step's failure instead: counted as a try and handled like an error it returned.
-			next := store.Recovery(call.Row, out.Credit, 0, errKindSession, e.cfg.MaxRecoveries,
-				fmt.Errorf("the session of the step's transaction (Ctx.Tx) was lost before its commit was acknowledged: %w", err))
-			alt, fault := e.stepTxFault(call, &out, err)
-			switch {
-			case fault:
-				next = alt
-				e.log.Warn("gendurable: a step's transaction sat idle past the server's timeout; the step failed",
-					"client", e.cfg.Name, "queue", f.queue, "id", f.id, "error", err)
-				e.Emit(durabletype.Event{Name: durabletype.EventStepError, Queue: f.queue, Machine: f.machine, Step: f.step,
-					InstanceID: f.id, Attempt: f.attempt, Err: alt.Cause})
-			case next.Kind == store.KindFailed:
-				e.log.Error("gendurable: a step's transaction lost its session once more than MaxRecoveries allows; the instance failed",
-					"client", e.cfg.Name, "queue", f.queue, "id", f.id, "error", next.Cause)
-				e.Emit(durabletype.Event{Name: durabletype.EventStepError, Queue: f.queue, Machine: f.machine, Step: f.step,
-					InstanceID: f.id, Attempt: f.attempt, Err: next.Cause})
-			default:
+			next, fault := e.stepTxFault(call, &out, err)
+			if !fault {
+				next = store.Recovery(call.Row, out.Credit, 0, errKindSession, e.cfg.MaxRecoveries,
+					fmt.Errorf("the session of the step's transaction (Ctx.Tx) was lost before its commit was acknowledged: %w", err))
+			}
+			if next.Kind == store.KindReleased {
 				e.log.Warn("gendurable: a step's transaction lost its session; handing its claim back",
 					"client", e.cfg.Name, "queue", f.queue, "id", f.id, "error", err)
 				e.Emit(durabletype.Event{Name: durabletype.EventCommitFailed, Queue: f.queue, Machine: f.machine, Step: f.step,
 					InstanceID: f.id, Attempt: f.attempt, Count: 1, Err: err})
+			} else {
+				level, msg, logged := slog.LevelError,
+					"gendurable: a step's transaction lost its session once more than MaxRecoveries allows; the instance failed", next.Cause
+				if fault {
+					level, msg, logged = slog.LevelWarn, "gendurable: a step's transaction sat idle past the server's timeout; the step failed", err
+				}
+				e.log.Log(context.Background(), level, msg, "client", e.cfg.Name, "queue", f.queue, "id", f.id, "error", logged)
+				e.Emit(durabletype.Event{Name: durabletype.EventStepError, Queue: f.queue, Machine: f.machine, Step: f.step,
+					InstanceID: f.id, Attempt: f.attempt, Err: next.Cause})
 			}
 			e.committer.submit(&commitReq{flight: f, out: next, release: release})
 			return

@@ -17,7 +17,7 @@ import (
 // each time: a lasting timeout then costs one cancelled statement per period). The zero value
 // starts at the configured size.
 type shrinking struct {
-	n int
+	n, def int
 	// began is when the statement of the last size call began; limit how long the last
 	// cancelled one ran, cut when it was cancelled or the batch last grew for want of news.
 	began, cut time.Time
@@ -32,7 +32,7 @@ func (b *shrinking) size(def int) int {
 	if b.n == 0 || b.n > def {
 		b.n = def
 	}
-	b.began = time.Now()
+	b.def, b.began = def, time.Now()
 	return b.n
 }
 
@@ -51,10 +51,10 @@ func (b *shrinking) shrunk(ctx context.Context, err error, log *slog.Logger, wha
 	return true
 }
 
-// ran notes that the statement of the last size call (of at most def rows) succeeded on rows
-// rows, and doubles a shrunk batch that was full, when the time it took allows (see shrinking).
-func (b *shrinking) ran(rows, def int, log *slog.Logger, what string) {
-	if b.n >= def || rows < b.n {
+// ran notes that the statement of the last size call succeeded on rows rows, and doubles a
+// shrunk batch that was full, when the time it took allows (see shrinking).
+func (b *shrinking) ran(rows int, log *slog.Logger, what string) {
+	if b.n >= b.def || rows < b.n {
 		return
 	}
 	switch {
@@ -64,6 +64,6 @@ func (b *shrinking) ran(rows, def int, log *slog.Logger, what string) {
 	default:
 		return
 	}
-	b.n = min(2*b.n, def)
+	b.n = min(2*b.n, b.def)
 	log.Debug("gendurable: a maintenance statement's batch grows again", "statement", what, "batch", b.n)
 }

@@ -200,7 +200,7 @@ func (g *GC) machine(ctx context.Context, machine string, retention time.Duratio
 		if err != nil {
 			return false, fmt.Errorf("GC of finished instances of %q: %w", machine, err)
 		}
-		g.batch.ran(n, g.Batch, g.Logger, "GC of finished instances")
+		g.batch.ran(n, g.Logger, "GC of finished instances")
 		if g.afterBatch != nil {
 			g.afterBatch(machine, n, time.Since(t0))
 		}

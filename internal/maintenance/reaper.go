@@ -136,7 +136,7 @@ func fireAwaitDeadlines(ctx context.Context, st *store.Store, db store.DB, horiz
 		if err != nil {
 			return total, err
 		}
-		batch.ran(len(rows), reapBatch, log, "firing of await deadlines")
+		batch.ran(len(rows), log, "firing of await deadlines")
 		total += len(rows)
 		if len(rows) > 0 {
 			emit(durabletype.Event{Name: durabletype.EventAwaitTimeout, Count: len(rows)})
@@ -165,7 +165,7 @@ func (r *Reaper) releaseExpired(ctx context.Context) (int, error) {
 		if err != nil {
 			return total, err
 		}
-		r.batch.ran(len(rows), reapBatch, r.Logger, "release of expired claims")
+		r.batch.ran(len(rows), r.Logger, "release of expired claims")
 		for _, w := range woken {
 			r.Wake(w.Queue)
 		}

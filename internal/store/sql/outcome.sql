@@ -282,10 +282,10 @@ SELECT id, NULL, NULL, NULL, queue FROM settled WHERE woke
 -- no other way carries their penalty cost, far above jit_above_cost. And the cached generic plan
 -- from the first run, which with these settings is the plan by key at any size: planned on every
 -- run, the settings cost a single outcome's batch 0.3 ms (`bench --scenario await` p50).
--- (The pick's, pick.sql's by_key_settings.) And the engine's own statement timeout (see
--- pick.sql's pick_settings).
+-- (The pick's, pick.sql's by_key_settings.) And the engine's own statement timeout (pick.sql's
+-- engine_statement_timeout; see pick_settings).
 -- name: outcome_settings
-SELECT pg_catalog.set_config('statement_timeout', '30s', true),
+SELECT {{engine_statement_timeout}},
        {{by_key_settings}};
 
 -- The same for a batch whose statement joins its own sets (the children or the consumed signals
@@ -294,7 +294,7 @@ SELECT pg_catalog.set_config('statement_timeout', '30s', true),
 -- the statement is planned for its sets' sizes on every run (a generic plan guesses ten rows
 -- each, and loops).
 -- name: outcome_settings_joined
-SELECT pg_catalog.set_config('statement_timeout', '30s', true),
+SELECT {{engine_statement_timeout}},
        pg_catalog.set_config('jit', 'off', true),
        pg_catalog.set_config('enable_seqscan', 'off', true);
 

@@ -85,8 +85,11 @@
 -- (TestSpawnOutlastsTheRolesStatementTimeout).
 -- name: pick_settings
 SELECT pg_catalog.set_config('lock_timeout', $1, true),
-       pg_catalog.set_config('statement_timeout', '30s', true),
+       {{engine_statement_timeout}},
        {{by_key_settings}};
+
+-- fragment: engine_statement_timeout
+pg_catalog.set_config('statement_timeout', '30s', true)
 
 -- The planner settings of a transaction whose every read goes by key (above; outcome.sql's
 -- outcome_settings too), as set_config calls local to the transaction.
