@@ -86,10 +86,14 @@ type Telemetry struct {
 	stepDuration, pickDuration                                       metric.Float64Histogram
 }
 
+// spanKey names one claim's span. The step is part of it: a step's Next starts the next step at
+// attempt 1 again, and its pick (on any node, as soon as the outcome commits) can report the next
+// step's start before this node reports the last one's finish.
 type spanKey struct {
 	client  string
 	id      int64
 	attempt int
+	step    string
 }
 
 type openSpan struct {
@@ -190,7 +194,7 @@ func (t *Telemetry) EndOpenSpans() {
 }
 
 func (t *Telemetry) span(ev gendurable.Event) {
-	key := spanKey{ev.Client, ev.InstanceID, ev.Attempt}
+	key := spanKey{ev.Client, ev.InstanceID, ev.Attempt, ev.Step}
 	switch ev.Name {
 	case gendurable.EventStepStarted:
 		t.mu.Lock()

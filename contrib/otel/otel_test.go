@@ -348,3 +348,35 @@ func TestSpansSettleOnStaleOutcomesAndGivenUpCommits(t *testing.T) {
 			durableotel.OutcomeKey.String("next")): 1,
 	}, points(t, reader, "gendurable.outcome.stale"))
 }
+
+// A Next's following step can be reported started (its pick, on any node, comes as soon as the
+// outcome commits) before the step that ran it is reported finished: each finish settles its own
+// step's span.
+func TestSpansOfAStepAndItsNextReportedOutOfOrder(t *testing.T) {
+	t.Parallel()
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+	shutdown(t, tp, mp)
+	tel, err := durableotel.New(&durableotel.Opts{TracerProvider: tp, MeterProvider: mp})
+	require.NoError(t, err)
+	at := time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC)
+	ev := func(name gendurable.EventName, step, outcome string, s int) gendurable.Event {
+		return gendurable.Event{Name: name, At: at.Add(time.Duration(s) * time.Second), Client: "c", Queue: "q",
+			Machine: "signup", Step: step, InstanceID: 7, Attempt: 1, Outcome: outcome}
+	}
+	tel.Hook(ev(gendurable.EventStepStarted, "create", "", 0))
+	tel.Hook(ev(gendurable.EventStepStarted, "welcome", "", 1))
+	tel.Hook(ev(gendurable.EventStepFinished, "create", "next", 2))
+	tel.Hook(ev(gendurable.EventStepFinished, "welcome", "done", 3))
+	require.Zero(t, tel.OpenSpans())
+	outcomes := map[string]string{}
+	for _, s := range spans.Ended() {
+		for _, kv := range s.Attributes() {
+			if kv.Key == durableotel.OutcomeKey {
+				outcomes[s.Name()] = kv.Value.AsString()
+			}
+		}
+	}
+	require.Equal(t, map[string]string{"process signup.create": "next", "process signup.welcome": "done"}, outcomes)
+}
