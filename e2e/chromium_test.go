@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -46,12 +47,15 @@ func chromiumPath(ctx context.Context, log io.Writer) (string, error) {
 		return "", fmt.Errorf("%w (not a Debian-family system, so not installing it)", missing)
 	}
 	fmt.Fprintln(log, "e2e: installing Debian's chromium package (apt-get install -y chromium)")
+	// Other packages' tests may install at once (make test runs them in parallel): wait for the
+	// package manager's lock instead of failing on it.
 	for _, args := range [][]string{{"update"}, {"install", "-y", "--no-install-recommends", "chromium"}} {
+		args = append([]string{"-o", "DPkg::Lock::Timeout=300"}, args...)
 		cmd := exec.CommandContext(ctx, "apt-get", args...)
 		cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
 		cmd.Stdout, cmd.Stderr = log, log
 		if err := cmd.Run(); err != nil {
-			return "", fmt.Errorf("%w (apt-get %s failed: %w)", missing, args[0], err)
+			return "", fmt.Errorf("%w (apt-get %s failed: %w)", missing, strings.Join(args, " "), err)
 		}
 	}
 	if p := find(); p != "" {
