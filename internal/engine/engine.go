@@ -133,10 +133,15 @@ type Engine struct {
 	// see pickOnce).
 	fairOrder sync.Map
 	versions  *store.Versions // the machines registered at a version above 1 (the picks claim up to it)
-	upgrading atomic.Bool     // a bulk-upgrade request is being worked (serveUpgrades)
-	poker     atomic.Pointer[PokeConn]
-	awaits    *awaiter
-	commits   *commitWatch // rows of InsertTx waiting for their transaction's commit
+	// machineNames and machineVersions are every registered machine and its version (a signal's
+	// claim runs only these); queueNames the queues this client works, sorted.
+	machineNames    []string
+	machineVersions []int32
+	workedQueues    []string
+	upgrading       atomic.Bool // a bulk-upgrade request is being worked (serveUpgrades)
+	poker           atomic.Pointer[PokeConn]
+	awaits          *awaiter
+	commits         *commitWatch // rows of InsertTx waiting for their transaction's commit
 	// firer fires due schedules (nodes that run the reaper); nil elsewhere.
 	firer *maintenance.Firer
 	// retentionsSet says the machines' retentions were recorded (by register at Start, else by
@@ -188,6 +193,8 @@ func New(pool Pool, st *store.Store, cfg Config) *Engine {
 	e.events = newDispatcher(cfg.Name, cfg.Hooks, cfg.Logger)
 	e.versions = &store.Versions{}
 	for _, name := range slices.Sorted(maps.Keys(cfg.Machines)) {
+		e.machineNames = append(e.machineNames, name)
+		e.machineVersions = append(e.machineVersions, int32(max(1, cfg.Machines[name].Version)))
 		if v := cfg.Machines[name].Version; v > 1 {
 			e.versions.Names = append(e.versions.Names, name)
 			e.versions.Versions = append(e.versions.Versions, int32(v))
@@ -203,6 +210,7 @@ func New(pool Pool, st *store.Store, cfg Config) *Engine {
 	for name, qc := range cfg.Queues {
 		e.runners[name] = newRunner(e, name, qc)
 	}
+	e.workedQueues = slices.Sorted(maps.Keys(e.runners))
 	return e
 }
 

@@ -126,10 +126,14 @@ func (r *runner) take(n int) {
 
 // reserve takes a free slot for a row this client inserts already claimed; false once the runner
 // stops, or while every slot is busy.
-func (r *runner) reserve() bool {
+func (r *runner) reserve() bool { return r.reserveLeaving(0) }
+
+// reserveLeaving reserves a slot if more than spare are free: a reservation that may come to
+// nothing (a signal's, in every queue) leaves a queue's last slot to its picks.
+func (r *runner) reserveLeaving(spare int) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.closed || r.stopping || r.busy >= r.conc {
+	if r.closed || r.stopping || r.busy >= r.conc-spare {
 		return false
 	}
 	r.busy++
@@ -206,6 +210,14 @@ func (r *runner) loop() {
 			}
 		}
 		n := min(free, maxPickBatch)
+		// A pick holds the slots it asks for until it returns. One made without a backlog
+		// (few rows are likely due) leaves a few to the signals that claim what they wake
+		// (ReserveWake) meanwhile, on a queue with slots to spare; if it comes back full, the
+		// runner picks again at once for what is free.
+		spared := !backlog && n >= 4*wakeSpare
+		if spared {
+			n -= wakeSpare
+		}
 		r.quietUntil.Store(0)
 		// The pick's slots are taken before it is sent: an Insert that claims its own row
 		// meanwhile (reserve) must not count them as free. What the pick did not fill goes back.
@@ -225,7 +237,7 @@ func (r *runner) loop() {
 		switch {
 		case len(rows) == asked:
 			backlog, idle = true, cooldown
-			if free > maxPickBatch { // the batch cap, not the slots, limited this pick
+			if free > maxPickBatch || spared { // the batch cap or the spare, not the slots, limited this pick
 				urgent = true
 				r.poke()
 			}
@@ -240,6 +252,9 @@ func (r *runner) loop() {
 		}
 	}
 }
+
+// wakeSpare is how many of its free slots a pick without a backlog leaves to signals' wakes.
+const wakeSpare = 4
 
 // pickLinger is the longest a runner with a backlog waits for more free slots before it picks
 // for the ones it has.
@@ -431,6 +446,44 @@ func (e *Engine) ReserveInsert(queue, machine string) (owner string, ok bool) {
 		return "", false
 	}
 	return r.workerID + "#" + strconv.FormatUint(r.seq.Add(1), 10), true
+}
+
+// ReserveWake takes an executor slot in each queue this client works that has two or more free,
+// for a Signal whose wake may claim the instance it wakes (store.DeliverSignalClaim): the
+// signal's target may be in any of them, and in all but one the slot comes back unused as the
+// call returns. A queue's last free slot is left to its picks, so that a stream of signals
+// cannot keep a small queue's only slot reserved. nil when the client is not running or has no
+// such slot. Every reservation ends in RunWoken.
+func (e *Engine) ReserveWake() *store.WakeSlots {
+	if !e.Running() {
+		return nil
+	}
+	var w *store.WakeSlots
+	for _, name := range e.workedQueues {
+		r := e.runners[name]
+		if e.paused.Load().queuePaused(name) || !r.reserveLeaving(1) {
+			continue
+		}
+		if w == nil {
+			w = &store.WakeSlots{Machines: e.machineNames, Versions: e.machineVersions,
+				Paused: e.pausedMachines(), Lease: e.cfg.Lease}
+		}
+		w.Queues = append(w.Queues, name)
+		w.Owners = append(w.Owners, r.workerID+"#"+strconv.FormatUint(r.seq.Add(1), 10))
+	}
+	return w
+}
+
+// RunWoken ends the reservations of w: the claimed row (nil: none) runs in its queue's slot, the
+// other slots are given back. took is the signal's round trip, reported as a pick's would be.
+func (e *Engine) RunWoken(w *store.WakeSlots, c *store.Claimed, took time.Duration) {
+	for _, q := range w.Queues {
+		if c != nil && c.Queue == q {
+			e.RunInserted(q, c, took)
+		} else {
+			e.RunInserted(q, nil, took)
+		}
+	}
 }
 
 // RunInserted ends a reservation: it hands the claimed row to the queue's executors, or, with c

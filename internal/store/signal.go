@@ -2,8 +2,11 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/gendurable/gendurable/internal/fault"
 	"github.com/jackc/pgx/v5"
@@ -21,18 +24,30 @@ type Delivered struct {
 // when id is 0) and wakes it if it awaits that name. found is false when the target is finished
 // or does not exist; then nothing was stored.
 func (s *Store) DeliverSignal(ctx context.Context, db DB, id int64, machine, key, name string, payload *string) (Delivered, bool, error) {
-	var idArg *int64
-	if id != 0 {
-		idArg = &id
+	if err := deliverFault(id, machine, key); err != nil {
+		return Delivered{}, false, err
 	}
+	return s.deliver(ctx, db, id, machine, key, name, payload)
+}
+
+// deliverFault is the fault point before a delivery (fault.DeliverBeforeWake), its subject the
+// target's id, or machine/key.
+func deliverFault(id int64, machine, key string) error {
 	if fault.Enabled {
 		subject := machine + "/" + key
 		if id != 0 {
 			subject = strconv.FormatInt(id, 10)
 		}
-		if err := fault.PointFor(fault.DeliverBeforeWake, subject); err != nil {
-			return Delivered{}, false, err
-		}
+		return fault.PointFor(fault.DeliverBeforeWake, subject)
+	}
+	return nil
+}
+
+// deliver is DeliverSignal past its fault point.
+func (s *Store) deliver(ctx context.Context, db DB, id int64, machine, key, name string, payload *string) (Delivered, bool, error) {
+	var idArg *int64
+	if id != 0 {
+		idArg = &id
 	}
 	if payload != nil && s.Codec != nil {
 		sealed, err := s.sealDocText(*payload)
@@ -50,4 +65,100 @@ func (s *Store) DeliverSignal(ctx context.Context, db DB, id int64, machine, key
 		return Delivered{}, false, err
 	}
 	return d, true, nil
+}
+
+// WakeSlots are the executor slots a client reserved for a signal's wake, one per queue it works
+// (parallel slices), and the machines it can run: DeliverSignalClaim claims the woken row if it
+// is in one of these queues (see deliver_signal_claim).
+type WakeSlots struct {
+	Queues, Owners []string
+	// Machines and Versions are the machines the client registered and the version of each;
+	// Paused those it last saw paused.
+	Machines []string
+	Versions []int32
+	Paused   []string
+	Lease    time.Duration
+}
+
+// DeliverSignalClaim is DeliverSignal for a client with slots reserved in slots: a signal that
+// wakes its target, in one of those queues with nothing more urgent due ahead of it, also claims
+// it, and the claim comes back in c (its Owner one of slots.Owners), ready to run; otherwise c is
+// nil and the delivery is DeliverSignal's.
+func (s *Store) DeliverSignalClaim(ctx context.Context, db DB, id int64, machine, key, name string, payload *string, slots *WakeSlots) (d Delivered, c *Claimed, found bool, err error) {
+	var idArg *int64
+	if id != 0 {
+		idArg = &id
+	}
+	if err := deliverFault(id, machine, key); err != nil {
+		return Delivered{}, nil, false, err
+	}
+	plain := payload
+	if payload != nil && s.Codec != nil {
+		sealed, err := s.sealDocText(*payload)
+		if err != nil {
+			return Delivered{}, nil, false, err
+		}
+		payload = &sealed
+	}
+	paused := slots.Paused
+	if paused == nil {
+		paused = []string{}
+	}
+	claimRows := s.claimRows()
+	var claimed bool
+	var cl Claimed
+	var attempt, maxAttempts, version, recoveries *int32
+	var priority *int16
+	var machineCol, step, ckey, owner *string
+	var insertedAt *time.Time
+	var child *bool
+	var inbox []byte
+	var signalAt time.Time
+	err = db.QueryRow(ctx, s.sql("deliver_signal_claim"), idArg, machine, key, name, payload,
+		slots.Queues, slots.Owners, slots.Machines, slots.Versions, paused, slots.Lease.Milliseconds(), int32(claimRows)).Scan(
+		&d.SignalID, &d.InstanceID, &d.Woke, &d.Queue, &claimed,
+		&machineCol, &step, &cl.State, &attempt, &maxAttempts, &priority, &ckey, &insertedAt, &cl.AwaitNames, &child,
+		&version, &recoveries, &owner, &inbox, &signalAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Delivered{}, nil, false, nil
+	}
+	if ValueTooLarge(err) {
+		// The inbox's first signals did not fit one jsonb value (payloads larger than this
+		// client's MaxPayloadBytes, from another client): nothing was stored; deliver plainly.
+		d, found, err = s.deliver(ctx, db, id, machine, key, name, plain)
+		return d, nil, found, err
+	}
+	if err != nil {
+		return Delivered{}, nil, false, err
+	}
+	if !claimed {
+		return d, nil, true, nil
+	}
+	cl.ID, cl.Machine, cl.Step, cl.Queue, cl.Owner = d.InstanceID, *machineCol, *step, d.Queue, *owner
+	cl.Attempt, cl.MaxAttempts, cl.Priority = int(*attempt), int(*maxAttempts), int(*priority)
+	cl.CorrelationKey, cl.InsertedAt, cl.Child = *ckey, *insertedAt, *child
+	cl.MachineVersion, cl.Recoveries, cl.Signalled = int(*version), int(*recoveries), true
+	if len(inbox) > 0 {
+		if err := json.Unmarshal(inbox, &cl.Inbox); err != nil {
+			// The row is claimed: it goes to the executor, which fails the step with this.
+			cl.Inbox, cl.CodecErr = nil, fmt.Errorf("decode inbox of %d: %w", cl.ID, err)
+			return d, &cl, true, nil
+		}
+		for i := range cl.Inbox {
+			cl.Inbox[i].At = cl.Inbox[i].At.Local()
+		}
+	}
+	if len(cl.Inbox) >= claimRows {
+		// The inbox held more than the statement returns: LoadRest reads the rest, this
+		// signal among it (committed by then).
+		cl.inboxMore = true
+	} else {
+		p := json.RawMessage("null")
+		if payload != nil {
+			p = json.RawMessage(*payload)
+		}
+		cl.Inbox = append(cl.Inbox, SignalRow{ID: d.SignalID, Name: name, Payload: p, At: signalAt})
+	}
+	s.openClaim(&cl)
+	return d, &cl, true, nil
 }
