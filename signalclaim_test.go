@@ -14,11 +14,13 @@ import (
 
 // claimedWithWake reads whether the executing row id was claimed in the transaction that woke it:
 // its lease then ends exactly lease after the wake's due time (both are that transaction's now()),
-// where a pick's claim, a later transaction, gives it a later end.
+// where a pick's claim, a later transaction, gives it a later end; and the row's version is that
+// transaction's, the one that stored the signal.
 func claimedWithWake(t *testing.T, e *env, id int64, lease time.Duration) bool {
 	t.Helper()
-	return e.count(t, `SELECT count(*) FROM {schema}.instances
-		WHERE id = $1 AND status = 'executing' AND locked_until = scheduled_at + $2::bigint * interval '1 millisecond'`,
+	return e.count(t, `SELECT count(*) FROM {schema}.instances AS i
+		WHERE i.id = $1 AND i.status = 'executing' AND i.locked_until = i.scheduled_at + $2::bigint * interval '1 millisecond'
+		  AND i.xmin = (SELECT s.xmin FROM {schema}.signals AS s WHERE s.instance_id = i.id ORDER BY s.id DESC LIMIT 1)`,
 		id, lease.Milliseconds()) == 1
 }
 

@@ -134,7 +134,7 @@ type Engine struct {
 	fairOrder sync.Map
 	versions  *store.Versions // the machines registered at a version above 1 (the picks claim up to it)
 	// machineNames and machineVersions are every registered machine and its version (a signal's
-	// claim runs only these); queueNames the queues this client works, sorted.
+	// claim runs only these); workedQueues the queues this client works, sorted.
 	machineNames    []string
 	machineVersions []int32
 	workedQueues    []string

@@ -124,6 +124,18 @@ func (r *runner) take(n int) {
 	r.mu.Unlock()
 }
 
+// takeUpTo takes up to n slots, as many as are free now, and returns how many it took: a
+// reservation (an Insert's, a Signal's) may have taken some since the loop read free().
+func (r *runner) takeUpTo(n int) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n = min(n, r.conc-r.busy)
+	if n > 0 {
+		r.busy += n
+	}
+	return n
+}
+
 // reserve takes a free slot for a row this client inserts already claimed; false once the runner
 // stops, or while every slot is busy.
 func (r *runner) reserve() bool { return r.reserveLeaving(0) }
@@ -218,10 +230,13 @@ func (r *runner) loop() {
 		if spared {
 			n -= wakeSpare
 		}
+		// The pick's slots are taken before it is sent: an Insert or Signal that claims its row
+		// meanwhile (reserve) must not count them as free, and a reservation made since free()
+		// was read is not counted twice. What the pick did not fill goes back.
+		if n = r.takeUpTo(n); n <= 0 {
+			continue // a freed slot brings us back
+		}
 		r.quietUntil.Store(0)
-		// The pick's slots are taken before it is sent: an Insert that claims its own row
-		// meanwhile (reserve) must not count them as free. What the pick did not fill goes back.
-		r.take(n)
 		rows, gl, asked, err := r.pick(n)
 		r.take(len(rows) - n)
 		if err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/gendurable/gendurable/internal/fault"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Delivered is the result of a delivered signal.
@@ -80,10 +81,19 @@ type WakeSlots struct {
 	Lease    time.Duration
 }
 
+// ErrDeliverPlainly is DeliverSignalClaim's answer when it stored nothing and the signal should
+// go by DeliverSignal: the target's row stayed locked by another transaction past the claim's
+// lock timeout (a reservation of the caller's executor slots must not wait on it), or its
+// inbox's first signals did not fit one jsonb value (payloads larger than this client's
+// MaxPayloadBytes, from another client).
+var ErrDeliverPlainly = errors.New("deliver the signal without claiming its target")
+
 // DeliverSignalClaim is DeliverSignal for a client with slots reserved in slots: a signal that
 // wakes its target, in one of those queues with nothing more urgent due ahead of it, also claims
 // it, and the claim comes back in c (its Owner one of slots.Owners), ready to run; otherwise c is
-// nil and the delivery is DeliverSignal's.
+// nil and the delivery is DeliverSignal's. It waits at most WakeLockTimeout for the target's row
+// lock (then ErrDeliverPlainly, nothing stored); the caller runs it where its own cancellation
+// cannot separate a committed claim from its reply (the row would wait out its lease).
 func (s *Store) DeliverSignalClaim(ctx context.Context, db DB, id int64, machine, key, name string, payload *string, slots *WakeSlots) (d Delivered, c *Claimed, found bool, err error) {
 	var idArg *int64
 	if id != 0 {
@@ -92,7 +102,6 @@ func (s *Store) DeliverSignalClaim(ctx context.Context, db DB, id int64, machine
 	if err := deliverFault(id, machine, key); err != nil {
 		return Delivered{}, nil, false, err
 	}
-	plain := payload
 	if payload != nil && s.Codec != nil {
 		sealed, err := s.sealDocText(*payload)
 		if err != nil {
@@ -112,26 +121,37 @@ func (s *Store) DeliverSignalClaim(ctx context.Context, db DB, id int64, machine
 	var machineCol, step, ckey, owner *string
 	var insertedAt *time.Time
 	var child *bool
-	var inbox []byte
+	var inbox, stored []byte
 	var signalAt time.Time
-	err = db.QueryRow(ctx, s.sql("deliver_signal_claim"), idArg, machine, key, name, payload,
-		slots.Queues, slots.Owners, slots.Machines, slots.Versions, paused, slots.Lease.Milliseconds(), int32(claimRows)).Scan(
-		&d.SignalID, &d.InstanceID, &d.Woke, &d.Queue, &claimed,
-		&machineCol, &step, &cl.State, &attempt, &maxAttempts, &priority, &ckey, &insertedAt, &cl.AwaitNames, &child,
-		&version, &recoveries, &owner, &inbox, &signalAt)
-	if errors.Is(err, pgx.ErrNoRows) {
+	// One round trip, one implicit transaction: the lock wait's bound, then the delivery.
+	b := &pgx.Batch{}
+	lockTimeout := pickLockTimeout
+	if s.WakeLockTimeout > 0 {
+		lockTimeout = strconv.FormatInt(s.WakeLockTimeout.Milliseconds(), 10) + "ms"
+	}
+	b.Queue(s.sql("deliver_signal_claim_settings"), lockTimeout)
+	b.Queue(s.sql("deliver_signal_claim"), idArg, machine, key, name, payload,
+		slots.Queues, slots.Owners, slots.Machines, slots.Versions, paused, slots.Lease.Milliseconds(), int32(claimRows))
+	br := db.SendBatch(ctx, b)
+	_, err = br.Exec()
+	if err == nil {
+		err = br.QueryRow().Scan(
+			&d.SignalID, &d.InstanceID, &d.Woke, &d.Queue, &claimed,
+			&machineCol, &step, &cl.State, &attempt, &maxAttempts, &priority, &ckey, &insertedAt, &cl.AwaitNames, &child,
+			&version, &recoveries, &owner, &inbox, &stored, &signalAt)
+	}
+	if cerr := br.Close(); err == nil || errors.Is(err, pgx.ErrNoRows) && cerr != nil {
+		err = cerr
+	}
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
 		return Delivered{}, nil, false, nil
-	}
-	if ValueTooLarge(err) {
-		// The inbox's first signals did not fit one jsonb value (payloads larger than this
-		// client's MaxPayloadBytes, from another client): nothing was stored; deliver plainly.
-		d, found, err = s.deliver(ctx, db, id, machine, key, name, plain)
-		return d, nil, found, err
-	}
-	if err != nil {
+	case ValueTooLarge(err), errors.As(err, &pgErr) && pgErr.Code == pgLockNotAvailable:
+		return Delivered{}, nil, false, fmt.Errorf("%w: %w", ErrDeliverPlainly, err)
+	case err != nil:
 		return Delivered{}, nil, false, err
-	}
-	if !claimed {
+	case !claimed:
 		return d, nil, true, nil
 	}
 	cl.ID, cl.Machine, cl.Step, cl.Queue, cl.Owner = d.InstanceID, *machineCol, *step, d.Queue, *owner
@@ -153,9 +173,10 @@ func (s *Store) DeliverSignalClaim(ctx context.Context, db DB, id int64, machine
 		// signal among it (committed by then).
 		cl.inboxMore = true
 	} else {
+		// The payload as stored (jsonb's text, sealed with a codec), as a pick would return it.
 		p := json.RawMessage("null")
-		if payload != nil {
-			p = json.RawMessage(*payload)
+		if stored != nil {
+			p = json.RawMessage(stored)
 		}
 		cl.Inbox = append(cl.Inbox, SignalRow{ID: d.SignalID, Name: name, Payload: p, At: signalAt})
 	}

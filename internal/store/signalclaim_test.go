@@ -47,7 +47,7 @@ func TestSignalClaimsTheInstanceItWakes(t *testing.T) {
 	require.True(t, found)
 	require.Nil(t, c, "a name the instance does not await wakes nothing")
 	require.False(t, d.Woke)
-	payload := `{"n": 2}`
+	payload := `{"n":2,"a":1}`
 	d, c, found, err = s.DeliverSignalClaim(ctx, pool, id, "", "", "go", &payload, wakeSlots())
 	require.NoError(t, err)
 	require.True(t, found)
@@ -66,7 +66,7 @@ func TestSignalClaimsTheInstanceItWakes(t *testing.T) {
 	require.JSONEq(t, early, string(c.Inbox[0].Payload))
 	require.Equal(t, "go", c.Inbox[1].Name)
 	require.Equal(t, d.SignalID, c.Inbox[1].ID)
-	require.JSONEq(t, payload, string(c.Inbox[1].Payload))
+	require.Equal(t, `{"a": 1, "n": 2}`, string(c.Inbox[1].Payload), "the payload as stored, as a pick returns it")
 	require.Equal(t, time.Local, c.Inbox[0].At.Location())
 	require.Equal(t, time.Local, c.Inbox[1].At.Location())
 	require.False(t, c.HasMore())
@@ -155,6 +155,7 @@ func TestSignalClaimsOnlyWhatAPickWouldTake(t *testing.T) {
 // snapshot's, which may still hold signals that outcome consumed.
 func TestSignalClaimSkipsARowChangedWhileItWaited(t *testing.T) {
 	s, pool, schema := newTestStore(t, 3)
+	s.WakeLockTimeout = time.Minute // the test's own wait below is what it waits for
 	ctx := context.Background()
 	id := parkedRows(t, s, pool, schema, "q", 5, 1)[0]
 	old := `{"old": true}`
@@ -227,4 +228,29 @@ func TestSignalClaimLeavesALongInboxToLoadRest(t *testing.T) {
 	for i := 1; i < 4; i++ {
 		require.Less(t, c.Inbox[i-1].ID, c.Inbox[i].ID)
 	}
+}
+
+// A target whose row another transaction holds past the claim's lock timeout gets nothing from
+// DeliverSignalClaim (ErrDeliverPlainly: the caller's reserved slots do not wait on it); the
+// plain delivery then waits for the row as it always has.
+func TestSignalClaimGivesUpALockedRow(t *testing.T) {
+	s, pool, schema := newTestStore(t, 3)
+	ctx := context.Background()
+	id := parkedRows(t, s, pool, schema, "q", 5, 1)[0]
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SELECT 1 FROM `+schema+`.instances WHERE id = $1 FOR UPDATE`, id)
+	require.NoError(t, err)
+	_, c, _, err := s.DeliverSignalClaim(ctx, pool, id, "", "", "go", nil, wakeSlots())
+	require.ErrorIs(t, err, ErrDeliverPlainly)
+	require.Nil(t, c)
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.signals`).Scan(&n))
+	require.Zero(t, n, "nothing stored")
+	require.NoError(t, tx.Rollback(ctx))
+	d, found, err := s.DeliverSignal(ctx, pool, id, "", "", "go", nil)
+	require.NoError(t, err)
+	require.True(t, found)
+	require.True(t, d.Woke)
 }

@@ -19,6 +19,7 @@ import (
 	"io/fs"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/gendurable/gendurable/internal/ident"
 	"github.com/jackc/pgx/v5"
@@ -47,8 +48,11 @@ type Store struct {
 	// loads with the row (0: DefaultClaimRows); LoadRest reads the rest. Set before the Store is
 	// shared.
 	ClaimRows int
-	stmts     map[string]string // named statements, ready to run
-	frags     map[string]string // fragments without a parameter, for statements assembled per call
+	// WakeLockTimeout bounds DeliverSignalClaim's wait for its target's row lock (0: 100 ms).
+	// Set before the Store is shared.
+	WakeLockTimeout time.Duration
+	stmts           map[string]string // named statements, ready to run
+	frags           map[string]string // fragments without a parameter, for statements assembled per call
 	// rewrites holds the hot statements' named arguments turned positional (named.go).
 	rewrites *rewrites
 }

@@ -66,14 +66,22 @@ FROM stored JOIN target ON target.id = stored.instance_id;
 -- slot goes first. The test reads without locking; a row that becomes due meanwhile can at worst
 -- start after the woken one.
 --
--- Locks: as deliver_signal (the target row, to commit; the new signal row).
+-- Locks: as deliver_signal (the target row, to commit; the new signal row). The wait for the
+-- target's row lock is bounded (deliver_signal_claim_settings, sent first in the same round trip):
+-- the caller holds executor slots for it meanwhile, and a claim made after a long wait would
+-- start with its lease already spent. Past the bound nothing is stored, and the caller delivers
+-- with deliver_signal.
 --
 -- $1 target id (NULL: by key), $2 machine, $3 correlation key, $4 name, $5 payload JSON text,
 -- $6 queues, $7 claim tokens, $8 machine names, $9 machine versions, $10 paused machines, $11 the
 -- lease in ms, $12 how many signals of the inbox to return.
 -- Returns deliver_signal's columns, whether the row was claimed, and for a claimed row what a
 -- pick returns (the inbox as of the statement's snapshot, without this signal, up to $12
--- signals), and the new signal's time.
+-- signals), and the new signal's payload as stored and its time.
+
+-- The lock wait's bound, $1, local to the implicit transaction of the round trip.
+-- name: deliver_signal_claim_settings
+SELECT pg_catalog.set_config('lock_timeout', $1, true);
 
 -- name: deliver_signal_claim
 WITH t AS MATERIALIZED (
@@ -121,11 +129,11 @@ WITH t AS MATERIALIZED (
     AND i.status IN ('available', 'executing', 'awaiting', 'joining')
   RETURNING i.id, i.queue,
             i.status = 'available' AND i.scheduled_at = now() AS woke,
-            i.status = 'executing' AND i.scheduled_at = now() AS claimed,
+            i.status = 'executing' AND i.scheduled_at = now() AND i.locked_by = ANY($7::text[]) AS claimed,
             i.machine, i.step, i.state, i.attempt, i.max_attempts, i.priority,
             coalesce(i.correlation_key, '') AS correlation_key, i.inserted_at, i.await_names,
             i.parent_id IS NOT NULL AS child, i.machine_version, i.recoveries, i.locked_by,
-            CASE WHEN i.status = 'executing' AND i.scheduled_at = now() THEN
+            CASE WHEN i.status = 'executing' AND i.scheduled_at = now() AND i.locked_by = ANY($7::text[]) THEN
               (SELECT jsonb_agg(jsonb_build_object('id', s.id, 'name', s.name, 'payload', s.payload,
                                                    'at', s.inserted_at) ORDER BY s.id)
                FROM (SELECT s.id, s.name, s.payload, s.inserted_at FROM {schema}.signals AS s
@@ -134,12 +142,13 @@ WITH t AS MATERIALIZED (
 ), stored AS (
   INSERT INTO {schema}.signals (instance_id, name, payload)
   SELECT id, $4::text, $5::text::jsonb FROM target
-  RETURNING id, instance_id, inserted_at
+  RETURNING id, instance_id, inserted_at, payload
 )
 SELECT stored.id, stored.instance_id, target.woke, target.queue, target.claimed,
        target.machine, target.step, target.state, target.attempt, target.max_attempts, target.priority,
        target.correlation_key, target.inserted_at, target.await_names, target.child,
-       target.machine_version, target.recoveries, target.locked_by, target.inbox, stored.inserted_at
+       target.machine_version, target.recoveries, target.locked_by, target.inbox, stored.payload::text,
+       stored.inserted_at
 FROM stored JOIN target ON target.id = stored.instance_id;
 
 -- Whether the locked row i, awaiting the signal, can be claimed by the delivering client (see
