@@ -180,7 +180,7 @@ func TestSignalClaimSkipsARowChangedWhileItWaited(t *testing.T) {
 	conn, err := pool.Acquire(ctx)
 	require.NoError(t, err)
 	defer conn.Release()
-	var pid int32
+	var pid int
 	require.NoError(t, conn.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
 	done := make(chan result, 1)
 	go func() {
@@ -188,13 +188,7 @@ func TestSignalClaimSkipsARowChangedWhileItWaited(t *testing.T) {
 		r.d, r.c, r.found, r.err = s.DeliverSignalClaim(ctx, conn, id, "", "", "go", nil, wakeSlots())
 		done <- r
 	}()
-	// The delivery has its snapshot once it waits for the row's lock.
-	require.Eventually(t, func() bool {
-		var waiting bool
-		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE pid = $1 AND wait_event_type = 'Lock')`, pid).Scan(&waiting))
-		return waiting
-	}, 30*time.Second, 5*time.Millisecond)
+	waitForLock(t, pool, pid) // the delivery has its snapshot once it waits for the row's lock
 	require.NoError(t, tx.Commit(ctx))
 	r := <-done
 	require.NoError(t, r.err)
