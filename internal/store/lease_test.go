@@ -233,3 +233,35 @@ func TestReconcilerCountsLiveLeasesAndRemovesExpiredOnes(t *testing.T) {
 	require.Empty(t, leases)
 	require.Equal(t, want(4), held(), "the expired lease's unused slots went with it")
 }
+
+// A maintenance transaction whose client stops between two statements (a paused process) is
+// ended by the server after MaintenanceIdleTimeout: the locks it took do not hold up the other
+// nodes for as long as the process is stopped.
+func TestMaintenanceTxOfAStoppedWorkerEnds(t *testing.T) {
+	s, pool, schema := newTestStore(t, 3)
+	s.MaintenanceIdleTimeout = 300 * time.Millisecond
+	ctx := context.Background()
+	ins, err := s.InsertMany(ctx, pool, []InsertRow{{Machine: "m", Step: "s", State: `{}`, Queue: "q", Priority: 5, MaxAttempts: 1}})
+	require.NoError(t, err)
+	id := ins[0].ID
+	tx, err := s.BeginMaintenance(ctx, pool)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `UPDATE `+schema+`.instances SET priority = 9 WHERE id = $1`, id)
+	require.NoError(t, err)
+	// The worker stops here. Another node's statement waits for the row; it gets it once the
+	// server has ended the stopped transaction's session (its lock timeout is far longer).
+	other, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = other.Rollback(ctx) }()
+	_, err = other.Exec(ctx, `SET LOCAL lock_timeout = '60s'`)
+	require.NoError(t, err)
+	_, err = other.Exec(ctx, `UPDATE `+schema+`.instances SET priority = 3 WHERE id = $1`, id)
+	require.NoError(t, err)
+	require.NoError(t, other.Commit(ctx))
+	_, err = tx.Exec(ctx, `SELECT 1`)
+	require.Error(t, err, "the stopped transaction's session was ended")
+	var prio int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT priority FROM `+schema+`.instances WHERE id = $1`, id).Scan(&prio))
+	require.Equal(t, 3, prio, "the stopped transaction rolled back; the other's update stands")
+}

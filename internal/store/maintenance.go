@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/gendurable/gendurable/durabletype"
@@ -32,7 +33,7 @@ func (s *Store) ReleaseExpired(ctx context.Context, db DB, limit int, prefix str
 	}
 	// One transaction: the instances it fails and the clearing of their inboxes (which needs a
 	// snapshot taken after the release) commit together.
-	tx, err := db.Begin(ctx)
+	tx, err := s.BeginMaintenance(ctx, db)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -104,11 +105,33 @@ func (s *Store) FireAwaitDeadlines(ctx context.Context, db DB, limit int, horizo
 	return out, err
 }
 
+// DefaultMaintenanceIdleTimeout is the Store's MaintenanceIdleTimeout when it is not set.
+const DefaultMaintenanceIdleTimeout = 10 * time.Second
+
+// BeginMaintenance begins a transaction of the engine's own of several statements, whose session
+// the server ends if the client stops for longer than MaintenanceIdleTimeout between two of them
+// (maintenance_tx_settings): the locks it took must not outlive a paused process.
+func (s *Store) BeginMaintenance(ctx context.Context, db DB) (pgx.Tx, error) {
+	idle := s.MaintenanceIdleTimeout
+	if idle <= 0 {
+		idle = DefaultMaintenanceIdleTimeout
+	}
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := tx.Exec(ctx, s.sql("maintenance_tx_settings"), strconv.FormatInt(idle.Milliseconds(), 10)+"ms"); err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return tx, nil
+}
+
 // ReconcileGates sets the gate counters that disagree with the executing rows, their leases or
 // the configuration right, and removes expired leases (see maintenance.sql), in one transaction; it
 // returns how many counters it repaired and removed.
 func (s *Store) ReconcileGates(ctx context.Context, db DB, g *Gates) (repaired, removed int, err error) {
-	tx, err := db.Begin(ctx)
+	tx, err := s.BeginMaintenance(ctx, db)
 	if err != nil {
 		return 0, 0, err
 	}

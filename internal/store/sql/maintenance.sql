@@ -6,6 +6,15 @@
 -- Leases and deadlines are compared with the database clock only (now()), never with a time
 -- computed on a worker, so clock skew between nodes cannot release a live claim early.
 
+-- The settings of a maintenance transaction of several statements (ReleaseExpired,
+-- ReconcileGates; the bulk upgrade's batches too), local to it: the server ends the session of a
+-- worker that stops between two of its statements for longer than $1 (a process paused, a
+-- stalled VM), rolling it back. Without it, the rows and gate counters it had locked stayed locked
+-- for as long as the process was stopped, and every other node's reaper, reconciler and gated
+-- picks waited on them and timed out, again and again (TestMaintenanceTxOfAStoppedWorkerEnds).
+-- name: maintenance_tx_settings
+SELECT pg_catalog.set_config('idle_in_transaction_session_timeout', $1, true);
+
 -- Release expired claims: the reaper's sweep ($2 NULL: every claim whose lease has run out)
 -- and a starting scheduler's reclaim of its dead predecessor ($2 the worker-id prefix shared
 -- with the predecessor: only claims of that prefix, once their last heartbeat is older than $3 ms
