@@ -24,6 +24,15 @@ func claimedWithWake(t *testing.T, e *env, id int64, lease time.Duration) bool {
 		id, lease.Milliseconds()) == 1
 }
 
+// countParks is a hook that counts the steps that parked their instance (outcome await).
+func countParks(n *atomic.Int64) func(gendurable.Event) {
+	return func(ev gendurable.Event) {
+		if ev.Name == gendurable.EventStepFinished && ev.Outcome == "await" {
+			n.Add(1)
+		}
+	}
+}
+
 // Signal on a client that works the target's queue starts the woken step itself: the wake and
 // the claim are one transaction, and the step runs with the signal among its Awaited. An
 // instance the picks must admit (here, one with a concurrency key) is woken for them instead.
@@ -57,11 +66,7 @@ func TestSignalStartsTheStepItWakes(t *testing.T) {
 	var parked atomic.Int64
 	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{m}, PollInterval: time.Hour, Lease: lease,
 		Queues: map[string]gendurable.QueueConfig{"q": {Concurrency: 8}},
-		Hooks: []func(gendurable.Event){func(ev gendurable.Event) {
-			if ev.Name == gendurable.EventStepFinished && ev.Outcome == "await" {
-				parked.Add(1)
-			}
-		}}})
+		Hooks:  []func(gendurable.Event){countParks(&parked)}})
 	start(t, cl)
 	ctx := context.Background()
 	plain, err := cl.Insert(ctx, m.With(st{}), nil)
@@ -129,11 +134,7 @@ func TestSignalClaimsKeepTheQueuesConcurrency(t *testing.T) {
 	var parked atomic.Int64
 	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{m}, PollInterval: time.Hour,
 		Queues: map[string]gendurable.QueueConfig{"q": {Concurrency: conc}},
-		Hooks: []func(gendurable.Event){func(ev gendurable.Event) {
-			if ev.Name == gendurable.EventStepFinished && ev.Outcome == "await" {
-				parked.Add(1)
-			}
-		}}})
+		Hooks:  []func(gendurable.Event){countParks(&parked)}})
 	start(t, cl)
 	ctx := context.Background()
 	params := make([]gendurable.InsertManyParams, n)

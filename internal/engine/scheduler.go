@@ -124,6 +124,10 @@ func (r *runner) take(n int) {
 	r.mu.Unlock()
 }
 
+// token is a new claim token of this runner's: its worker id and a sequence number, unique to
+// one pick or one reservation.
+func (r *runner) token() string { return r.workerID + "#" + strconv.FormatUint(r.seq.Add(1), 10) }
+
 // takeUpTo takes up to n slots, as many as are free now, and returns how many it took: a
 // reservation (an Insert's, a Signal's) may have taken some since the loop read free().
 func (r *runner) takeUpTo(n int) int {
@@ -302,7 +306,7 @@ func resetTimer(t *time.Timer, d time.Duration) {
 // pick claims up to n rows with a fresh claim token; with the runner's gate lease (gl, then
 // asked is at most its free slots), or without (gl nil, asked is n).
 func (r *runner) pick(n int) (rows []store.Claimed, gl *gateLease, asked int, err error) {
-	owner := r.workerID + "#" + strconv.FormatUint(r.seq.Add(1), 10)
+	owner := r.token()
 	ctx, cancel := context.WithTimeout(r.e.baseCtx, r.pickTimeout)
 	defer cancel()
 	start := time.Now()
@@ -460,7 +464,7 @@ func (e *Engine) ReserveInsert(queue, machine string) (owner string, ok bool) {
 		e.paused.Load().machinePaused(machine) || !r.reserve() {
 		return "", false
 	}
-	return r.workerID + "#" + strconv.FormatUint(r.seq.Add(1), 10), true
+	return r.token(), true
 }
 
 // ReserveWake takes an executor slot in each queue this client works that has two or more free,
@@ -484,7 +488,7 @@ func (e *Engine) ReserveWake() *store.WakeSlots {
 				Paused: e.pausedMachines(), Lease: e.cfg.Lease}
 		}
 		w.Queues = append(w.Queues, name)
-		w.Owners = append(w.Owners, r.workerID+"#"+strconv.FormatUint(r.seq.Add(1), 10))
+		w.Owners = append(w.Owners, r.token())
 	}
 	return w
 }
@@ -493,11 +497,11 @@ func (e *Engine) ReserveWake() *store.WakeSlots {
 // other slots are given back. took is the signal's round trip, reported as a pick's would be.
 func (e *Engine) RunWoken(w *store.WakeSlots, c *store.Claimed, took time.Duration) {
 	for _, q := range w.Queues {
+		var row *store.Claimed
 		if c != nil && c.Queue == q {
-			e.RunInserted(q, c, took)
-		} else {
-			e.RunInserted(q, nil, took)
+			row = c
 		}
+		e.RunInserted(q, row, took)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
@@ -58,11 +59,7 @@ func TestSettleLocksParentsInIDOrder(t *testing.T) {
 	_, err = other.Exec(ctx, `UPDATE `+q+`.instances SET updated_at = now() WHERE id = $1`, a)
 	require.NoError(t, err)
 
-	conn, err := pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	var committer int
-	require.NoError(t, conn.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&committer))
+	conn, committer := backendConn(t, pool)
 	applied := make(chan error, 1)
 	go func() {
 		_, _, err := s.ApplyOutcomes(ctx, conn.Conn(), batch)
@@ -127,11 +124,7 @@ func testCreditLockOrder(t *testing.T, reaper bool) {
 	_, err = other.Exec(ctx, `UPDATE `+q+`.gates SET held = held WHERE key = 'g:x' AND shard = 0`)
 	require.NoError(t, err)
 
-	conn, err := pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	var committer int
-	require.NoError(t, conn.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&committer))
+	conn, committer := backendConn(t, pool)
 	// Whatever plan the planner picks: here, a scan of the counters rather than look-ups by key.
 	_, err = conn.Exec(ctx, `SET enable_indexscan = off; SET enable_bitmapscan = off`)
 	require.NoError(t, err)
@@ -161,6 +154,18 @@ func testCreditLockOrder(t *testing.T, reaper bool) {
 }
 
 // waitForLock waits until backend pid waits for a lock.
+// backendConn acquires a connection of the pool for the test (released when it ends) and returns
+// it with its backend's pid, for waitForLock.
+func backendConn(t *testing.T, pool *pgxpool.Pool) (*pgxpool.Conn, int) {
+	t.Helper()
+	conn, err := pool.Acquire(context.Background())
+	require.NoError(t, err)
+	t.Cleanup(conn.Release)
+	var pid int
+	require.NoError(t, conn.QueryRow(context.Background(), `SELECT pg_backend_pid()`).Scan(&pid))
+	return conn, pid
+}
+
 func waitForLock(t *testing.T, pool DB, pid int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)

@@ -493,16 +493,8 @@ func (s *Store) claimedRows(rows pgx.Rows, queue string, limit, claimRows int, r
 		}
 		c.Attempt, c.MaxAttempts, c.Priority, c.MachineVersion = int(attempt), int(maxAttempts), int(priority), int(version)
 		c.Recoveries = int(recoveries)
-		if len(inbox) > 0 {
-			if err := json.Unmarshal(inbox, &c.Inbox); err != nil {
-				return nil, fmt.Errorf("decode inbox of %d: %w", c.ID, err)
-			}
-			// JSON carries the session's offset (TimeZone); the rest of an inbox, scanned by
-			// the driver, comes in the local zone: the same, whichever part a signal is in.
-			for i := range c.Inbox {
-				c.Inbox[i].At = c.Inbox[i].At.Local()
-			}
-			c.inboxMore = len(c.Inbox) >= claimRows
+		if err := c.decodeInbox(inbox, claimRows); err != nil {
+			return nil, err
 		}
 		c.Queue = queue
 		s.openClaim(c)
@@ -588,6 +580,24 @@ func ClaimRowsFor(maxPayload int) int {
 		return DefaultClaimRows
 	}
 	return max(1, min(DefaultClaimRows, (128<<20)/maxPayload))
+}
+
+// decodeInbox sets the claim's inbox from a claim statement's aggregate of its first signals (at
+// most claimRows; none: nil), and whether there may be more for LoadRest.
+func (c *Claimed) decodeInbox(inbox []byte, claimRows int) error {
+	if len(inbox) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(inbox, &c.Inbox); err != nil {
+		return fmt.Errorf("decode inbox of %d: %w", c.ID, err)
+	}
+	// JSON carries the session's offset (TimeZone); the rest of an inbox, scanned by the
+	// driver, comes in the local zone: the same, whichever part a signal is in.
+	for i := range c.Inbox {
+		c.Inbox[i].At = c.Inbox[i].At.Local()
+	}
+	c.inboxMore = len(c.Inbox) >= claimRows
+	return nil
 }
 
 // HasMore reports whether the pick may have left part of the claimed row's inbox or of its

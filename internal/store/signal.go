@@ -25,40 +25,12 @@ type Delivered struct {
 // when id is 0) and wakes it if it awaits that name. found is false when the target is finished
 // or does not exist; then nothing was stored.
 func (s *Store) DeliverSignal(ctx context.Context, db DB, id int64, machine, key, name string, payload *string) (Delivered, bool, error) {
-	if err := deliverFault(id, machine, key); err != nil {
+	idArg, payload, err := s.deliveryArgs(id, machine, key, payload)
+	if err != nil {
 		return Delivered{}, false, err
 	}
-	return s.deliver(ctx, db, id, machine, key, name, payload)
-}
-
-// deliverFault is the fault point before a delivery (fault.DeliverBeforeWake), its subject the
-// target's id, or machine/key.
-func deliverFault(id int64, machine, key string) error {
-	if fault.Enabled {
-		subject := machine + "/" + key
-		if id != 0 {
-			subject = strconv.FormatInt(id, 10)
-		}
-		return fault.PointFor(fault.DeliverBeforeWake, subject)
-	}
-	return nil
-}
-
-// deliver is DeliverSignal past its fault point.
-func (s *Store) deliver(ctx context.Context, db DB, id int64, machine, key, name string, payload *string) (Delivered, bool, error) {
-	var idArg *int64
-	if id != 0 {
-		idArg = &id
-	}
-	if payload != nil && s.Codec != nil {
-		sealed, err := s.sealDocText(*payload)
-		if err != nil {
-			return Delivered{}, false, err
-		}
-		payload = &sealed
-	}
 	var d Delivered
-	err := db.QueryRow(ctx, s.sql("deliver_signal"), idArg, machine, key, name, payload).Scan(&d.SignalID, &d.InstanceID, &d.Woke, &d.Queue)
+	err = db.QueryRow(ctx, s.sql("deliver_signal"), idArg, machine, key, name, payload).Scan(&d.SignalID, &d.InstanceID, &d.Woke, &d.Queue)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Delivered{}, false, nil
 	}
@@ -66,6 +38,32 @@ func (s *Store) deliver(ctx context.Context, db DB, id int64, machine, key, name
 		return Delivered{}, false, err
 	}
 	return d, true, nil
+}
+
+// deliveryArgs passes a delivery's fault point (fault.DeliverBeforeWake, its subject the target's
+// id, or machine/key) and returns the target id as the statements take it (NULL: by key) and the
+// payload as stored (sealed with the Store's codec).
+func (s *Store) deliveryArgs(id int64, machine, key string, payload *string) (*int64, *string, error) {
+	if fault.Enabled {
+		subject := machine + "/" + key
+		if id != 0 {
+			subject = strconv.FormatInt(id, 10)
+		}
+		if err := fault.PointFor(fault.DeliverBeforeWake, subject); err != nil {
+			return nil, nil, err
+		}
+	}
+	if payload != nil && s.Codec != nil {
+		sealed, err := s.sealDocText(*payload)
+		if err != nil {
+			return nil, nil, err
+		}
+		payload = &sealed
+	}
+	if id == 0 {
+		return nil, payload, nil
+	}
+	return &id, payload, nil
 }
 
 // WakeSlots are the executor slots a client reserved for a signal's wake, one per queue it works
@@ -95,40 +93,28 @@ var ErrDeliverPlainly = errors.New("deliver the signal without claiming its targ
 // lock (then ErrDeliverPlainly, nothing stored); the caller runs it where its own cancellation
 // cannot separate a committed claim from its reply (the row would wait out its lease).
 func (s *Store) DeliverSignalClaim(ctx context.Context, db DB, id int64, machine, key, name string, payload *string, slots *WakeSlots) (d Delivered, c *Claimed, found bool, err error) {
-	var idArg *int64
-	if id != 0 {
-		idArg = &id
-	}
-	if err := deliverFault(id, machine, key); err != nil {
+	idArg, payload, err := s.deliveryArgs(id, machine, key, payload)
+	if err != nil {
 		return Delivered{}, nil, false, err
-	}
-	if payload != nil && s.Codec != nil {
-		sealed, err := s.sealDocText(*payload)
-		if err != nil {
-			return Delivered{}, nil, false, err
-		}
-		payload = &sealed
 	}
 	paused := slots.Paused
 	if paused == nil {
 		paused = []string{}
 	}
-	claimRows := s.claimRows()
-	var claimed bool
-	var cl Claimed
-	var attempt, maxAttempts, version, recoveries *int32
-	var priority *int16
-	var machineCol, step, ckey, owner *string
-	var insertedAt *time.Time
-	var child *bool
-	var inbox, stored []byte
-	var signalAt time.Time
-	// One round trip, one implicit transaction: the lock wait's bound, then the delivery.
-	b := &pgx.Batch{}
 	lockTimeout := pickLockTimeout
 	if s.WakeLockTimeout > 0 {
 		lockTimeout = strconv.FormatInt(s.WakeLockTimeout.Milliseconds(), 10) + "ms"
 	}
+	claimRows := s.claimRows()
+	var claimed bool
+	var cl Claimed
+	var attempt, maxAttempts, version, recoveries int32
+	var priority int16
+	var owner *string // the row's claim token: NULL, or another's, when it was not claimed
+	var inbox, stored []byte
+	var signalAt time.Time
+	// One round trip, one implicit transaction: the lock wait's bound, then the delivery.
+	b := &pgx.Batch{}
 	b.Queue(s.sql("deliver_signal_claim_settings"), lockTimeout)
 	b.Queue(s.sql("deliver_signal_claim"), idArg, machine, key, name, payload,
 		slots.Queues, slots.Owners, slots.Machines, slots.Versions, paused, slots.Lease.Milliseconds(), int32(claimRows))
@@ -137,8 +123,8 @@ func (s *Store) DeliverSignalClaim(ctx context.Context, db DB, id int64, machine
 	if err == nil {
 		err = br.QueryRow().Scan(
 			&d.SignalID, &d.InstanceID, &d.Woke, &d.Queue, &claimed,
-			&machineCol, &step, &cl.State, &attempt, &maxAttempts, &priority, &ckey, &insertedAt, &cl.AwaitNames, &child,
-			&version, &recoveries, &owner, &inbox, &stored, &signalAt)
+			&cl.Machine, &cl.Step, &cl.State, &attempt, &maxAttempts, &priority, &cl.CorrelationKey, &cl.InsertedAt,
+			&cl.AwaitNames, &cl.Child, &version, &recoveries, &owner, &inbox, &stored, &signalAt)
 	}
 	if cerr := br.Close(); err == nil || errors.Is(err, pgx.ErrNoRows) && cerr != nil {
 		err = cerr
@@ -154,32 +140,25 @@ func (s *Store) DeliverSignalClaim(ctx context.Context, db DB, id int64, machine
 	case !claimed:
 		return d, nil, true, nil
 	}
-	cl.ID, cl.Machine, cl.Step, cl.Queue, cl.Owner = d.InstanceID, *machineCol, *step, d.Queue, *owner
-	cl.Attempt, cl.MaxAttempts, cl.Priority = int(*attempt), int(*maxAttempts), int(*priority)
-	cl.CorrelationKey, cl.InsertedAt, cl.Child = *ckey, *insertedAt, *child
-	cl.MachineVersion, cl.Recoveries, cl.Signalled = int(*version), int(*recoveries), true
-	if len(inbox) > 0 {
-		if err := json.Unmarshal(inbox, &cl.Inbox); err != nil {
-			// The row is claimed: it goes to the executor, which fails the step with this.
-			cl.Inbox, cl.CodecErr = nil, fmt.Errorf("decode inbox of %d: %w", cl.ID, err)
-			return d, &cl, true, nil
-		}
-		for i := range cl.Inbox {
-			cl.Inbox[i].At = cl.Inbox[i].At.Local()
-		}
-	}
-	if len(cl.Inbox) >= claimRows {
-		// The inbox held more than the statement returns: LoadRest reads the rest, this
-		// signal among it (committed by then).
-		cl.inboxMore = true
-	} else {
+	cl.ID, cl.Queue, cl.Owner, cl.Signalled = d.InstanceID, d.Queue, *owner, true
+	cl.Attempt, cl.MaxAttempts, cl.Priority = int(attempt), int(maxAttempts), int(priority)
+	cl.MachineVersion, cl.Recoveries = int(version), int(recoveries)
+	switch derr := cl.decodeInbox(inbox, claimRows); {
+	case derr != nil:
+		// The row is claimed: it goes to the executor, which fails the step with this.
+		cl.Inbox, cl.CodecErr = nil, derr
+	case cl.inboxMore:
+		// An inbox longer than the statement returns is left to LoadRest, this signal among it
+		// (committed by then).
+		s.openClaim(&cl)
+	default:
 		// The payload as stored (jsonb's text, sealed with a codec), as a pick would return it.
 		p := json.RawMessage("null")
 		if stored != nil {
 			p = json.RawMessage(stored)
 		}
 		cl.Inbox = append(cl.Inbox, SignalRow{ID: d.SignalID, Name: name, Payload: p, At: signalAt})
+		s.openClaim(&cl)
 	}
-	s.openClaim(&cl)
 	return d, &cl, true, nil
 }

@@ -177,11 +177,7 @@ func TestSignalClaimSkipsARowChangedWhileItWaited(t *testing.T) {
 		found bool
 		err   error
 	}
-	conn, err := pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	var pid int
-	require.NoError(t, conn.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+	conn, pid := backendConn(t, pool)
 	done := make(chan result, 1)
 	go func() {
 		var r result

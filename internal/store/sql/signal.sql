@@ -18,16 +18,11 @@
 -- name: deliver_signal
 WITH target AS (
   UPDATE {schema}.instances AS i
-  SET status       = CASE WHEN i.status = 'awaiting' AND $4::text = ANY(i.await_names)
-                          THEN 'available'::{schema}.status ELSE i.status END,
-      scheduled_at = CASE WHEN i.status = 'awaiting' AND $4::text = ANY(i.await_names)
-                          THEN now() ELSE i.scheduled_at END,
+  SET status       = CASE WHEN {{wakes}} THEN 'available'::{schema}.status ELSE i.status END,
+      scheduled_at = CASE WHEN {{wakes}} THEN now() ELSE i.scheduled_at END,
       signalled    = true,
       updated_at   = now()
-  WHERE i.id = coalesce($1::bigint,
-                        (SELECT k.id FROM {schema}.instances AS k
-                         WHERE k.machine = $2::text AND k.correlation_key = $3::text
-                           AND k.status IN ('available', 'executing', 'awaiting', 'joining')))
+  WHERE i.id = {{signal_target}}
     AND i.status IN ('available', 'executing', 'awaiting', 'joining')
   -- A flip sets scheduled_at to this transaction's now(); nothing else does that to a live row.
   RETURNING i.id, i.queue, i.status = 'available' AND i.scheduled_at = now() AS woke
@@ -87,10 +82,7 @@ SELECT pg_catalog.set_config('lock_timeout', $1, true);
 WITH t AS MATERIALIZED (
   SELECT k.id, k.queue, k.priority, k.ctid
   FROM {schema}.instances AS k
-  WHERE k.id = coalesce($1::bigint,
-                        (SELECT k.id FROM {schema}.instances AS k
-                         WHERE k.machine = $2::text AND k.correlation_key = $3::text
-                           AND k.status IN ('available', 'executing', 'awaiting', 'joining')))
+  WHERE k.id = {{signal_target}}
 ), c AS MATERIALIZED (
   SELECT t.id, t.ctid,
          NOT EXISTS (SELECT 1 FROM generate_series(1, t.priority - 1) AS p(priority),
@@ -108,18 +100,16 @@ WITH t AS MATERIALIZED (
   FROM t
 ), target AS (
   UPDATE {schema}.instances AS i
-  SET status       = CASE WHEN NOT (i.status = 'awaiting' AND $4::text = ANY(i.await_names)) THEN i.status
+  SET status       = CASE WHEN NOT {{wakes}} THEN i.status
                           WHEN {{wake_claims}} THEN 'executing'::{schema}.status
                           ELSE 'available'::{schema}.status END,
-      scheduled_at = CASE WHEN i.status = 'awaiting' AND $4::text = ANY(i.await_names)
-                          THEN now() ELSE i.scheduled_at END,
-      attempt      = CASE WHEN i.status = 'awaiting' AND $4::text = ANY(i.await_names) AND {{wake_claims}}
-                          THEN i.attempt + 1 ELSE i.attempt END,
-      locked_by    = CASE WHEN i.status = 'awaiting' AND $4::text = ANY(i.await_names) AND {{wake_claims}}
+      scheduled_at = CASE WHEN {{wakes}} THEN now() ELSE i.scheduled_at END,
+      attempt      = CASE WHEN {{wakes}} AND {{wake_claims}} THEN i.attempt + 1 ELSE i.attempt END,
+      locked_by    = CASE WHEN {{wakes}} AND {{wake_claims}}
                           THEN (SELECT o.owner FROM unnest($6::text[], $7::text[]) AS o(queue, owner)
                                 WHERE o.queue = i.queue)
                           ELSE i.locked_by END,
-      locked_until = CASE WHEN i.status = 'awaiting' AND $4::text = ANY(i.await_names) AND {{wake_claims}}
+      locked_until = CASE WHEN {{wakes}} AND {{wake_claims}}
                           THEN now() + $11::bigint * interval '1 millisecond'
                           ELSE i.locked_until END,
       signalled    = true,
@@ -132,13 +122,7 @@ WITH t AS MATERIALIZED (
             i.status = 'executing' AND i.scheduled_at = now() AND i.locked_by = ANY($7::text[]) AS claimed,
             i.machine, i.step, i.state, i.attempt, i.max_attempts, i.priority,
             coalesce(i.correlation_key, '') AS correlation_key, i.inserted_at, i.await_names,
-            i.parent_id IS NOT NULL AS child, i.machine_version, i.recoveries, i.locked_by,
-            CASE WHEN i.status = 'executing' AND i.scheduled_at = now() AND i.locked_by = ANY($7::text[]) THEN
-              (SELECT jsonb_agg(jsonb_build_object('id', s.id, 'name', s.name, 'payload', s.payload,
-                                                   'at', s.inserted_at) ORDER BY s.id)
-               FROM (SELECT s.id, s.name, s.payload, s.inserted_at FROM {schema}.signals AS s
-                     WHERE s.instance_id = i.id ORDER BY s.id LIMIT $12::integer) AS s)
-            END AS inbox
+            i.parent_id IS NOT NULL AS child, i.machine_version, i.recoveries, i.locked_by
 ), stored AS (
   INSERT INTO {schema}.signals (instance_id, name, payload)
   SELECT id, $4::text, $5::text::jsonb FROM target
@@ -147,9 +131,28 @@ WITH t AS MATERIALIZED (
 SELECT stored.id, stored.instance_id, target.woke, target.queue, target.claimed,
        target.machine, target.step, target.state, target.attempt, target.max_attempts, target.priority,
        target.correlation_key, target.inserted_at, target.await_names, target.child,
-       target.machine_version, target.recoveries, target.locked_by, target.inbox, stored.payload::text,
-       stored.inserted_at
+       target.machine_version, target.recoveries, target.locked_by,
+       -- The inbox in the statement's snapshot: without the signal stored above.
+       CASE WHEN target.claimed THEN
+         (SELECT jsonb_agg(jsonb_build_object('id', s.id, 'name', s.name, 'payload', s.payload,
+                                              'at', s.inserted_at) ORDER BY s.id)
+          FROM (SELECT s.id, s.name, s.payload, s.inserted_at FROM {schema}.signals AS s
+                WHERE s.instance_id = target.id ORDER BY s.id LIMIT $12::integer) AS s)
+       END,
+       stored.payload::text, stored.inserted_at
 FROM stored JOIN target ON target.id = stored.instance_id;
+
+-- The target's id: $1, else the live instance of machine $2 with correlation key $3.
+-- fragment: signal_target
+coalesce($1::bigint,
+         (SELECT k.id FROM {schema}.instances AS k
+          WHERE k.machine = $2::text AND k.correlation_key = $3::text
+            AND k.status IN ('available', 'executing', 'awaiting', 'joining')))
+
+-- Whether this signal ($4) wakes the locked row i: it awaits that name. Decided in SET, on the
+-- newest version (see deliver_signal).
+-- fragment: wakes
+(i.status = 'awaiting' AND $4::text = ANY(i.await_names))
 
 -- Whether the locked row i, awaiting the signal, can be claimed by the delivering client (see
 -- deliver_signal_claim).
