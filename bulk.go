@@ -212,7 +212,7 @@ func (c *Client) bulkBatch(ctx context.Context, action BulkAction, ids []int64, 
 		reason = "cancelled in bulk"
 	}
 	var after []func()
-	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+	err := c.inOwnTx(ctx, func(tx pgx.Tx) error {
 		after = after[:0]
 		for _, id := range ids {
 			sp, err := tx.Begin(ctx) // a savepoint: a refused instance rolls back alone

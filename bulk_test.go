@@ -3,10 +3,16 @@ package gendurable_test
 import (
 	"context"
 	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/durabledbtest"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
@@ -123,4 +129,81 @@ func TestBulkInterruptedLeavesEveryInstanceChangedOrUntouched(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, gendurable.BulkResult{Matched: 400, Changed: 400, Batches: 4}, *res)
 	require.Equal(t, 500, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'cancelled'`))
+}
+
+// stallTracer stops its pool's client before the at-th savepoint statement it sends, until resume
+// is closed: a process stopped in the middle of a transaction, as the server sees it.
+type stallTracer struct {
+	at              int32
+	n               atomic.Int32
+	stalled, resume chan struct{}
+	once            sync.Once
+}
+
+// release lets the stopped client go on.
+func (s *stallTracer) release() { s.once.Do(func() { close(s.resume) }) }
+
+func (s *stallTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.HasPrefix(d.SQL, "savepoint") && s.n.Add(1) == s.at {
+		close(s.stalled)
+		<-s.resume
+	}
+	return ctx
+}
+
+func (s *stallTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// A Bulk batch whose client stops in the middle of its transaction (a CLI suspended in its
+// terminal) does not keep the rows it changed so far locked: the server ends the session once it
+// has sat idle for the bound, another session's update of such a row goes through, and the batch
+// rolls back whole and is reported untouched. Without the bound, that update waited for as long
+// as the client stayed stopped (here: its 60 s lock timeout, and the test fails).
+func TestBulkBatchOfAStoppedClientEnds(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	job := gendurable.Job[int]{Name: "order", Queue: "nowhere", Perform: func(*gendurable.Ctx, int) error { return nil }}
+	params := make([]gendurable.InsertManyParams, 30)
+	for i := range params {
+		params[i] = gendurable.InsertManyParams{Input: job.With(i)}
+	}
+	res, err := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{job}}).InsertMany(ctx, params)
+	require.NoError(t, err)
+	first := res[0].ID
+	for _, r := range res {
+		first = min(first, r.ID)
+	}
+
+	stall := &stallTracer{at: 10, stalled: make(chan struct{}), resume: make(chan struct{})}
+	pool := durabledbtest.Pool(t, 4, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = stall })
+	t.Cleanup(stall.release) // before the pool's cleanup, which waits for the stopped connection
+	cl, err := gendurable.NewClient(pool, &gendurable.Config{Schema: e.schema, Machines: []gendurable.Machine{job}})
+	require.NoError(t, err)
+	gendurable.SetOwnTxIdleTimeout(cl, 300*time.Millisecond)
+	done := make(chan error, 1)
+	go func() {
+		_, err := cl.Bulk(ctx, gendurable.BulkCancel, gendurable.BulkFilter{Machine: "order"}, &gendurable.BulkOpts{BatchSize: 30})
+		done <- err
+	}()
+	select {
+	case <-stall.stalled:
+	case err := <-done:
+		t.Fatalf("the bulk ended before its tenth instance: %v", err)
+	}
+	// The batch has cancelled its first nine instances, in id order, and holds their rows.
+	tx, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SET LOCAL lock_timeout = '60s'`)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, expand(`UPDATE {schema}.instances SET priority = 3 WHERE id = $1`, e.schema), first)
+	require.NoError(t, err, "the stopped client's batch still held the row")
+	require.NoError(t, tx.Commit(ctx))
+
+	stall.release()
+	err = <-done
+	require.ErrorContains(t, err, "batch 1")
+	require.ErrorContains(t, err, "untouched")
+	require.Zero(t, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status <> 'available'`), "the batch rolled back whole")
+	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE id = $1 AND priority = 3`, first))
 }

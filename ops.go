@@ -19,7 +19,7 @@ func (c *Client) Cancel(ctx context.Context, id int64, reason string) error {
 		reason = "cancelled"
 	}
 	var res store.Cancelled
-	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+	err := c.inOwnTx(ctx, func(tx pgx.Tx) error {
 		var err error
 		res, err = c.store.Cancel(ctx, tx, id, reason)
 		return err
@@ -55,7 +55,7 @@ func (c *Client) Retry(ctx context.Context, id int64, opts *RetryOpts) error {
 		}
 	}
 	var row store.OpRow
-	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+	err := c.inOwnTx(ctx, func(tx pgx.Tx) error {
 		var err error
 		row, err = c.store.Retry(ctx, tx, id, step, c.retryCheck(id, step))
 		return err
@@ -66,6 +66,22 @@ func (c *Client) Retry(ctx context.Context, id int64, opts *RetryOpts) error {
 	c.eng.Retried(id, row.Queue, row.Machine, row.Step)
 	c.eng.Poke(row.Queue)
 	return nil
+}
+
+// inOwnTx runs fn in a transaction of the library's own: one that runs no caller's code, whose
+// session the server ends if this process stops for longer than the store's idle bound between two
+// of its statements (store.BeginOwn). A client stopped in the middle of one (a CLI suspended in its
+// terminal, a paused VM) must not keep the rows it locked from every worker's outcome commits.
+func (c *Client) inOwnTx(ctx context.Context, fn func(pgx.Tx) error) error {
+	tx, err := c.store.BeginOwn(ctx, c.pool)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := fn(tx); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
 }
 
 // retryCheck is what Retry checks of the locked row of instance id before retrying it at step

@@ -174,7 +174,7 @@ func (c *Client) SetSchedule(ctx context.Context, s Schedule) error {
 	if err != nil {
 		return err
 	}
-	if err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error { return c.putSchedule(ctx, tx, &def) }); err != nil {
+	if err := c.inOwnTx(ctx, func(tx pgx.Tx) error { return c.putSchedule(ctx, tx, &def) }); err != nil {
 		return err
 	}
 	c.eng.KickSchedules()
@@ -220,7 +220,7 @@ func (c *Client) reconcileSchedules(ctx context.Context) error {
 	if c.service == "" && len(c.declared) == 0 {
 		return nil
 	}
-	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+	err := c.inOwnTx(ctx, func(tx pgx.Tx) error {
 		names := make([]string, len(c.declared))
 		for i := range c.declared {
 			names[i] = c.declared[i].Name
@@ -277,7 +277,7 @@ func (c *Client) ResumeSchedule(ctx context.Context, name string) error {
 }
 
 func (c *Client) pause(ctx context.Context, name string, paused bool) error {
-	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+	err := c.inOwnTx(ctx, func(tx pgx.Tx) error {
 		now, cur, err := c.store.LockSchedule(ctx, tx, name)
 		if err != nil {
 			return err
@@ -309,7 +309,7 @@ func (c *Client) TriggerSchedule(ctx context.Context, name string) (int64, error
 	var id int64
 	var queue, machine string
 	var at time.Time
-	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+	err := c.inOwnTx(ctx, func(tx pgx.Tx) error {
 		now, cur, err := c.store.LockSchedule(ctx, tx, name)
 		if err != nil {
 			return err

@@ -82,7 +82,7 @@ func (e *Engine) UpgradeAll(ctx context.Context, machine, by string, progress fu
 	version := def.version()
 	var after int64
 	for {
-		tx, err := e.store.BeginMaintenance(ctx, e.pool)
+		tx, err := e.store.BeginOwn(ctx, e.pool)
 		if err != nil {
 			return upgraded, blocked, fmt.Errorf("gendurable: upgrade %q: %w", machine, err)
 		}

@@ -235,16 +235,16 @@ func TestReconcilerCountsLiveLeasesAndRemovesExpiredOnes(t *testing.T) {
 }
 
 // A maintenance transaction whose client stops between two statements (a paused process) is
-// ended by the server after MaintenanceIdleTimeout: the locks it took do not hold up the other
+// ended by the server after OwnTxIdleTimeout: the locks it took do not hold up the other
 // nodes for as long as the process is stopped.
-func TestMaintenanceTxOfAStoppedWorkerEnds(t *testing.T) {
+func TestOwnTxOfAStoppedWorkerEnds(t *testing.T) {
 	s, pool, schema := newTestStore(t, 3)
-	s.MaintenanceIdleTimeout = 300 * time.Millisecond
+	s.OwnTxIdleTimeout = 300 * time.Millisecond
 	ctx := context.Background()
 	ins, err := s.InsertMany(ctx, pool, []InsertRow{{Machine: "m", Step: "s", State: `{}`, Queue: "q", Priority: 5, MaxAttempts: 1}})
 	require.NoError(t, err)
 	id := ins[0].ID
-	tx, err := s.BeginMaintenance(ctx, pool)
+	tx, err := s.BeginOwn(ctx, pool)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	_, err = tx.Exec(ctx, `UPDATE `+schema+`.instances SET priority = 9 WHERE id = $1`, id)

@@ -33,7 +33,7 @@ func (s *Store) ReleaseExpired(ctx context.Context, db DB, limit int, prefix str
 	}
 	// One transaction: the instances it fails and the clearing of their inboxes (which needs a
 	// snapshot taken after the release) commit together.
-	tx, err := s.BeginMaintenance(ctx, db)
+	tx, err := s.BeginOwn(ctx, db)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -105,22 +105,22 @@ func (s *Store) FireAwaitDeadlines(ctx context.Context, db DB, limit int, horizo
 	return out, err
 }
 
-// DefaultMaintenanceIdleTimeout is the Store's MaintenanceIdleTimeout when it is not set.
-const DefaultMaintenanceIdleTimeout = 10 * time.Second
+// DefaultOwnTxIdleTimeout is the Store's OwnTxIdleTimeout when it is not set.
+const DefaultOwnTxIdleTimeout = 10 * time.Second
 
-// BeginMaintenance begins a transaction of the engine's own of several statements, whose session
-// the server ends if the client stops for longer than MaintenanceIdleTimeout between two of them
-// (maintenance_tx_settings): the locks it took must not outlive a paused process.
-func (s *Store) BeginMaintenance(ctx context.Context, db DB) (pgx.Tx, error) {
-	idle := s.MaintenanceIdleTimeout
+// BeginOwn begins a transaction of the library's own of several statements (no caller's code runs
+// inside it), whose session the server ends if the client stops for longer than OwnTxIdleTimeout
+// between two of them (own_tx_settings): the locks it took must not outlive a paused process.
+func (s *Store) BeginOwn(ctx context.Context, db DB) (pgx.Tx, error) {
+	idle := s.OwnTxIdleTimeout
 	if idle <= 0 {
-		idle = DefaultMaintenanceIdleTimeout
+		idle = DefaultOwnTxIdleTimeout
 	}
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := tx.Exec(ctx, s.sql("maintenance_tx_settings"), strconv.FormatInt(idle.Milliseconds(), 10)+"ms"); err != nil {
+	if _, err := tx.Exec(ctx, s.sql("own_tx_settings"), strconv.FormatInt(idle.Milliseconds(), 10)+"ms"); err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return nil, err
 	}
@@ -131,7 +131,7 @@ func (s *Store) BeginMaintenance(ctx context.Context, db DB) (pgx.Tx, error) {
 // the configuration right, and removes expired leases (see maintenance.sql), in one transaction; it
 // returns how many counters it repaired and removed.
 func (s *Store) ReconcileGates(ctx context.Context, db DB, g *Gates) (repaired, removed int, err error) {
-	tx, err := s.BeginMaintenance(ctx, db)
+	tx, err := s.BeginOwn(ctx, db)
 	if err != nil {
 		return 0, 0, err
 	}

@@ -51,12 +51,12 @@ type Store struct {
 	// WakeLockTimeout bounds DeliverSignalClaim's wait for its target's row lock (0: 100 ms).
 	// Set before the Store is shared.
 	WakeLockTimeout time.Duration
-	// MaintenanceIdleTimeout is how long a transaction of BeginMaintenance may sit idle between
-	// its statements before the server ends its session (0: DefaultMaintenanceIdleTimeout). Set
-	// before the Store is shared.
-	MaintenanceIdleTimeout time.Duration
-	stmts                  map[string]string // named statements, ready to run
-	frags                  map[string]string // fragments without a parameter, for statements assembled per call
+	// OwnTxIdleTimeout is how long a transaction of BeginOwn may sit idle between its statements
+	// before the server ends its session (0: DefaultOwnTxIdleTimeout). Set before the Store is
+	// shared.
+	OwnTxIdleTimeout time.Duration
+	stmts            map[string]string // named statements, ready to run
+	frags            map[string]string // fragments without a parameter, for statements assembled per call
 	// rewrites holds the hot statements' named arguments turned positional (named.go).
 	rewrites *rewrites
 }

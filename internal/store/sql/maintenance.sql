@@ -6,13 +6,16 @@
 -- Leases and deadlines are compared with the database clock only (now()), never with a time
 -- computed on a worker, so clock skew between nodes cannot release a live claim early.
 
--- The settings of a maintenance transaction of several statements (ReleaseExpired,
--- ReconcileGates; the bulk upgrade's batches too), local to it: the server ends the session of a
--- worker that stops between two of its statements for longer than $1 (a process paused, a
--- stalled VM), rolling it back. Without it, the rows and gate counters it had locked stayed locked
--- for as long as the process was stopped, and every other node's reaper, reconciler and gated
--- picks waited on them and timed out, again and again (TestMaintenanceTxOfAStoppedWorkerEnds).
--- name: maintenance_tx_settings
+-- The settings of a transaction of the library's own of several statements, local to it: the
+-- maintenance ones (ReleaseExpired, ReconcileGates, the bulk upgrade's batches) and the client's
+-- operations (Cancel, Retry, a Bulk batch, writing a schedule), none of which runs a caller's code
+-- inside. The server ends the session of a process that stops between two of its statements for
+-- longer than $1 (a process paused, a stalled VM, a CLI suspended in its terminal), rolling it
+-- back. Without it, the rows and gate counters it had locked stayed locked for as long as the
+-- process was stopped, and every other node's reaper, reconciler, gated picks and outcome commits
+-- waited on them and timed out, again and again (TestOwnTxOfAStoppedWorkerEnds,
+-- TestBulkBatchOfAStoppedClientEnds).
+-- name: own_tx_settings
 SELECT pg_catalog.set_config('idle_in_transaction_session_timeout', $1, true);
 
 -- Release expired claims: the reaper's sweep ($2 NULL: every claim whose lease has run out)

@@ -1,0 +1,7 @@
+package gendurable
+
+import "time"
+
+// SetOwnTxIdleTimeout shortens the idle bound of the client's own transactions (inOwnTx) for a
+// test, which need not wait the default 10 s. Call it before the client is used.
+func SetOwnTxIdleTimeout(c *Client, d time.Duration) { c.store.OwnTxIdleTimeout = d }
