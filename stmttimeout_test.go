@@ -69,3 +69,58 @@ func TestSpawnOutlastsTheRolesStatementTimeout(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, expand(`SELECT count(*) FROM {schema}.instances WHERE parent_id = $1`, schema), p.ID).Scan(&kids))
 	require.Equal(t, 30000, kids)
 }
+
+// The same spawn from a step that also wrote through Ctx.Tx: its outcome commits in the step's
+// transaction, on the caller's pool, whose role cancels statements after 300ms. The step's
+// writes and its spawn commit together, once.
+func TestSpawnInStepTxOutlastsTheRolesStatementTimeout(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := durabledbtest.Pool(t, 8, func(cfg *pgxpool.Config) { cfg.ConnConfig.RuntimeParams["statement_timeout"] = "300ms" })
+	schema := durabledbtest.Schema(t, pool)
+	_, err := pool.Exec(ctx, expand(`CREATE TABLE {schema}.spawn_effects (at timestamptz NOT NULL DEFAULT now())`, schema))
+	require.NoError(t, err)
+	kid := gendurable.Job[int]{Name: "kid", Queue: "kids", Perform: func(*gendurable.Ctx, int) error { return nil }}
+	parent := gendurable.FSM[int]{Name: "parent", Start: "spawn", Steps: map[string]gendurable.StepFunc[int]{
+		"spawn": func(c *gendurable.Ctx, _ int) (gendurable.Outcome, error) {
+			tx, err := c.Tx()
+			if err != nil {
+				return gendurable.Outcome{}, err
+			}
+			if _, err := tx.Exec(c, expand(`INSERT INTO {schema}.spawn_effects DEFAULT VALUES`, schema)); err != nil {
+				return gendurable.Outcome{}, err
+			}
+			kids := make([]gendurable.Child, 30000)
+			for i := range kids {
+				kids[i] = gendurable.Child{Input: kid.With(i)}
+			}
+			return gendurable.Spawn(kids, "join", 0), nil
+		},
+		"join": func(ctx *gendurable.Ctx, s int) (gendurable.Outcome, error) {
+			return gendurable.Done(len(ctx.Children)), nil
+		},
+	}}
+	cl, err := gendurable.NewClient(pool, &gendurable.Config{Schema: schema, Machines: []gendurable.Machine{kid, parent},
+		Queues: map[string]gendurable.QueueConfig{gendurable.DefaultQueue: {Concurrency: 4}}})
+	require.NoError(t, err)
+	start(t, cl)
+	p, err := cl.Insert(ctx, parent.With(0), nil)
+	require.NoError(t, err)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		in, err := cl.Get(ctx, p.ID)
+		require.NoError(t, err)
+		if in.Status != gendurable.StatusExecuting && in.Status != gendurable.StatusAvailable {
+			require.Equal(t, gendurable.StatusJoining, in.Status)
+			require.Empty(t, in.Errors)
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "parent still %s, errors %v", in.Status, in.Errors)
+		time.Sleep(100 * time.Millisecond)
+	}
+	var kids, effects int
+	require.NoError(t, pool.QueryRow(ctx, expand(`SELECT count(*) FROM {schema}.instances WHERE parent_id = $1`, schema), p.ID).Scan(&kids))
+	require.NoError(t, pool.QueryRow(ctx, expand(`SELECT count(*) FROM {schema}.spawn_effects`, schema)).Scan(&effects))
+	require.Equal(t, 30000, kids)
+	require.Equal(t, 1, effects, "the step's write committed once, with its spawn")
+}

@@ -181,7 +181,7 @@ func (e *Engine) commitInTx(call *Call, out *store.Outcome) (applied bool, woken
 	ctx := context.WithoutCancel(call.Ctx)
 	ctx, cancel := context.WithTimeout(ctx, StatementTimeout(e.cfg.Lease))
 	defer cancel()
-	ok, woken, err := e.store.ApplyOutcomes(ctx, tx, []store.Outcome{*out})
+	ok, woken, err := e.store.ApplyOutcomes(ctx, store.EndingTx{Tx: tx}, []store.Outcome{*out})
 	if err != nil {
 		_ = tx.Rollback(ctx)
 		return false, nil, err

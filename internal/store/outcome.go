@@ -223,12 +223,19 @@ type Claim struct {
 // join-settling parts are included only when some outcome needs them, so the common batch is one
 // plain UPDATE. After it, in the same implicit transaction, come the statements that need a fresh
 // snapshot: clearing finished rows' inboxes, re-checking parked rows, recounting spawns. Applied
-// on a pool or connection (not in a caller's transaction), the batch runs under outcome_settings
-// (outcomeSettings), sent first in the same round trip.
+// on a pool or connection, or in an EndingTx (not in a caller's transaction that goes on after
+// it), the batch runs under outcome_settings (outcomeSettings), sent first in the same round trip.
 func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []Outcome) (map[Claim]struct{}, []Woken, error) {
 	applied, woken, _, err := s.ApplyOutcomesProbing(ctx, db, outs, ProbeReq{})
 	return applied, woken, err
 }
+
+// EndingTx is a transaction the caller commits as soon as an outcome batch applied in it returns
+// (the engine's commit of a step's Ctx.Tx): the batch sets its settings in it as in a transaction
+// of its own, the engine's statement timeout among them, since they end with it. Without them a
+// role's short statement_timeout cancelled a large spawn's outcome at every try, as it once did
+// the committer's batches (TestSpawnInStepTxOutlastsTheRolesStatementTimeout).
+type EndingTx struct{ pgx.Tx }
 
 // ProbeReq names rows a commit reads back for this node's Await callers (await_probe's ids and
 // flags), so that they are answered without a read of their own.
@@ -457,11 +464,14 @@ func (s *Store) ApplyOutcomesProbing(ctx context.Context, db DB, outs []Outcome,
 			}
 		}
 	}
-	// A batch of its own runs under its settings, sent first; a caller's transaction runs the
-	// statements as they are (the settings would outlive them, to the caller's commit).
-	settings := ""
-	if _, inTx := db.(pgx.Tx); !inTx {
-		settings = s.sql(outcomeSettings(plain))
+	// A batch of its own runs under its settings, sent first; so does one in a transaction that
+	// commits right after it (EndingTx). A caller's transaction that goes on runs the statements
+	// as they are (the settings would outlive them, to the caller's commit).
+	settings := s.sql(outcomeSettings(plain))
+	if _, ending := db.(EndingTx); !ending {
+		if _, inTx := db.(pgx.Tx); inTx {
+			settings = ""
+		}
 	}
 	if fault.Enabled && len(parked) > 0 {
 		// A chaos build sends the park's statements one by one in an explicit transaction, with
