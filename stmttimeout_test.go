@@ -24,18 +24,7 @@ func TestSpawnOutlastsTheRolesStatementTimeout(t *testing.T) {
 	schema := durabledbtest.Schema(t, pool)
 	kid := gendurable.Job[int]{Name: "kid", Queue: "kids", Perform: func(*gendurable.Ctx, int) error { return nil }}
 	other := gendurable.Job[int]{Name: "other", Perform: func(*gendurable.Ctx, int) error { return nil }}
-	parent := gendurable.FSM[int]{Name: "parent", Start: "spawn", Steps: map[string]gendurable.StepFunc[int]{
-		"spawn": func(*gendurable.Ctx, int) (gendurable.Outcome, error) {
-			kids := make([]gendurable.Child, 30000)
-			for i := range kids {
-				kids[i] = gendurable.Child{Input: kid.With(i)}
-			}
-			return gendurable.Spawn(kids, "join", 0), nil
-		},
-		"join": func(ctx *gendurable.Ctx, s int) (gendurable.Outcome, error) {
-			return gendurable.Done(len(ctx.Children)), nil
-		},
-	}}
+	parent := bigSpawner(kid, nil)
 	cl, err := gendurable.NewClient(pool, &gendurable.Config{Schema: schema, Machines: []gendurable.Machine{kid, other, parent},
 		Queues: map[string]gendurable.QueueConfig{gendurable.DefaultQueue: {Concurrency: 4}}})
 	require.NoError(t, err)
@@ -53,18 +42,7 @@ func TestSpawnOutlastsTheRolesStatementTimeout(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, gendurable.AwaitDone, res.Status, "other job %d", id)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		in, err := cl.Get(ctx, p.ID)
-		require.NoError(t, err)
-		if in.Status != gendurable.StatusExecuting && in.Status != gendurable.StatusAvailable {
-			require.Equal(t, gendurable.StatusJoining, in.Status)
-			require.Empty(t, in.Errors)
-			break
-		}
-		require.True(t, time.Now().Before(deadline), "parent still %s, errors %v", in.Status, in.Errors)
-		time.Sleep(100 * time.Millisecond)
-	}
+	spawned(t, cl, p.ID)
 	var kids int
 	require.NoError(t, pool.QueryRow(ctx, expand(`SELECT count(*) FROM {schema}.instances WHERE parent_id = $1`, schema), p.ID).Scan(&kids))
 	require.Equal(t, 30000, kids)
@@ -81,14 +59,55 @@ func TestSpawnInStepTxOutlastsTheRolesStatementTimeout(t *testing.T) {
 	_, err := pool.Exec(ctx, expand(`CREATE TABLE {schema}.spawn_effects (at timestamptz NOT NULL DEFAULT now())`, schema))
 	require.NoError(t, err)
 	kid := gendurable.Job[int]{Name: "kid", Queue: "kids", Perform: func(*gendurable.Ctx, int) error { return nil }}
-	parent := gendurable.FSM[int]{Name: "parent", Start: "spawn", Steps: map[string]gendurable.StepFunc[int]{
+	parent := bigSpawner(kid, func(c *gendurable.Ctx) error {
+		tx, err := c.Tx()
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(c, expand(`INSERT INTO {schema}.spawn_effects DEFAULT VALUES`, schema))
+		return err
+	})
+	cl, err := gendurable.NewClient(pool, &gendurable.Config{Schema: schema, Machines: []gendurable.Machine{kid, parent},
+		Queues: map[string]gendurable.QueueConfig{gendurable.DefaultQueue: {Concurrency: 4}}})
+	require.NoError(t, err)
+	start(t, cl)
+	p, err := cl.Insert(ctx, parent.With(0), nil)
+	require.NoError(t, err)
+	spawned(t, cl, p.ID)
+	var kids, effects int
+	require.NoError(t, pool.QueryRow(ctx, expand(`SELECT count(*) FROM {schema}.instances WHERE parent_id = $1`, schema), p.ID).Scan(&kids))
+	require.NoError(t, pool.QueryRow(ctx, expand(`SELECT count(*) FROM {schema}.spawn_effects`, schema)).Scan(&effects))
+	require.Equal(t, 30000, kids)
+	require.Equal(t, 1, effects, "the step's write committed once, with its spawn")
+}
+
+// spawned waits for the parent id to leave executing (30 s at most) and requires that it went to
+// joining, its spawn committed at the first try.
+func spawned(t *testing.T, cl *gendurable.Client, id int64) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		in, err := cl.Get(context.Background(), id)
+		require.NoError(t, err)
+		if in.Status != gendurable.StatusExecuting && in.Status != gendurable.StatusAvailable {
+			require.Equal(t, gendurable.StatusJoining, in.Status)
+			require.Empty(t, in.Errors)
+			return
+		}
+		require.True(t, time.Now().Before(deadline), "parent still %s, errors %v", in.Status, in.Errors)
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// bigSpawner is a machine whose first step spawns 30,000 children of kid (after before, if set)
+// and whose join finishes with their count.
+func bigSpawner(kid gendurable.Job[int], before func(*gendurable.Ctx) error) gendurable.FSM[int] {
+	return gendurable.FSM[int]{Name: "parent", Start: "spawn", Steps: map[string]gendurable.StepFunc[int]{
 		"spawn": func(c *gendurable.Ctx, _ int) (gendurable.Outcome, error) {
-			tx, err := c.Tx()
-			if err != nil {
-				return gendurable.Outcome{}, err
-			}
-			if _, err := tx.Exec(c, expand(`INSERT INTO {schema}.spawn_effects DEFAULT VALUES`, schema)); err != nil {
-				return gendurable.Outcome{}, err
+			if before != nil {
+				if err := before(c); err != nil {
+					return gendurable.Outcome{}, err
+				}
 			}
 			kids := make([]gendurable.Child, 30000)
 			for i := range kids {
@@ -96,31 +115,8 @@ func TestSpawnInStepTxOutlastsTheRolesStatementTimeout(t *testing.T) {
 			}
 			return gendurable.Spawn(kids, "join", 0), nil
 		},
-		"join": func(ctx *gendurable.Ctx, s int) (gendurable.Outcome, error) {
-			return gendurable.Done(len(ctx.Children)), nil
+		"join": func(c *gendurable.Ctx, _ int) (gendurable.Outcome, error) {
+			return gendurable.Done(len(c.Children)), nil
 		},
 	}}
-	cl, err := gendurable.NewClient(pool, &gendurable.Config{Schema: schema, Machines: []gendurable.Machine{kid, parent},
-		Queues: map[string]gendurable.QueueConfig{gendurable.DefaultQueue: {Concurrency: 4}}})
-	require.NoError(t, err)
-	start(t, cl)
-	p, err := cl.Insert(ctx, parent.With(0), nil)
-	require.NoError(t, err)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		in, err := cl.Get(ctx, p.ID)
-		require.NoError(t, err)
-		if in.Status != gendurable.StatusExecuting && in.Status != gendurable.StatusAvailable {
-			require.Equal(t, gendurable.StatusJoining, in.Status)
-			require.Empty(t, in.Errors)
-			break
-		}
-		require.True(t, time.Now().Before(deadline), "parent still %s, errors %v", in.Status, in.Errors)
-		time.Sleep(100 * time.Millisecond)
-	}
-	var kids, effects int
-	require.NoError(t, pool.QueryRow(ctx, expand(`SELECT count(*) FROM {schema}.instances WHERE parent_id = $1`, schema), p.ID).Scan(&kids))
-	require.NoError(t, pool.QueryRow(ctx, expand(`SELECT count(*) FROM {schema}.spawn_effects`, schema)).Scan(&effects))
-	require.Equal(t, 30000, kids)
-	require.Equal(t, 1, effects, "the step's write committed once, with its spawn")
 }
