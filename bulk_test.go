@@ -179,7 +179,7 @@ func TestBulkBatchOfAStoppedClientEnds(t *testing.T) {
 	t.Cleanup(stall.release) // before the pool's cleanup, which waits for the stopped connection
 	cl, err := gendurable.NewClient(pool, &gendurable.Config{Schema: e.schema, Machines: []gendurable.Machine{job}})
 	require.NoError(t, err)
-	gendurable.SetOwnTxIdleTimeout(cl, 300*time.Millisecond)
+	gendurable.SetOwnTxIdleTimeout(cl, 2*time.Second) // longer than a busy machine's stall between two statements
 	done := make(chan error, 1)
 	go func() {
 		_, err := cl.Bulk(ctx, gendurable.BulkCancel, gendurable.BulkFilter{Machine: "order"}, &gendurable.BulkOpts{BatchSize: 30})

@@ -77,7 +77,9 @@ func (c *Client) inOwnTx(ctx context.Context, fn func(pgx.Tx) error) error {
 	if err != nil {
 		return err
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	// As pgx.BeginFunc does: a rollback under a cancelled ctx fails at once, and the pool then
+	// closes the connection, which ends the transaction as surely.
+	defer func() { _ = tx.Rollback(ctx) }()
 	if err := fn(tx); err != nil {
 		return err
 	}

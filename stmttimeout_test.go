@@ -12,7 +12,8 @@ import (
 )
 
 // A role's statement_timeout (here 300ms) shorter than the outcome statement of a large spawn
-// (30,000 children) cancelled it at every try: the committer retried it for half an hour, the
+// (30,000 children, and a trigger of the test's that makes the statement last at least 500ms on
+// any machine) cancelled it at every try: the committer retried it for half an hour, the
 // parent stayed executing, its lease extended by the heartbeat, and after that the reaper ran the
 // step again, for ever. The engine's own statements (picks, outcome batches) carry a timeout of
 // their own, the ceiling of the deadline the client gives them: the spawn commits, and the
@@ -20,8 +21,7 @@ import (
 func TestSpawnOutlastsTheRolesStatementTimeout(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := durabledbtest.Pool(t, 8, func(cfg *pgxpool.Config) { cfg.ConnConfig.RuntimeParams["statement_timeout"] = "300ms" })
-	schema := durabledbtest.Schema(t, pool)
+	pool, schema := slowSpawns(t)
 	kid := gendurable.Job[int]{Name: "kid", Queue: "kids", Perform: func(*gendurable.Ctx, int) error { return nil }}
 	other := gendurable.Job[int]{Name: "other", Perform: func(*gendurable.Ctx, int) error { return nil }}
 	parent := bigSpawner(kid, nil)
@@ -54,8 +54,7 @@ func TestSpawnOutlastsTheRolesStatementTimeout(t *testing.T) {
 func TestSpawnInStepTxOutlastsTheRolesStatementTimeout(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := durabledbtest.Pool(t, 8, func(cfg *pgxpool.Config) { cfg.ConnConfig.RuntimeParams["statement_timeout"] = "300ms" })
-	schema := durabledbtest.Schema(t, pool)
+	pool, schema := slowSpawns(t)
 	_, err := pool.Exec(ctx, expand(`CREATE TABLE {schema}.spawn_effects (at timestamptz NOT NULL DEFAULT now())`, schema))
 	require.NoError(t, err)
 	kid := gendurable.Job[int]{Name: "kid", Queue: "kids", Perform: func(*gendurable.Ctx, int) error { return nil }}
@@ -119,4 +118,23 @@ func bigSpawner(kid gendurable.Job[int], before func(*gendurable.Ctx) error) gen
 			return gendurable.Done(len(c.Children)), nil
 		},
 	}}
+}
+
+// slowSpawns returns a pool whose role cancels statements after 300ms and a schema in which every
+// statement that inserts children lasts at least 500ms (a trigger of the test's), however fast
+// the machine.
+func slowSpawns(t *testing.T) (*pgxpool.Pool, string) {
+	t.Helper()
+	pool := durabledbtest.Pool(t, 8, func(cfg *pgxpool.Config) { cfg.ConnConfig.RuntimeParams["statement_timeout"] = "300ms" })
+	schema := durabledbtest.Schema(t, pool)
+	_, err := pool.Exec(context.Background(), expand(`
+		CREATE FUNCTION {schema}.t_slow_children() RETURNS trigger LANGUAGE plpgsql AS $fn$
+		BEGIN
+		  IF EXISTS (SELECT 1 FROM new_rows WHERE parent_id IS NOT NULL) THEN PERFORM pg_sleep(0.5); END IF;
+		  RETURN NULL;
+		END $fn$;
+		CREATE TRIGGER t_slow_children AFTER INSERT ON {schema}.instances REFERENCING NEW TABLE AS new_rows
+		FOR EACH STATEMENT EXECUTE FUNCTION {schema}.t_slow_children()`, schema))
+	require.NoError(t, err)
+	return pool, schema
 }

@@ -105,3 +105,39 @@ func (r *recorder) Fatalf(format string, args ...any) {
 	r.failed = true
 	r.msg = fmt.Sprintf(format, args...)
 }
+
+// A step that writes through Ctx.Tx, drained in the caller's transaction: its transaction is a
+// savepoint of the caller's, and the settings its outcome batch runs under in a transaction of
+// its own (the engine's statement timeout, the planner's) must not outlive it into the caller's.
+func TestDrainInATransactionLeavesItsSettingsAlone(t *testing.T) {
+	pool := durabledbtest.Pool(t, 4)
+	schema := durabledbtest.Schema(t, pool)
+	ctx := context.Background()
+	writer := gendurable.Job[int]{Name: "writer", Perform: func(c *gendurable.Ctx, _ int) error {
+		tx, err := c.Tx()
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(c, `SELECT 1`)
+		return err
+	}}
+	client, err := gendurable.NewClient(pool, &gendurable.Config{Schema: schema, Machines: []gendurable.Machine{writer}})
+	require.NoError(t, err)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	settings := func() (s [3]string) {
+		require.NoError(t, tx.QueryRow(ctx, `SELECT current_setting('statement_timeout'), current_setting('enable_seqscan'),
+			current_setting('plan_cache_mode')`).Scan(&s[0], &s[1], &s[2]))
+		return s
+	}
+	_, err = tx.Exec(ctx, `SET LOCAL statement_timeout = '5s'`)
+	require.NoError(t, err)
+	before := settings()
+	kit := durabletest.New(t, client, &durabletest.Opts{Tx: tx})
+	res, err := client.InsertTx(ctx, tx, writer.With(1), nil)
+	require.NoError(t, err)
+	require.Equal(t, 1, kit.Drain(ctx).Steps)
+	kit.RequireDone(ctx, res.ID, nil)
+	require.Equal(t, before, settings())
+}

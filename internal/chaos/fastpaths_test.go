@@ -605,7 +605,7 @@ func TestGateLeasesUnderKillsAndPauses(t *testing.T) {
 // Rate lanes under kills and pauses: three worker processes (4 slots each, steps of 30ms: a few
 // hundred steps a second between them) run fast5 instances whose every step is under one bucket
 // of 100 tokens a second, burst 10 (a tenth of the rows weigh 2). The workers start before there
-// is work, with a fourth of 16 slots beside them until its first grant: a pick that asks for more
+// is work, with a fourth of 32 slots beside them until its first grant: a pick that asks for more
 // rows than the burst holds takes the whole bucket, so the bound is reached at least once however
 // loaded the machine (the crew's picks of 4 rows empty a full bucket only when three of them come
 // within a few milliseconds of each other, which a busy machine does not promise; a run whose
@@ -636,20 +636,23 @@ func TestRateLanesUnderKillsAndPauses(t *testing.T) {
 			})
 		}
 	}
-	// The workers start before there is work: their first picks ask for more rows than the
-	// burst, so the bucket runs dry at once, however loaded the machine. GC runs (every 100 ms);
-	// it prunes a bucket only once it has been full for a minute, so not this one.
+	// The workers start before there is work, and the drainer beside them: its picks ask for
+	// more rows than the burst (28 of its 32 slots: a pick without a backlog leaves 4 to the
+	// wakes of signals), so its first grant empties the bucket, however loaded the machine. GC
+	// runs (every 100 ms); it prunes a bucket only once it has been full for a minute, so not
+	// this one.
 	rates := func(w *workerCfg) { w.Rates = map[string][3]int{"api": {allowed, periodMS, burst}} }
 	c := newCrew(t, e, 3, named("rate"), e.fastCfg(rates))
-	drain := startWorker(t, e.fastCfg(rates, func(w *workerCfg) { w.Name, w.Conc = "drain", 16 }))
+	drain := startWorker(t, e.fastCfg(rates, func(w *workerCfg) { w.Name, w.Conc = "ratedrain", 32 }))
 	// Enough rows that the drainer's first pick finds more than the bucket holds, whatever the
-	// crew's 12 slots took before it.
+	// crew's 12 slots took before it; topped up while it has not picked.
 	insertFast(t, e, 30, func(i int, st *fastState, o *gendurable.InsertOpts) {
 		st.Limit, st.Weight = "api:t", 1+rng.IntN(10)/9
 		o.RateLimit, o.Weight = st.Limit, st.Weight
 	})
 	eventually(t, time.Minute, "the drainer's first grant", func() bool {
-		return e.count(t, `SELECT count(*) FROM {schema}.t_claims WHERE owner LIKE 'drain:%'`) > 0
+		topUp()
+		return e.count(t, `SELECT count(*) FROM {schema}.t_claims WHERE owner LIKE 'ratedrain:%'`) > 0
 	})
 	drain.term(t)
 	lane := func(name string, pid int) int {

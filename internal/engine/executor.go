@@ -15,6 +15,7 @@ import (
 	"github.com/gendurable/gendurable/durabletype"
 	"github.com/gendurable/gendurable/internal/fault"
 	"github.com/gendurable/gendurable/internal/store"
+	"github.com/jackc/pgx/v5"
 )
 
 // runStep executes one claimed step and hands its outcome to the committer (or, for a step that
@@ -139,6 +140,7 @@ func (e *Engine) execute(ctx context.Context, db store.DB, queue string, c *stor
 		Ctx: ctx, Row: c, Queue: queue, MaxPayload: e.cfg.MaxPayload, MaxChildren: e.cfg.MaxChildren, Machine: e.Machine,
 		client: e.cfg.Name, log: e.log, begin: beginner(db),
 	}
+	_, call.nested = db.(pgx.Tx)
 	e.Emit(durabletype.Event{Name: durabletype.EventStepStarted, Queue: queue, Machine: c.Machine, Step: c.Step,
 		InstanceID: c.ID, Attempt: c.Attempt})
 	out = safeRun(def, call)
@@ -181,7 +183,13 @@ func (e *Engine) commitInTx(call *Call, out *store.Outcome) (applied bool, woken
 	ctx := context.WithoutCancel(call.Ctx)
 	ctx, cancel := context.WithTimeout(ctx, StatementTimeout(e.cfg.Lease))
 	defer cancel()
-	ok, woken, err := e.store.ApplyOutcomes(ctx, store.EndingTx{Tx: tx}, []store.Outcome{*out})
+	// The batch's settings end with a transaction of the step's own, committed below; a savepoint
+	// of a caller's transaction would hand them on to the rest of it.
+	var db store.DB = store.EndingTx{Tx: tx}
+	if call.nested {
+		db = tx
+	}
+	ok, woken, err := e.store.ApplyOutcomes(ctx, db, []store.Outcome{*out})
 	if err != nil {
 		_ = tx.Rollback(ctx)
 		return false, nil, err

@@ -61,6 +61,9 @@ type Call struct {
 
 	begin func(ctx context.Context) (pgx.Tx, error)
 	tx    pgx.Tx
+	// nested: the step's transaction is a savepoint of a caller's (the test kit's Drain in a
+	// transaction), which goes on after the step's commit.
+	nested bool
 }
 
 // Logger returns the engine's logger with the client, queue, machine, step and instance id

@@ -234,7 +234,7 @@ func TestReconcilerCountsLiveLeasesAndRemovesExpiredOnes(t *testing.T) {
 	require.Equal(t, want(4), held(), "the expired lease's unused slots went with it")
 }
 
-// A maintenance transaction whose client stops between two statements (a paused process) is
+// A transaction of the library's own whose client stops between two statements (a paused process) is
 // ended by the server after OwnTxIdleTimeout: the locks it took do not hold up the other
 // nodes for as long as the process is stopped.
 func TestOwnTxOfAStoppedWorkerEnds(t *testing.T) {
@@ -264,4 +264,29 @@ func TestOwnTxOfAStoppedWorkerEnds(t *testing.T) {
 	var prio int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT priority FROM `+schema+`.instances WHERE id = $1`, id).Scan(&prio))
 	require.Equal(t, 3, prio, "the stopped transaction rolled back; the other's update stands")
+}
+
+// The bound of BeginOwn never lengthens a shorter one the session already has (a role's guard),
+// and applies where the session has none.
+func TestOwnTxKeepsAShorterIdleBound(t *testing.T) {
+	s, pool, _ := newTestStore(t, 3)
+	ctx := context.Background()
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	bound := func(session string) string {
+		_, err := conn.Exec(ctx, `SELECT pg_catalog.set_config('idle_in_transaction_session_timeout', $1, false)`, session)
+		require.NoError(t, err)
+		tx, err := s.BeginOwn(ctx, conn)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		var got string
+		require.NoError(t, tx.QueryRow(ctx, `SELECT current_setting('idle_in_transaction_session_timeout')`).Scan(&got))
+		return got
+	}
+	require.Equal(t, "2s", bound("2s"))
+	require.Equal(t, "10s", bound("0"))
+	require.Equal(t, "10s", bound("1min"))
+	_, err = conn.Exec(ctx, `RESET idle_in_transaction_session_timeout`)
+	require.NoError(t, err)
 }

@@ -230,11 +230,13 @@ func (s *Store) ApplyOutcomes(ctx context.Context, db DB, outs []Outcome) (map[C
 	return applied, woken, err
 }
 
-// EndingTx is a transaction the caller commits as soon as an outcome batch applied in it returns
-// (the engine's commit of a step's Ctx.Tx): the batch sets its settings in it as in a transaction
-// of its own, the engine's statement timeout among them, since they end with it. Without them a
-// role's short statement_timeout cancelled a large spawn's outcome at every try, as it once did
-// the committer's batches (TestSpawnInStepTxOutlastsTheRolesStatementTimeout).
+// EndingTx is a top-level transaction the caller commits as soon as an outcome batch applied in it
+// returns (the engine's commit of a step's Ctx.Tx): the batch sets its settings in it as in a
+// transaction of its own, the engine's statement timeout among them, since they end with it (the
+// deferred constraint checks of the transaction's writes, run by its commit, run under them too).
+// Without them a role's short statement_timeout cancelled a large spawn's outcome at every try, as
+// it once did the committer's batches (TestSpawnInStepTxOutlastsTheRolesStatementTimeout). Never a
+// savepoint: SET LOCAL outlives its release, into the rest of the enclosing transaction.
 type EndingTx struct{ pgx.Tx }
 
 // ProbeReq names rows a commit reads back for this node's Await callers (await_probe's ids and

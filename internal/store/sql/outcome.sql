@@ -29,8 +29,10 @@
 -- statement returns each applied row's signalled flag as of its commit: a row that finished and
 -- received its first signal while its step ran is purged by a follow-up statement.
 --
--- A batch that is its own transaction (not a caller's) runs under outcome_settings (or, when its
--- statement joins its own sets, outcome_settings_joined), sent first in the same round trip.
+-- A batch that is its own transaction (not a caller's), or the outcome of a step committed in the
+-- step's own top-level transaction right after it (store.EndingTx), runs under outcome_settings
+-- (or, when its statement joins its own sets, outcome_settings_joined), sent first in the same
+-- round trip.
 --
 -- Kinds (store.OutcomeKind): next, retry, done, failed, released (claim handed back untouched:
 -- attempt restored, due after the delay; with an error kind, a recovery: the error recorded and
