@@ -62,10 +62,6 @@ func ExampleAwait() {
 	if err != nil {
 		panic(err)
 	}
-	if err := client.Start(ctx); err != nil {
-		panic(err)
-	}
-	defer func() { _ = client.Stop(ctx) }()
 
 	var ids []int64
 	for _, key := range []string{"expense-7", "expense-8"} {
@@ -83,6 +79,13 @@ func ExampleAwait() {
 	if err != nil {
 		panic(err)
 	}
+	// The client starts working the queue only now, so that the answer is in expense-7's inbox
+	// before its step asks, whatever the machine's speed: its park finds it and wakes at once,
+	// while expense-8 waits out its 50ms.
+	if err := client.Start(ctx); err != nil {
+		panic(err)
+	}
+	defer func() { _ = client.Stop(ctx) }()
 	for _, id := range ids {
 		a, err := client.Await(ctx, id, 10*time.Second, &gendurable.AwaitOpts{UntilTerminal: true})
 		if err != nil {
