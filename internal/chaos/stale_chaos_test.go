@@ -104,8 +104,10 @@ func newT2(t *testing.T, e *env, aMachines []gendurable.Machine, bMachines func(
 // startB starts worker B of iteration i; release unblocks whatever its machines wait for.
 func (x *t2) startB(i int, release <-chan struct{}) (name string, stop func()) {
 	name = fmt.Sprint("b", i)
+	// B's lease outlasts a loaded machine's stalls: with 1s, beats held up that long let B's own
+	// reaper release B's claim, and the test waited in vain for B's lease to be extended.
 	b := x.e.client(x.t, &gendurable.Config{Name: name, Machines: x.bMachines(name, release), PollInterval: time.Hour,
-		Lease: time.Second, Heartbeat: 50 * time.Millisecond, Poke: gendurable.PokePostgres(),
+		Lease: 10 * time.Second, Heartbeat: 50 * time.Millisecond, Poke: gendurable.PokePostgres(),
 		Reaper: &gendurable.ReaperConfig{Interval: 10 * time.Millisecond}, GC: &gendurable.GCConfig{Disabled: true},
 		Queues: map[string]gendurable.QueueConfig{"q": {Concurrency: 4}}, Hooks: []func(gendurable.Event){x.stale.hook(name)}})
 	return name, start(x.t, b)
