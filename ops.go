@@ -73,17 +73,7 @@ func (c *Client) Retry(ctx context.Context, id int64, opts *RetryOpts) error {
 // of its statements (store.BeginOwn). A client stopped in the middle of one (a CLI suspended in its
 // terminal, a paused VM) must not keep the rows it locked from every worker's outcome commits.
 func (c *Client) inOwnTx(ctx context.Context, fn func(pgx.Tx) error) error {
-	tx, err := c.store.BeginOwn(ctx, c.pool)
-	if err != nil {
-		return err
-	}
-	// As pgx.BeginFunc does: a rollback under a cancelled ctx fails at once, and the pool then
-	// closes the connection, which ends the transaction as surely.
-	defer func() { _ = tx.Rollback(ctx) }()
-	if err := fn(tx); err != nil {
-		return err
-	}
-	return tx.Commit(ctx)
+	return pgx.BeginFunc(ctx, store.OwnTxs{Store: c.store, DB: c.pool}, fn)
 }
 
 // retryCheck is what Retry checks of the locked row of instance id before retrying it at step

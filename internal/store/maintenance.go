@@ -108,6 +108,15 @@ func (s *Store) FireAwaitDeadlines(ctx context.Context, db DB, limit int, horizo
 // DefaultOwnTxIdleTimeout is the Store's OwnTxIdleTimeout when it is not set.
 const DefaultOwnTxIdleTimeout = 10 * time.Second
 
+// OwnTxs begins BeginOwn's transactions on DB, for pgx.BeginFunc.
+type OwnTxs struct {
+	Store *Store
+	DB    DB
+}
+
+// Begin begins a transaction of the library's own (BeginOwn).
+func (o OwnTxs) Begin(ctx context.Context) (pgx.Tx, error) { return o.Store.BeginOwn(ctx, o.DB) }
+
 // BeginOwn begins a transaction of the library's own of several statements (no caller's code runs
 // inside it), whose session the server ends if the client stops for longer than OwnTxIdleTimeout
 // between two of them (own_tx_settings): the locks it took must not outlive a paused process.

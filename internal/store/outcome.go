@@ -470,10 +470,10 @@ func (s *Store) ApplyOutcomesProbing(ctx context.Context, db DB, outs []Outcome,
 	// commits right after it (EndingTx). A caller's transaction that goes on runs the statements
 	// as they are (the settings would outlive them, to the caller's commit).
 	settings := s.sql(outcomeSettings(plain))
-	if _, ending := db.(EndingTx); !ending {
-		if _, inTx := db.(pgx.Tx); inTx {
-			settings = ""
-		}
+	switch db.(type) {
+	case EndingTx:
+	case pgx.Tx:
+		settings = ""
 	}
 	if fault.Enabled && len(parked) > 0 {
 		// A chaos build sends the park's statements one by one in an explicit transaction, with

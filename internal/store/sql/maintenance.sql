@@ -14,13 +14,13 @@
 -- back. Without it, the rows and gate counters it had locked stayed locked for as long as the
 -- process was stopped, and every other node's reaper, reconciler, gated picks and outcome commits
 -- waited on them and timed out, again and again (TestOwnTxOfAStoppedWorkerEnds,
--- TestBulkBatchOfAStoppedClientEnds).
--- A shorter bound the session already has (the role's) stays.
+-- TestBulkBatchOfAStoppedClientEnds). A shorter bound the session already has (the role's)
+-- stays (TestOwnTxKeepsAShorterIdleBound). Locks: none.
 -- name: own_tx_settings
 SELECT pg_catalog.set_config('idle_in_transaction_session_timeout',
-         CASE WHEN s.cur > interval '0' AND s.cur < $1::text::interval THEN s.raw ELSE $1::text END, true)
-FROM (SELECT pg_catalog.current_setting('idle_in_transaction_session_timeout') AS raw,
-             pg_catalog.current_setting('idle_in_transaction_session_timeout')::interval AS cur) AS s;
+         CASE WHEN s.raw::interval > interval '0' AND s.raw::interval < $1::text::interval THEN s.raw
+              ELSE $1::text END, true)
+FROM (SELECT pg_catalog.current_setting('idle_in_transaction_session_timeout') AS raw) AS s;
 
 -- Release expired claims: the reaper's sweep ($2 NULL: every claim whose lease has run out)
 -- and a starting scheduler's reclaim of its dead predecessor ($2 the worker-id prefix shared
