@@ -138,7 +138,7 @@ type haFault struct {
 // no (instance, step) effect committed twice (every effect commits in its step's transaction);
 // never more than the gate's limit executing under its key (a sampler on the primary, every
 // 5 ms when it can reach one); no running step lost its claim (no heartbeat.lost: the lease
-// outlasts each change); each worker's listener session on the final primary, and a probe in
+// outlasts each change, and the next change waits for a beat on the new primary); each worker's listener session on the final primary, and a probe in
 // its own queue (polled at start-up, then at doubling intervals up to an hour) started by a
 // poke within 5 s of its insert after the last change. Reported: per change, the time from its
 // start to the first commit on the new primary and the gap between the last commit on the old
@@ -214,7 +214,7 @@ func TestFailoverLosesNothing(t *testing.T) {
 		}, func(error) bool { return true })
 
 	cfg := workerCfg{URL: h.URL, Schema: e.schema, Machines: machinesHA, Conc: 40, Conns: 12, Poke: "postgres",
-		PollMS: 200, ReaperMS: 500, GCMS: 0, StepMS: oracle.Size(1000, 500), Seed: seed, Quiet: true,
+		PollMS: 200, ReaperMS: 500, GCMS: 0, StepMS: oracle.Size(1000, 500), Seed: seed, Quiet: true, Beats: true,
 		Gates: map[string][2]int{"ha": {haLimit, 1}}}
 	leaseMS(int(gendurable.DefaultLease.Milliseconds()))(&cfg)
 	var workers []*worker
@@ -285,6 +285,23 @@ func TestFailoverLosesNothing(t *testing.T) {
 		require.NotEqual(t, f.from, f.to, "%s: the primary did not change", kind)
 		f.settled = time.Now()
 		faults = append(faults, f)
+		// Each change must be outlasted by the lease on its own: the next one waits until every
+		// worker's heartbeat has reached the new primary, or no claim is left that none extended
+		// since (an idle worker's; a lost pick's, once the reaper released it). Two changes back
+		// to back could otherwise keep every beat out for longer than a lease.
+		eventually(t, 2*time.Minute, "every claim's lease extended on the new primary", func() bool {
+			beaten := true
+			for _, w := range workers {
+				beaten = beaten && w.beatSince(f.settled)
+			}
+			if beaten {
+				return true
+			}
+			var k int
+			err := e.side.QueryRow(ctx, e.q(`SELECT count(*) FROM {schema}.instances WHERE status = 'executing'
+				AND locked_until < $1::timestamptz + $2 * interval '1 millisecond'`), f.settled, cfg.LeaseMS).Scan(&k)
+			return err == nil && k == 0 // a query that fails (a pool connection to the old primary) is asked again
+		})
 		after = done()
 	}
 	atFraction(0.15)

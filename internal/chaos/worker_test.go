@@ -101,6 +101,9 @@ type workerCfg struct {
 	// Marks prints a line for every step that finished an instance, as its commit returned
 	// (worker.doneAt).
 	Marks bool
+	// Beats prints a line for every heartbeat that reached the database, with when it was sent
+	// (worker.beatSince).
+	Beats bool
 	// Schedules (crash set): the client's Config.Service is its Name, and it declares
 	// OwnSchedules schedules "<name>-<k>" and the SharedSchedules, each firing linear5 in the
 	// first queue every ScheduleEveryMS, overlap allowed, with a catch-up window of
@@ -244,6 +247,7 @@ type tally struct {
 	r     workerReport
 	ticks bool
 	marks bool
+	beats bool
 	// busyMin is the shortest busy window recorded (ms); running and busyFrom track the steps
 	// in flight.
 	busyMin  int64
@@ -315,6 +319,9 @@ func (c *tally) hook(ev gendurable.Event) {
 			ev.Name == gendurable.EventCommitFailed && ev.InstanceID != 0:
 			c.step(-1, at.UnixMilli())
 		}
+	}
+	if c.beats && ev.Name == gendurable.EventHeartbeatBeat {
+		fmt.Printf("%s%d\n", beatPrefix, at.Add(-ev.Duration).UnixNano()) // when it was sent
 	}
 	switch ev.Name {
 	case gendurable.EventStepFinished:
@@ -447,7 +454,7 @@ func workerMain(cfgJSON string) int {
 	for i := range cfg.Probes {
 		queues[fmt.Sprint("p", i)] = gendurable.QueueConfig{Concurrency: 1}
 	}
-	counts := &tally{r: workerReport{Events: map[string]int{}}, ticks: cfg.Ticks, marks: cfg.Marks,
+	counts := &tally{r: workerReport{Events: map[string]int{}}, ticks: cfg.Ticks, marks: cfg.Marks, beats: cfg.Beats,
 		busyMin: 2 * int64(cfg.HeartbeatMS)}
 	if cfg.Ticks {
 		counts.r.Ticks = map[string][][2]int64{}
@@ -577,13 +584,26 @@ type worker struct {
 	// instance, by id.
 	mu       sync.Mutex
 	finished map[int64]time.Time
+	lastBeat time.Time // when the last heartbeat of workerCfg.Beats was sent
 }
 
 // markPrefix starts a worker's stdout line that marks a finished instance (workerCfg.Marks).
 const markPrefix = "done "
 
-// mark records a line of workerCfg.Marks; it reports whether line is one.
+// beatPrefix starts a worker's stdout line that marks a heartbeat (workerCfg.Beats).
+const beatPrefix = "beat "
+
+// mark records a line of workerCfg.Marks or workerCfg.Beats; it reports whether line is one.
 func (w *worker) mark(line string) bool {
+	if s, ok := strings.CutPrefix(line, beatPrefix); ok {
+		var ns int64
+		if _, err := fmt.Sscan(s, &ns); err == nil {
+			w.mu.Lock()
+			w.lastBeat = time.Unix(0, ns)
+			w.mu.Unlock()
+		}
+		return true
+	}
 	s, ok := strings.CutPrefix(line, markPrefix)
 	if !ok {
 		return false
@@ -595,6 +615,14 @@ func (w *worker) mark(line string) bool {
 		w.mu.Unlock()
 	}
 	return true
+}
+
+// beatSince reports whether a heartbeat of this worker's (workerCfg.Beats) sent after t reached
+// the database.
+func (w *worker) beatSince(t time.Time) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.lastBeat.After(t)
 }
 
 // doneAt is when this worker's commit finished instance id (workerCfg.Marks), if it did.
