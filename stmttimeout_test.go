@@ -21,7 +21,7 @@ import (
 func TestSpawnOutlastsTheRolesStatementTimeout(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, schema := slowSpawns(t)
+	pool, checks, schema := slowSpawns(t)
 	kid := gendurable.Job[int]{Name: "kid", Queue: "kids", Perform: func(*gendurable.Ctx, int) error { return nil }}
 	other := gendurable.Job[int]{Name: "other", Perform: func(*gendurable.Ctx, int) error { return nil }}
 	parent := bigSpawner(kid, nil)
@@ -44,7 +44,7 @@ func TestSpawnOutlastsTheRolesStatementTimeout(t *testing.T) {
 	}
 	spawned(t, cl, p.ID)
 	var kids int
-	require.NoError(t, pool.QueryRow(ctx, expand(`SELECT count(*) FROM {schema}.instances WHERE parent_id = $1`, schema), p.ID).Scan(&kids))
+	require.NoError(t, checks.QueryRow(ctx, expand(`SELECT count(*) FROM {schema}.instances WHERE parent_id = $1`, schema), p.ID).Scan(&kids))
 	require.Equal(t, 30000, kids)
 }
 
@@ -54,8 +54,8 @@ func TestSpawnOutlastsTheRolesStatementTimeout(t *testing.T) {
 func TestSpawnInStepTxOutlastsTheRolesStatementTimeout(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, schema := slowSpawns(t)
-	_, err := pool.Exec(ctx, expand(`CREATE TABLE {schema}.spawn_effects (at timestamptz NOT NULL DEFAULT now())`, schema))
+	pool, checks, schema := slowSpawns(t)
+	_, err := checks.Exec(ctx, expand(`CREATE TABLE {schema}.spawn_effects (at timestamptz NOT NULL DEFAULT now())`, schema))
 	require.NoError(t, err)
 	kid := gendurable.Job[int]{Name: "kid", Queue: "kids", Perform: func(*gendurable.Ctx, int) error { return nil }}
 	parent := bigSpawner(kid, func(c *gendurable.Ctx) error {
@@ -74,8 +74,8 @@ func TestSpawnInStepTxOutlastsTheRolesStatementTimeout(t *testing.T) {
 	require.NoError(t, err)
 	spawned(t, cl, p.ID)
 	var kids, effects int
-	require.NoError(t, pool.QueryRow(ctx, expand(`SELECT count(*) FROM {schema}.instances WHERE parent_id = $1`, schema), p.ID).Scan(&kids))
-	require.NoError(t, pool.QueryRow(ctx, expand(`SELECT count(*) FROM {schema}.spawn_effects`, schema)).Scan(&effects))
+	require.NoError(t, checks.QueryRow(ctx, expand(`SELECT count(*) FROM {schema}.instances WHERE parent_id = $1`, schema), p.ID).Scan(&kids))
+	require.NoError(t, checks.QueryRow(ctx, expand(`SELECT count(*) FROM {schema}.spawn_effects`, schema)).Scan(&effects))
 	require.Equal(t, 30000, kids)
 	require.Equal(t, 1, effects, "the step's write committed once, with its spawn")
 }
@@ -120,14 +120,16 @@ func bigSpawner(kid gendurable.Job[int], before func(*gendurable.Ctx) error) gen
 	}}
 }
 
-// slowSpawns returns a pool whose role cancels statements after 300ms and a schema in which every
-// statement that inserts children lasts at least 500ms (a trigger of the test's), however fast
-// the machine.
-func slowSpawns(t *testing.T) (*pgxpool.Pool, string) {
+// slowSpawns returns a pool whose sessions cancel statements after 300ms, for the client; a
+// pool without that timeout, for the test's own statements (a count of 30,000 rows can take
+// longer on a loaded machine); and a schema in which every statement that inserts children lasts
+// at least 500ms (a trigger of the test's), however fast the machine.
+func slowSpawns(t *testing.T) (pool, checks *pgxpool.Pool, schema string) {
 	t.Helper()
-	pool := durabledbtest.Pool(t, 8, func(cfg *pgxpool.Config) { cfg.ConnConfig.RuntimeParams["statement_timeout"] = "300ms" })
-	schema := durabledbtest.Schema(t, pool)
-	_, err := pool.Exec(context.Background(), expand(`
+	checks = durabledbtest.Pool(t, 2)
+	schema = durabledbtest.Schema(t, checks)
+	pool = durabledbtest.Pool(t, 8, func(cfg *pgxpool.Config) { cfg.ConnConfig.RuntimeParams["statement_timeout"] = "300ms" })
+	_, err := checks.Exec(context.Background(), expand(`
 		CREATE FUNCTION {schema}.t_slow_children() RETURNS trigger LANGUAGE plpgsql AS $fn$
 		BEGIN
 		  IF EXISTS (SELECT 1 FROM new_rows WHERE parent_id IS NOT NULL) THEN PERFORM pg_sleep(0.5); END IF;
@@ -136,5 +138,5 @@ func slowSpawns(t *testing.T) (*pgxpool.Pool, string) {
 		CREATE TRIGGER t_slow_children AFTER INSERT ON {schema}.instances REFERENCING NEW TABLE AS new_rows
 		FOR EACH STATEMENT EXECUTE FUNCTION {schema}.t_slow_children()`, schema))
 	require.NoError(t, err)
-	return pool, schema
+	return pool, checks, schema
 }
