@@ -36,11 +36,14 @@ func insertKeyed(t *testing.T, cl *gendurable.Client, job gendurable.Job[int], k
 }
 
 // One tenant's burst of 100,000 instances does not hold up 50 small tenants who insert after it:
-// each small tenant's first instance starts within a second of its insert (p99 over the tenants,
-// the database's clock), and all of theirs finish while most of the burst still waits.
+// each small tenant's first instance starts before the burst gets more than a few claims after
+// its insert committed (fair shares give the burst one claim in each round of the 51 keys; a queue
+// without them would run the burst's 98,000 waiting rows first), counted from the claims' log
+// whatever the machine's pace; and all of theirs finish while most of the burst still waits. The
+// wait in seconds is logged.
 func TestFairShareBurstDoesNotStarveSmallTenants(t *testing.T) {
-	// Not parallel, and in the Makefile's LATENCY group: it measures a start within a second, and
-	// its burst would slow the latency-bound tests beside it.
+	// Not parallel, and in the Makefile's LATENCY group: its burst would slow the latency-bound
+	// tests beside it.
 	e := newEnv(t)
 	logClaims(t, e)
 	job := gendurable.Job[int]{Name: "fairjob", Queue: "f", Perform: func(*gendurable.Ctx, int) error { return nil }}
@@ -55,11 +58,13 @@ func TestFairShareBurstDoesNotStarveSmallTenants(t *testing.T) {
 
 	const tenants, each = 50, 100
 	var wg sync.WaitGroup
+	inserted := make([]time.Time, tenants) // when each small tenant's insert had committed
 	for k := range tenants {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			insertKeyed(t, cl, job, fmt.Sprint("small-", k), each)
+			inserted[k] = time.Now()
 		}()
 	}
 	wg.Wait()
@@ -87,7 +92,20 @@ func TestFairShareBurstDoesNotStarveSmallTenants(t *testing.T) {
 	p99 := waits[(len(waits)*99+99)/100-1]
 	t.Logf("small tenants' first start after their insert: p50 %.3f s, p99 %.3f s; the burst had %d of 100,000 done when they finished",
 		waits[len(waits)/2], p99, burstDone)
-	require.Less(t, p99, 1.0, "a small tenant waited for its first start (p99 over tenants, seconds)")
+	// The same wait counted in claims, whatever the machine's pace: the rows claimed by picks
+	// that began after a tenant's insert had committed (they saw its rows), before its first.
+	passed, byBurst := make([]int, tenants), make([]int, tenants)
+	for k := range tenants {
+		passed[k] = e.count(t, `SELECT count(*) FROM {schema}.t_claims WHERE at > $1 AND seq < (SELECT min(seq)
+			FROM {schema}.t_claims WHERE fair_key = $2)`, inserted[k], fmt.Sprint("small-", k))
+		byBurst[k] = e.count(t, `SELECT count(*) FROM {schema}.t_claims WHERE at > $1 AND fair_key = 'A' AND seq < (SELECT min(seq)
+			FROM {schema}.t_claims WHERE fair_key = $2)`, inserted[k], fmt.Sprint("small-", k))
+	}
+	slices.Sort(passed)
+	slices.Sort(byBurst)
+	t.Logf("claims that passed a small tenant over before its first start: p50 %d, max %d; of the burst's: p50 %d, max %d",
+		passed[len(passed)/2], passed[len(passed)-1], byBurst[len(byBurst)/2], byBurst[len(byBurst)-1])
+	require.LessOrEqual(t, byBurst[len(byBurst)-1], 10, "a small tenant waited for its first start behind the burst's claims")
 	require.Less(t, burstDone, 50_000, "the small tenants finished only after most of the burst")
 }
 
