@@ -23,7 +23,8 @@ import (
 // twice its interval of the second start (a tick is when work that got through began; work in
 // flight at the second start ticks then; the heartbeat, which reports only beats that extend
 // claims, is judged from the worker's first busy stretch); and pokes work again: 100 fresh inserts, each into an
-// idle queue of its own (so only a poke can start it before the 5s poll), start with p95 < 100ms.
+// idle queue of its own (so only a poke can start it before the 5s poll), start with p50 < 100ms
+// and p95 < 1s.
 func TestPostgresRestartMidRun(t *testing.T) {
 	seed, _ := oracle.Seed(t)
 	began := time.Now()
@@ -126,7 +127,11 @@ func TestPostgresRestartMidRun(t *testing.T) {
 	slices.Sort(lat)
 	p95 := lat[len(lat)*95/100-1]
 	t.Logf("insert→start after recovery: p50 %v, p95 %v, max %v", lat[len(lat)/2], p95, lat[len(lat)-1])
-	require.Less(t, p95, 100*time.Millisecond, "pokes do not work after the restarts (LISTEN not re-established)")
+	// A probe only the poll starts waits up to 5s for it (2.5s on average); one a poke starts,
+	// milliseconds, and a few hundred at worst on a loaded machine (p95 160ms with both cores
+	// otherwise busy).
+	require.Less(t, lat[len(lat)/2], 100*time.Millisecond, "pokes do not work after the restarts (LISTEN not re-established)")
+	require.Less(t, p95, time.Second, "some pokes do not work after the restarts")
 	db.waitDone(t, n+probes, 30*time.Second)
 
 	var reports []workerReport
