@@ -299,15 +299,20 @@ func watchStalls(t *testing.T) *stallWatch {
 			}
 			now := time.Now()
 			if now.Sub(last) > stallGap {
-				w.mu.Lock()
-				w.gaps = append(w.gaps, [2]time.Time{last, now})
-				w.mu.Unlock()
+				w.add(last, now)
 			}
 			last = now
 		}
 	}()
 	t.Cleanup(func() { close(stop); <-done })
 	return w
+}
+
+// add records a stall from a to b.
+func (w *stallWatch) add(a, b time.Time) {
+	w.mu.Lock()
+	w.gaps = append(w.gaps, [2]time.Time{a, b})
+	w.mu.Unlock()
 }
 
 // within is how long the process (or the server) stood still inside [from, to].
@@ -355,9 +360,7 @@ func watchServerStalls(t *testing.T, url string) *stallWatch {
 				return
 			}
 			if took := time.Since(began); took > serverStallGap {
-				w.mu.Lock()
-				w.gaps = append(w.gaps, [2]time.Time{began, began.Add(took)})
-				w.mu.Unlock()
+				w.add(began, began.Add(took))
 			}
 			time.Sleep(time.Millisecond)
 		}

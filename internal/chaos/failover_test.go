@@ -138,9 +138,10 @@ type haFault struct {
 // no (instance, step) effect committed twice (every effect commits in its step's transaction);
 // never more than the gate's limit executing under its key (a sampler on the primary, every
 // 5 ms when it can reach one); no running step lost its claim (no heartbeat.lost: the lease
-// outlasts each change, and the next change waits for a beat on the new primary); each worker's listener session on the final primary, and a probe in
-// its own queue (polled at start-up, then at doubling intervals up to an hour) started by a
-// poke within 5 s of its insert after the last change. Reported: per change, the time from its
+// outlasts each change, and the next change waits for a beat on the new primary); each worker's
+// listener session on the final primary, and a probe in its own queue (polled at start-up, then
+// at doubling intervals up to an hour) started by a poke within 5 s of its insert after the last
+// change. Reported: per change, the time from its
 // start to the first commit on the new primary and the gap between the last commit on the old
 // and the first on the new; the claims the reaper released (picks whose reply was lost with the
 // old primary) and the step transactions that lost their session and handed their claim back.
