@@ -42,6 +42,7 @@ type DB struct {
 	logOut io.Writer
 	opts   string   // a throwaway cluster's server options, for Start
 	env    []string // a throwaway cluster's extra server environment (ClusterOptions.Env)
+	mounts []string // the disks AddDisk mounted in dir, unmounted by Close
 }
 
 // Options adjusts Resolve.
@@ -107,6 +108,10 @@ func (d *DB) Close() error {
 	err := cmd.Run()
 	if _, serr := os.Stat(filepath.Join(d.data, "postmaster.pid")); os.IsNotExist(serr) {
 		err = nil
+	}
+	if uerr := unmount(d.mounts, d.logOut); uerr != nil {
+		// Removing the folder would empty a disk still mounted in it, and fail on its mount point.
+		return errors.Join(err, uerr)
 	}
 	if rerr := os.RemoveAll(d.dir); err == nil {
 		err = rerr
