@@ -20,27 +20,74 @@ import (
 
 // T21 of the reliability plan: the disk fills up. On a private cluster whose engine tables and
 // indexes live on a small disk of their own (a tmpfs tablespace; the WAL and the oracle's tables
-// stay on the cluster's main disk), two worker processes run linear5 instances (CI 1,000; full
-// 5,000) while an inserter adds one every 20ms. At 20% of the steps a ballast file takes every
-// free byte of that disk and keeps it for 5s (full: 60s); then the ballast goes. Pass: the fault
-// bit (the server logged writes that found no space, and some Inserts failed); each failed
-// Insert failed with disk_full (53100) and inserted nothing; everything inserted is done within
-// 60s of the space coming back, with no worker process restarted; I1-I8.
+// stay on the cluster's main disk), a ballast file takes every free byte of that disk at 20% of
+// the run and keeps it for 5s (full: 60s); then it goes (refusedWrites says the run and the
+// pass). Writes that need a new block fail with disk_full (53100); those that fit in their
+// pages go through.
 func TestDiskFullLosesNothing(t *testing.T) {
 	// A cluster of its own, offered a fixed load: it runs beside the other cluster tests.
 	t.Parallel()
+	cluster, db := privateCluster(t, nil)
+	disk := smallDisk(t, cluster, db, 64<<20)
+	refusedWrites(t, cluster, db, writeFault{test: "T21", code: "53100", logged: "No space left on device",
+		on: func() {
+			wrote, err := disk.Fill()
+			require.NoError(t, err)
+			left, err := disk.Available()
+			require.NoError(t, err)
+			t.Logf("the disk is full: ballast %d kB, %d bytes left", wrote/1024, left)
+		},
+		off: func() { require.NoError(t, disk.Free()) }})
+}
+
+// T21b of the reliability plan: the server refuses every write for a while, as a managed
+// Postgres does when its storage runs out or an operator does for maintenance:
+// default_transaction_read_only goes on for every session (ALTER SYSTEM and a reload) at 20% of
+// the run, for 5s (full: 60s), then off. Every write fails with read_only_sql_transaction
+// (25006), the reads go on (refusedWrites says the run and the pass).
+func TestReadOnlyServerLosesNothing(t *testing.T) {
+	// A cluster of its own, offered a fixed load: it runs beside the other cluster tests.
+	t.Parallel()
+	cluster, db := privateCluster(t, nil)
+	readOnly := func(on bool) {
+		ctx := context.Background()
+		conn, err := pgx.Connect(ctx, cluster.URL)
+		require.NoError(t, err)
+		defer func() { _ = conn.Close(ctx) }()
+		_, err = conn.Exec(ctx, fmt.Sprintf("ALTER SYSTEM SET default_transaction_read_only = %t", on))
+		require.NoError(t, err)
+		_, err = conn.Exec(ctx, "SELECT pg_reload_conf()")
+		require.NoError(t, err)
+	}
+	refusedWrites(t, cluster, db, writeFault{test: "T21b", code: "25006", logged: "in a read-only transaction",
+		on: func() { readOnly(true) }, off: func() { readOnly(false) }})
+}
+
+// writeFault is a spell in which the server refuses writes: on starts it, off ends it; code is
+// the SQLSTATE of each refused write and logged what the server logs for one.
+type writeFault struct {
+	test, code, logged string
+	on, off            func()
+}
+
+// refusedWrites runs a spell of f on cluster: two worker processes run linear5 instances (CI
+// 1,000; full 5,000) while an inserter adds one every 20ms; at 20% of the steps the spell begins
+// and lasts 5s (full: 60s). Pass: the fault bit (the server logged refused writes, and some
+// Inserts failed); each failed Insert failed with f.code and inserted nothing; everything
+// inserted is done within 60s of the spell's end, with no worker process restarted (each drains
+// on SIGTERM); I1-I8.
+func refusedWrites(t *testing.T, cluster *devdb.DB, db *chaosDB, f writeFault) {
+	t.Helper()
 	seed, _ := oracle.Seed(t)
 	began := time.Now()
 	ctx := context.Background()
-	cluster, db := privateCluster(t, nil)
-	disk := smallDisk(t, cluster, db, 64<<20)
 	n := oracle.Size(1000, 5000)
-	full := time.Duration(oracle.Size(5, 60)) * time.Second
+	spell := time.Duration(oracle.Size(5, 60)) * time.Second
 	db.insert(t, n, 5)
 
 	cfg := func(name string) workerCfg {
 		return chaosCfg(cluster.URL, cluster.URL, db.schema, name, func(c *workerCfg) {
-			c.StepMS, c.Conc, c.Seed, c.Quiet, c.App = 10, 8, seed, true, "gd-t21-"+name
+			c.StepMS, c.Conc, c.Seed, c.Quiet, c.App = 10, 8, seed, true, "gd-"+strings.ToLower(f.test)+"-"+name
 		})
 	}
 	workers := []*worker{startWorker(t, cfg("w0")), startWorker(t, cfg("w1"))}
@@ -75,39 +122,36 @@ func TestDiskFullLosesNothing(t *testing.T) {
 	}()
 
 	db.waitProgress(t, n, 0.2, 2*time.Minute)
-	wrote, err := disk.Fill()
-	require.NoError(t, err)
-	left, err := disk.Available()
-	require.NoError(t, err)
-	t.Logf("20%%: the disk is full (ballast %d kB, %d bytes left); it stays full for %v", wrote/1024, left, full)
-	time.Sleep(full)
+	f.on()
+	t.Logf("20%%: writes are refused for %v", spell)
+	time.Sleep(spell)
 	mu.Lock()
-	refusedWhileFull := len(refused)
+	refusedInSpell := len(refused)
 	mu.Unlock()
-	require.NoError(t, disk.Free())
-	freed := time.Now()
-	t.Log("the ballast is gone")
+	f.off()
+	ended := time.Now()
+	t.Log("writes are accepted again")
 
-	// Some more arrivals on the freed disk, then the inserter stops.
+	// Some more arrivals after the spell, then the inserter stops.
 	time.Sleep(time.Second)
 	close(quit)
 	<-stopped
 	total := n + len(inserted)
 	db.waitDone(t, total, 60*time.Second)
-	t.Logf("all %d done %v after the space came back; %d Inserts refused while the disk was full, %d accepted in all",
-		total, time.Since(freed).Round(time.Millisecond), refusedWhileFull, len(inserted))
+	t.Logf("all %d done %v after the spell; %d Inserts refused during it, %d accepted in all",
+		total, time.Since(ended).Round(time.Millisecond), refusedInSpell, len(inserted))
 
-	// The fault bit: Postgres refused writes for want of space, inserts among them.
+	// The fault bit: the server refused writes, inserts among them.
 	log, err := cluster.ServerLog()
 	require.NoError(t, err)
-	noSpace := strings.Count(log, "No space left on device")
-	t.Logf("the server logged %d writes that found no space", noSpace)
-	require.Positive(t, noSpace, "the disk never refused a write: the fault did not bite")
-	require.Positive(t, refusedWhileFull, "no Insert failed while the disk was full")
+	k := strings.Count(log, f.logged)
+	t.Logf("the server logged %d refused writes", k)
+	require.Positive(t, k, "the server never refused a write: the fault did not bite")
+	require.Positive(t, refusedInSpell, "no Insert failed during the spell")
 	t.Logf("an Insert refused: %v", refused[0])
 	for _, err := range refused {
 		var pgErr *pgconn.PgError
-		require.True(t, errors.As(err, &pgErr) && pgErr.Code == "53100", "an Insert failed, but not for want of space: %v", err)
+		require.True(t, errors.As(err, &pgErr) && pgErr.Code == f.code, "an Insert failed, but not with %s: %v", f.code, err)
 	}
 	// A refused Insert inserted nothing: the table holds exactly the accepted ones.
 	require.Equal(t, total, db.count(t, `SELECT count(*) FROM {schema}.instances`), "a refused Insert left a row")
@@ -118,7 +162,7 @@ func TestDiskFullLosesNothing(t *testing.T) {
 	}
 	st := sum(reports...)
 	violations, dup := db.check(t, total)
-	oracle.Report(t, oracle.Summary{Test: "T21", Seed: seed, Instances: total, Faults: 1, Violations: violations,
+	oracle.Report(t, oracle.Summary{Test: f.test, Seed: seed, Instances: total, Faults: 1, Violations: violations,
 		Lost: total - db.done(t), DuplicateTerminal: dup, Deadlocks: db.deadlocks(t),
 		Throughput: float64(st.steps()) / time.Since(began).Seconds(), Seconds: time.Since(began).Seconds()})
 	t.Logf("stale outcomes %d, failed commit tries %d (unknown outcome %d)", st.stale(), st.CommitFailed, st.Unknown)
