@@ -6,6 +6,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"runtime/debug"
@@ -24,6 +25,20 @@ import (
 func (e *Engine) runStep(queue string, c *store.Claimed, gl *gateLease, release func()) {
 	f, ctx := e.track(queue, c.Owner, c, gl)
 	out, call := e.execute(ctx, e.pool, queue, c)
+	if (out.Kind == store.KindRetry || out.Kind == store.KindFailed) && errors.Is(context.Cause(ctx), durabletype.ErrLeaseLost) {
+		// The heartbeat could not reach the database for a whole lease and cancelled the step,
+		// which then failed: the cancellation's failure, not the step's. The database may still
+		// show the claim as this client's (no reaper released it yet); the claim is handed back
+		// as the reaper would (a recovery, no attempt spent), never charged as a try, and a job
+		// on its last attempt does not fail for a heartbeat's outage. A claim that is gone makes
+		// the hand-back stale.
+		if call != nil {
+			call.RollbackTx()
+		}
+		out = store.Recovery(c, c.Slot(), 0, errKindLease, e.cfg.MaxRecoveries,
+			fmt.Errorf("%w: the worker's heartbeat could not reach the database for a whole lease, and it cancelled the step, which then failed: %s",
+				durabletype.ErrLeaseLost, out.ErrMsg))
+	}
 	if fault.Enabled {
 		// The step has run; its outcome is not committed yet, and this slot stays taken. An
 		// error drops the outcome, as a worker dying here would: the lease runs out and the
@@ -153,10 +168,12 @@ func (e *Engine) execute(ctx context.Context, db store.DB, queue string, c *stor
 }
 
 // Error kinds of recoveries: a claim handed back because the rest of its inbox or children could
-// not be read (load), or because the session of the step's transaction was lost (session).
+// not be read (load), because the session of the step's transaction was lost (session), or
+// because the heartbeat presumed it lost and cancelled its step (lease, the reaper's kind too).
 const (
 	errKindLoad    = "load"
 	errKindSession = "session"
+	errKindLease   = "lease"
 )
 
 // safeRun is the last safety net around a machine's Run, which recovers step panics itself: if

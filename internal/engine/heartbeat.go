@@ -20,7 +20,7 @@ import (
 // again an eighth of an interval later, not a whole one: the leases are at stake; one that waits
 // (for a connection, say) may wait as long as the claims live, and at least half a lease. If it
 // cannot reach the database for a whole lease, every running step is cancelled: its claim is
-// presumed lost.
+// presumed lost (a step that fails for it is handed back as a lost lease: runStep).
 func (e *Engine) heartbeatLoop() {
 	defer e.bg.Done()
 	defer e.dropBeatConn()
@@ -140,7 +140,7 @@ func (e *Engine) cancelAll(ids []int64, owners []string) {
 	}
 	e.mu.Unlock()
 	if n > 0 {
-		e.log.Warn("gendurable: lost claims; their steps are cancelled and their outcomes will be dropped",
+		e.log.Warn("gendurable: lost claims; their steps are cancelled, and an outcome commits only if the database still shows its claim",
 			"client", e.cfg.Name, "claims", n, "ids", strings.Join(some, ", "))
 		e.Emit(durabletype.Event{Name: durabletype.EventHeartbeatLost, Count: n})
 	}
