@@ -101,7 +101,10 @@ func (c *Client) Schema() string { return c.store.Schema }
 // the heartbeat, the reaper and the schedule firer, and writes the schedules its Config declares
 // (removing those its Service declared before and no longer does). It never runs DDL: migrate first (Migrate or `gendurable migrate`).
 // It logs a warning if the pool's search_path holds a schema that other roles can create objects
-// in (see the operations guide, "Roles and grants").
+// in (see the operations guide, "Roles and grants"). Once the schema check has answered, a
+// statement of Start's that fails in a way worth retrying (a lost connection, a lock or statement
+// timeout, a server restarting) is tried again, with a warning, for up to twice the engine's
+// statement deadline (the lease, within 5 to 30 seconds) before Start returns its error.
 func (c *Client) Start(ctx context.Context) error {
 	if err := durablemigrate.Check(ctx, c.pool, c.store.Schema); err != nil {
 		return err

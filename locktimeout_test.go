@@ -77,3 +77,50 @@ func TestOutcomeRetriedAfterALockTimeout(t *testing.T) {
 	require.Empty(t, in.Errors, "no error recorded: neither a rejection nor a lost lease")
 	require.Equal(t, int32(1), runs.Load(), "the step ran once")
 }
+
+// A client's Start writes its row in the node registry. If that waits past the role's
+// lock_timeout (an operator's migration holding the table for a moment, say), Start tries again
+// instead of failing: a database busy or locked for a moment does not stop a node from starting.
+// Before, Start returned the lock timeout (55P03).
+func TestStartOutlastsABriefLockOnTheRegistry(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	pool := durabledbtest.Pool(t, 8, func(cfg *pgxpool.Config) { cfg.ConnConfig.RuntimeParams["lock_timeout"] = "50ms" })
+	job := gendurable.Job[int]{Name: "j", Perform: func(*gendurable.Ctx, int) error { return nil }}
+	cl, err := gendurable.NewClient(pool, &gendurable.Config{Schema: e.schema, Machines: []gendurable.Machine{job},
+		Queues: map[string]gendurable.QueueConfig{gendurable.DefaultQueue: {Concurrency: 1}}})
+	require.NoError(t, err)
+
+	tx, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, expand(`LOCK TABLE {schema}.nodes IN ACCESS EXCLUSIVE MODE`, e.schema))
+	require.NoError(t, err)
+	waited := make(chan struct{})
+	go func() {
+		// Start's wait for the lock shows in pg_locks as a lock on the table not granted.
+		defer close(waited)
+		for until := time.Now().Add(20 * time.Second); time.Now().Before(until); time.Sleep(5 * time.Millisecond) {
+			var n int
+			err := e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = $1::regclass`,
+				expand(`{schema}.nodes`, e.schema)).Scan(&n)
+			if err != nil || n > 0 {
+				return
+			}
+		}
+	}()
+	started := make(chan error, 1)
+	go func() { started <- cl.Start(ctx) }()
+	<-waited
+	// Held a little longer than one wait, then released.
+	time.Sleep(300 * time.Millisecond)
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, <-started, "Start failed on a lock held for a moment")
+	stopCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	require.NoError(t, cl.Stop(stopCtx))
+	var n int
+	require.NoError(t, e.pool.QueryRow(ctx, expand(`SELECT count(*) FROM {schema}.nodes`, e.schema)).Scan(&n))
+	require.Zero(t, n, "Stop deletes the row Start wrote")
+}

@@ -185,14 +185,16 @@ func TestHeartbeatKeepsALongStepOwned(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	var runs atomic.Int64
+	// A lease of 2s, beats every 100ms: the premise is that some beat lands within each lease,
+	// and with both cores busy beside the suite a beat was once held up past a lease of 1s.
 	m := linear("long", 0, func(ctx *gendurable.Ctx) {
 		if ctx.Step == "s0" {
 			runs.Add(1)
-			time.Sleep(3 * time.Second) // three leases long
+			time.Sleep(5 * time.Second) // two and a half leases long
 		}
 	})
 	cfg := &gendurable.Config{
-		Machines: []gendurable.Machine{m}, Lease: time.Second, Heartbeat: 100 * time.Millisecond,
+		Machines: []gendurable.Machine{m}, Lease: 2 * time.Second, Heartbeat: 100 * time.Millisecond,
 		Queues: map[string]gendurable.QueueConfig{"work": {Concurrency: 2}},
 		Reaper: &gendurable.ReaperConfig{Interval: 50 * time.Millisecond},
 	}

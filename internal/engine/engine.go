@@ -353,9 +353,11 @@ func (e *Engine) reclaim(ctx context.Context, queue string) error {
 	slack := e.cfg.Lease - e.staleAfter()
 	total := 0
 	for {
-		sctx, cancel := context.WithTimeout(ctx, StatementTimeout(e.cfg.Lease))
-		rows, _, err := e.store.ReleaseExpired(sctx, e.pool, 1000, e.workerPrefix(queue), slack, e.cfg.MaxRecoveries)
-		cancel()
+		var rows []store.Released
+		err := e.startTry(ctx, func(ctx context.Context) (err error) {
+			rows, _, err = e.store.ReleaseExpired(ctx, e.pool, 1000, e.workerPrefix(queue), slack, e.cfg.MaxRecoveries)
+			return err
+		})
 		if err != nil {
 			return fmt.Errorf("gendurable: startup reclaim of queue %q: %w", queue, err)
 		}
@@ -369,6 +371,32 @@ func (e *Engine) reclaim(ctx context.Context, queue string) error {
 		e.Emit(durabletype.Event{Name: durabletype.EventSchedulerReclaimed, Queue: queue, Count: total})
 	}
 	return nil
+}
+
+// startTry runs one of Start's statements (fn, under a statement deadline of its own) and runs
+// it again while it fails in a way worth retrying (store.Retryable: a lost or refused connection,
+// a server starting up or shutting down, a statement the server cancelled or that gave up on a
+// lock, a deadline of its own) for up to two statement deadlines in all, backing off from 50ms to
+// 1s: a database busy or briefly locked does not fail Start, one that stays out of reach does.
+// A refused login or a database that does not exist fails at once, as does ctx's end.
+func (e *Engine) startTry(ctx context.Context, fn func(ctx context.Context) error) error {
+	until := time.Now().Add(2 * StatementTimeout(e.cfg.Lease))
+	backoff := 50 * time.Millisecond
+	for {
+		sctx, cancel := context.WithTimeout(ctx, StatementTimeout(e.cfg.Lease))
+		err := fn(sctx)
+		cancel()
+		if err == nil || ctx.Err() != nil || !store.Retryable(err) || store.Misconfigured(err) || time.Now().Add(backoff).After(until) {
+			return err
+		}
+		e.log.Warn("gendurable: start: a statement failed; trying again", "client", e.cfg.Name, "error", err)
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			return err
+		}
+		backoff = min(2*backoff, time.Second)
+	}
 }
 
 // FireAwaitDeadlines wakes the parked instances whose await deadline is within horizon (the test

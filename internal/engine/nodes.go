@@ -42,11 +42,12 @@ func (e *Engine) manifest() *store.Node {
 
 // register writes this client's registry row at Start and forgets the rows of nodes long gone.
 func (e *Engine) register(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, StatementTimeout(e.cfg.Lease))
-	defer cancel()
-	if err := e.store.UpsertNode(ctx, e.pool, e.manifest()); err != nil {
+	node := e.manifest()
+	if err := e.startTry(ctx, func(ctx context.Context) error { return e.store.UpsertNode(ctx, e.pool, node) }); err != nil {
 		return fmt.Errorf("gendurable: start: register in the node registry: %w", err)
 	}
+	ctx, cancel := context.WithTimeout(ctx, StatementTimeout(e.cfg.Lease))
+	defer cancel()
 	if err := e.store.ForgetNodes(ctx, e.pool, nodeForget); err != nil {
 		e.log.Warn("gendurable: could not forget the registry rows of nodes long gone", "client", e.cfg.Name, "error", err)
 	}

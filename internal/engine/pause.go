@@ -73,9 +73,7 @@ func (e *Engine) loadPauses(ctx context.Context) error {
 	if len(e.runners) == 0 {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, StatementTimeout(e.cfg.Lease))
-	defer cancel()
-	if err := e.RefreshPauses(ctx); err != nil {
+	if err := e.startTry(ctx, e.RefreshPauses); err != nil {
 		return fmt.Errorf("gendurable: start: read the paused queues and machines: %w", err)
 	}
 	return nil

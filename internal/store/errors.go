@@ -42,6 +42,15 @@ func Retryable(err error) bool {
 	return true
 }
 
+// Misconfigured reports whether err is a connection the server refused for who or where it is
+// (invalid_authorization_specification, invalid_password: class 28; a database that does not
+// exist, 3D000): Retryable, since a login revoked during a rotation comes back, but at a
+// client's Start it is most likely the configuration, and reported at once.
+func Misconfigured(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code[:2] == "28" || pgErr.Code == "3D000")
+}
+
 // IdleInTransaction reports whether the server ended the session because it sat idle in a
 // transaction longer than idle_in_transaction_session_timeout (which rolls the transaction back).
 func IdleInTransaction(err error) bool {
