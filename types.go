@@ -35,6 +35,7 @@ type EventName = durabletype.EventName
 const (
 	EventSchedulerPicked      = durabletype.EventSchedulerPicked
 	EventSchedulerReclaimed   = durabletype.EventSchedulerReclaimed
+	EventSchedulerFailed      = durabletype.EventSchedulerFailed
 	EventStepStarted          = durabletype.EventStepStarted
 	EventStepFinished         = durabletype.EventStepFinished
 	EventStepError            = durabletype.EventStepError
@@ -43,8 +44,10 @@ const (
 	EventFSMUnknown           = durabletype.EventFSMUnknown
 	EventHeartbeatLost        = durabletype.EventHeartbeatLost
 	EventHeartbeatBeat        = durabletype.EventHeartbeatBeat
+	EventHeartbeatFailed      = durabletype.EventHeartbeatFailed
 	EventReaperSwept          = durabletype.EventReaperSwept
 	EventReaperReclaimed      = durabletype.EventReaperReclaimed
+	EventReaperFailed         = durabletype.EventReaperFailed
 	EventAwaitTimeout         = durabletype.EventAwaitTimeout
 	EventInstanceCancelled    = durabletype.EventInstanceCancelled
 	EventInstanceRetried      = durabletype.EventInstanceRetried
@@ -52,6 +55,7 @@ const (
 	EventConcurrencyThrottled = durabletype.EventConcurrencyThrottled
 	EventConcurrencyContended = durabletype.EventConcurrencyContended
 	EventGCSwept              = durabletype.EventGCSwept
+	EventGCFailed             = durabletype.EventGCFailed
 	EventRateLimitThrottled   = durabletype.EventRateLimitThrottled
 	EventRateLimitContended   = durabletype.EventRateLimitContended
 	EventRateLimitUnknown     = durabletype.EventRateLimitUnknown

@@ -13,6 +13,9 @@ const (
 	EventSchedulerPicked EventName = "scheduler.picked"
 	// EventSchedulerReclaimed: startup reclaim released a dead predecessor's claims. Count = rows.
 	EventSchedulerReclaimed EventName = "scheduler.reclaimed"
+	// EventSchedulerFailed: a pick failed; the queue picks again at its next poll. Queue, Err,
+	// Duration = the pick's time.
+	EventSchedulerFailed EventName = "scheduler.failed"
 	// EventStepStarted: a claimed step began to run.
 	EventStepStarted EventName = "step.started"
 	// EventStepFinished: a step's outcome committed. Outcome = the outcome's kind, Duration = the
@@ -36,10 +39,16 @@ const (
 	// with no claims in flight sends nothing and reports nothing). Count = claims sent,
 	// Duration = the statement's time.
 	EventHeartbeatBeat EventName = "heartbeat.beat"
+	// EventHeartbeatFailed: a beat did not reach the database (or the database refused it); the
+	// next one is sent soon after. Count = claims it was to extend, Err = why.
+	EventHeartbeatFailed EventName = "heartbeat.failed"
 	// EventReaperSwept: a reaper sweep ran to its end (every sweep, also one that found
 	// nothing). Count = rows it changed (claims released, parked rows woken at their await
 	// deadline), Duration = the sweep's time.
 	EventReaperSwept EventName = "reaper.swept"
+	// EventReaperFailed: a reaper sweep failed; the next sweep is at the reaper's interval.
+	// Err, Duration = the time until it failed.
+	EventReaperFailed EventName = "reaper.failed"
 	// EventReaperReclaimed: the reaper released rows whose lease had expired. Count = rows
 	// released, Failed = rows failed because they had no attempts left.
 	EventReaperReclaimed EventName = "reaper.reclaimed"
@@ -53,6 +62,9 @@ const (
 	// instances deleted, Buckets = rate-limit buckets pruned, Gates = gate counters repaired or
 	// removed, Duration = the sweep's time.
 	EventGCSwept EventName = "gc.swept"
+	// EventGCFailed: a GC sweep failed; the next sweep is at GC's interval. Err, Duration = the
+	// time until it failed.
+	EventGCFailed EventName = "gc.failed"
 	// EventRateLimitThrottled: a pick's window held rate-limited rows their bucket could not
 	// afford yet (they stay available). Count = rows.
 	EventRateLimitThrottled EventName = "rate_limit.throttled"

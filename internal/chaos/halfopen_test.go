@@ -2,10 +2,8 @@ package chaos
 
 import (
 	"context"
-	"log/slog"
 	"net"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -41,10 +39,10 @@ type timeline struct {
 	at map[string][]time.Time
 }
 
-func (tl *timeline) mark(what string) {
+func (tl *timeline) mark(what string, at time.Time) {
 	tl.mu.Lock()
 	defer tl.mu.Unlock()
-	tl.at[what] = append(tl.at[what], time.Now())
+	tl.at[what] = append(tl.at[what], at)
 }
 
 // after is how long after t0 what first happened (false: it has not). What happened before t0
@@ -71,13 +69,6 @@ func TestHalfOpenConnectionsDoNotPinTheWorker(t *testing.T) {
 	e := newEnv(t, 16)
 	pool, proxy := proxiedPool(t, e.url, 8)
 	tl := &timeline{at: map[string][]time.Time{}}
-	logs := &scanHandler{scan: func(s string) {
-		for _, what := range []string{"pick failed", "heartbeat failed"} {
-			if strings.Contains(s, what) {
-				tl.mark(what)
-			}
-		}
-	}}
 	// The first steps wait for the cut, so that their outcomes are committed through the cut-off
 	// connections however long a loaded machine takes to get to the cut.
 	cut := make(chan struct{})
@@ -87,11 +78,10 @@ func TestHalfOpenConnectionsDoNotPinTheWorker(t *testing.T) {
 		Schema: e.schema, Machines: []gendurable.Machine{m}, Lease: lease, Heartbeat: 200 * time.Millisecond,
 		PollInterval: 100 * time.Millisecond, Queues: map[string]gendurable.QueueConfig{"work": {Concurrency: 8}},
 		Reaper: &gendurable.ReaperConfig{Disabled: true}, GC: &gendurable.GCConfig{Disabled: true},
-		Logger: slog.New(logs),
 		Hooks: []func(gendurable.Event){func(ev gendurable.Event) {
 			switch ev.Name {
-			case gendurable.EventCommitFailed:
-				tl.mark(string(ev.Name))
+			case gendurable.EventCommitFailed, gendurable.EventHeartbeatFailed, gendurable.EventSchedulerFailed:
+				tl.mark(string(ev.Name), ev.At) // when it happened: hooks run behind
 			}
 		}},
 	}
@@ -127,7 +117,7 @@ func TestHalfOpenConnectionsDoNotPinTheWorker(t *testing.T) {
 	t.Logf("Await answered after %v (%v)", took, err)
 
 	bound := lease + 5*time.Second
-	whats := []string{"heartbeat failed", string(gendurable.EventCommitFailed), "pick failed"}
+	whats := []string{string(gendurable.EventHeartbeatFailed), string(gendurable.EventCommitFailed), string(gendurable.EventSchedulerFailed)}
 	for deadline := time.Now().Add(bound + 2*time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		all := true
 		for _, what := range whats {

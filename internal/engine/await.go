@@ -321,11 +321,12 @@ func (a *awaiter) probe(all bool) {
 	cancel()
 	if err != nil {
 		if a.e.baseCtx.Err() == nil {
-			a.e.log.Warn("gendurable: await probe failed; retrying at the next tick", "client", a.e.cfg.Name,
+			a.e.spells.awaits.Failed(a.e.log, "gendurable: await probe failed; retrying at the next tick", "client", a.e.cfg.Name,
 				"waiters", len(ids), "error", err)
 		}
 		return
 	}
+	a.e.spells.awaits.Succeeded(a.e.log, "gendurable: await probes succeed again", "client", a.e.cfg.Name)
 	a.answer(ps)
 }
 

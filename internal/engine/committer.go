@@ -276,6 +276,7 @@ func (c *committer) commit(batch []*commitReq, stopping bool) {
 		cancel()
 		err = e.committed(err)
 		if err == nil {
+			e.spells.commit.Succeeded(e.log, "gendurable: outcomes commit again", "client", e.cfg.Name)
 			e.awaits.answer(probes)
 			for _, r := range batch {
 				_, ok := applied[r.out.Claim]
@@ -295,7 +296,7 @@ func (c *committer) commit(batch []*commitReq, stopping bool) {
 			}
 			return
 		}
-		e.log.Warn("gendurable: outcome commit failed; retrying", "client", e.cfg.Name, "outcomes", len(batch),
+		e.spells.commit.Failed(e.log, "gendurable: outcome commit failed; retrying", "client", e.cfg.Name, "outcomes", len(batch),
 			"try", try, "error", err)
 		if stopping {
 			time.Sleep(backoff)

@@ -39,6 +39,7 @@ import (
 
 	"github.com/gendurable/gendurable/durabletype"
 	"github.com/gendurable/gendurable/internal/maintenance"
+	"github.com/gendurable/gendurable/internal/spell"
 	"github.com/gendurable/gendurable/internal/store"
 	"github.com/jackc/pgx/v5"
 )
@@ -149,6 +150,9 @@ type Engine struct {
 	retentionsSet bool
 	committer     *committer
 	lastBeat      time.Time
+	// spells keep the logs of the background loops' repeating failures short: one per loop
+	// (the queues' picks have theirs in their runners).
+	spells struct{ beat, leases, commit, registry, pauses, upgrades, awaits spell.Log }
 	// beatConn is the heartbeat's own connection (heartbeatLoop's alone; nil until dialled);
 	// beatOnPool says it was refused a statement, and the beats go through the pool.
 	beatConn      *pgx.Conn

@@ -68,7 +68,7 @@ func (e *Engine) beat() bool {
 		// A beat about to extend the leases: a hook holding it here is a stalled heartbeat;
 		// an error is a failed one.
 		if err := fault.PointFor(fault.Heartbeat, e.cfg.Name); err != nil {
-			e.log.Warn("gendurable: heartbeat failed", "client", e.cfg.Name, "claims", len(ids), "error", err)
+			e.beatFailed(len(ids), 0, err)
 			if time.Since(e.lastBeat) >= e.cfg.Lease {
 				e.cancelAll(ids, owners)
 			}
@@ -96,13 +96,14 @@ func (e *Engine) beat() bool {
 		return false // Stop cancelled it: nothing is left to extend
 	}
 	if err != nil {
-		e.log.Warn("gendurable: heartbeat failed", "client", e.cfg.Name, "claims", len(ids), "error", err)
+		e.beatFailed(len(ids), time.Since(began), err)
 		if time.Since(e.lastBeat) >= e.cfg.Lease {
 			e.cancelAll(ids, owners)
 		}
 		return false
 	}
 	e.lastBeat = time.Now()
+	e.spells.beat.Succeeded(e.log, "gendurable: the heartbeat reaches the database again", "client", e.cfg.Name)
 	e.Emit(durabletype.Event{Name: durabletype.EventHeartbeatBeat, Count: len(ids), Duration: e.lastBeat.Sub(began)})
 	if len(lost) > 0 {
 		// The statement names lost claims by row id; the claim is the one this beat sent for
@@ -118,6 +119,13 @@ func (e *Engine) beat() bool {
 		e.cancelAll(lost, lostOwners)
 	}
 	return true
+}
+
+// beatFailed reports a beat of n claims that failed after took: an event each time, a log line
+// per spell of failures (see spell.Log).
+func (e *Engine) beatFailed(n int, took time.Duration, err error) {
+	e.spells.beat.Failed(e.log, "gendurable: heartbeat failed", "client", e.cfg.Name, "claims", n, "error", err)
+	e.Emit(durabletype.Event{Name: durabletype.EventHeartbeatFailed, Count: n, Duration: took, Err: err})
 }
 
 // cancelAll cancels the running steps of the given claims (ids[i] under token owners[i]). A
@@ -168,9 +176,10 @@ func (e *Engine) renewLeases() {
 	cancel()
 	if err != nil {
 		// The picks check the lease themselves: one that expired admits nothing.
-		e.log.Warn("gendurable: gate lease renewal failed", "client", e.cfg.Name, "error", err)
+		e.spells.leases.Failed(e.log, "gendurable: gate lease renewal failed", "client", e.cfg.Name, "error", err)
 		return
 	}
+	e.spells.leases.Succeeded(e.log, "gendurable: gate leases are renewed again", "client", e.cfg.Name)
 	for _, gl := range held {
 		found := false
 		for _, l := range renewed {

@@ -91,7 +91,9 @@ func (e *Engine) registryLoop() {
 		case <-t.C:
 			ctx, cancel := context.WithTimeout(e.baseCtx, StatementTimeout(e.cfg.Lease))
 			if err := e.store.UpsertNode(ctx, e.pool, node); err != nil {
-				e.log.Warn("gendurable: node registry refresh failed", "client", e.cfg.Name, "error", err)
+				e.spells.registry.Failed(e.log, "gendurable: node registry refresh failed", "client", e.cfg.Name, "error", err)
+			} else {
+				e.spells.registry.Succeeded(e.log, "gendurable: the node registry is refreshed again", "client", e.cfg.Name)
 			}
 			if !e.retentionsSet {
 				e.retentionsSet = e.setRetentions(ctx)

@@ -93,8 +93,11 @@ func (e *Engine) pauseLoop() {
 		ctx, cancel := context.WithTimeout(e.baseCtx, StatementTimeout(e.cfg.Lease))
 		err := store.RetryConnLost(ctx, func() error { return e.RefreshPauses(ctx) })
 		cancel()
-		if err != nil && e.baseCtx.Err() == nil {
-			e.log.Warn("gendurable: could not read the paused queues and machines; keeping the last read", "client", e.cfg.Name, "error", err)
+		switch {
+		case err == nil:
+			e.spells.pauses.Succeeded(e.log, "gendurable: the paused queues and machines are read again", "client", e.cfg.Name)
+		case e.baseCtx.Err() == nil:
+			e.spells.pauses.Failed(e.log, "gendurable: could not read the paused queues and machines; keeping the last read", "client", e.cfg.Name, "error", err)
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gendurable/gendurable/durabletype"
 	"github.com/gendurable/gendurable/internal/fault"
+	"github.com/gendurable/gendurable/internal/spell"
 	"github.com/gendurable/gendurable/internal/store"
 )
 
@@ -66,6 +67,8 @@ type runner struct {
 	// quietUntil is when an idle runner's next timed pick is due (unix ns; 0 while it picks or
 	// is about to): for tests that must insert while no pick is in flight (QuietFor).
 	quietUntil atomic.Int64
+	// pickSpell keeps the log of picks failing one after another short (spell.Log).
+	pickSpell spell.Log
 }
 
 // job is a claimed row for an executor, and the gate lease it took its slot from (nil: none).
@@ -241,16 +244,19 @@ func (r *runner) loop() {
 			continue // a freed slot brings us back
 		}
 		r.quietUntil.Store(0)
+		began := time.Now()
 		rows, gl, asked, err := r.pick(n)
 		r.take(len(rows) - n)
 		if err != nil {
 			if r.e.baseCtx.Err() == nil {
-				r.e.log.Warn("gendurable: pick failed", "client", r.e.cfg.Name, "queue", r.queue, "error", err)
+				r.pickSpell.Failed(r.e.log, "gendurable: pick failed", "client", r.e.cfg.Name, "queue", r.queue, "error", err)
+				r.e.Emit(durabletype.Event{Name: durabletype.EventSchedulerFailed, Queue: r.queue, Duration: time.Since(began), Err: err})
 			}
 			want, backlog = false, false
 			resetTimer(timer, r.poll)
 			continue
 		}
+		r.pickSpell.Succeeded(r.e.log, "gendurable: picks succeed again", "client", r.e.cfg.Name, "queue", r.queue)
 		r.dispatch(rows, gl)
 		urgent = false
 		switch {

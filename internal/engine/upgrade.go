@@ -155,9 +155,10 @@ func (e *Engine) serveUpgrades() {
 	id, machine, ok, err := e.store.TakeUpgrade(ctx, e.pool, by, e.versions, upgradeLease, NodeLive)
 	cancel()
 	if err != nil {
-		e.log.Warn("gendurable: could not look for bulk-upgrade requests", "client", e.cfg.Name, "error", err)
+		e.spells.upgrades.Failed(e.log, "gendurable: could not look for bulk-upgrade requests", "client", e.cfg.Name, "error", err)
 		return
 	}
+	e.spells.upgrades.Succeeded(e.log, "gendurable: bulk-upgrade requests are looked for again", "client", e.cfg.Name)
 	if !ok {
 		return
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable/durabletype"
+	"github.com/gendurable/gendurable/internal/spell"
 	"github.com/gendurable/gendurable/internal/store"
 )
 
@@ -57,6 +58,8 @@ type GC struct {
 	next string
 	// batch is the batch in use: Batch, or less once statements were cancelled.
 	batch shrinking
+	// failing keeps the log of sweeps failing one after another short.
+	failing spell.Log
 }
 
 // GCResult is what one sweep did.
@@ -95,9 +98,14 @@ func (g *GC) Run(stop <-chan struct{}) {
 			sctx, scancel := context.WithTimeout(ctx, g.budget()+30*time.Second)
 			// A sweep is idempotent: one whose connection was lost (a restarted database's
 			// stale pool connections) runs again at once on another.
+			began := time.Now()
 			err := store.RetryConnLost(sctx, func() error { _, err := g.Sweep(sctx); return err })
-			if err != nil && ctx.Err() == nil {
-				g.Logger.Warn("gendurable: GC sweep failed", "error", err)
+			switch {
+			case err == nil:
+				g.failing.Succeeded(g.Logger, "gendurable: GC sweeps succeed again")
+			case ctx.Err() == nil:
+				g.failing.Failed(g.Logger, "gendurable: GC sweep failed", "error", err)
+				g.Emit(durabletype.Event{Name: durabletype.EventGCFailed, Duration: time.Since(began), Err: err})
 			}
 			scancel()
 		}

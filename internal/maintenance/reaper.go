@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable/durabletype"
+	"github.com/gendurable/gendurable/internal/spell"
 	"github.com/gendurable/gendurable/internal/store"
 )
 
@@ -50,6 +51,8 @@ type Reaper struct {
 	// batch and deadlines are the batches of the release and of the await-deadline sweep:
 	// reapBatch, or less once the server cancelled one.
 	batch, deadlines shrinking
+	// failing keeps the log of sweeps failing one after another short.
+	failing spell.Log
 }
 
 // Run sweeps every Interval until stop is closed.
@@ -76,8 +79,10 @@ func (r *Reaper) Run(stop <-chan struct{}) {
 				return err
 			})
 			if err != nil {
-				r.Logger.Warn("gendurable: reaper sweep failed", "error", err)
+				r.failing.Failed(r.Logger, "gendurable: reaper sweep failed", "error", err)
+				r.Emit(durabletype.Event{Name: durabletype.EventReaperFailed, Duration: time.Since(began), Err: err})
 			} else {
+				r.failing.Succeeded(r.Logger, "gendurable: reaper sweeps succeed again")
 				r.Emit(durabletype.Event{Name: durabletype.EventReaperSwept, Count: n, Duration: time.Since(began)})
 			}
 			cancel()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/gendurable/gendurable/durabletype"
 	"github.com/gendurable/gendurable/internal/schedule"
+	"github.com/gendurable/gendurable/internal/spell"
 	"github.com/gendurable/gendurable/internal/store"
 )
 
@@ -47,6 +48,8 @@ type Firer struct {
 	Timeout time.Duration
 	kick    chan struct{}
 	specs   map[specKey]*schedule.Spec
+	// failing keeps the log of rounds failing one after another short.
+	failing spell.Log
 }
 
 type specKey struct {
@@ -94,25 +97,28 @@ func (f *Firer) round(ctx context.Context) time.Duration {
 	tctx, cancel := context.WithTimeout(ctx, f.timeout())
 	next, now, err := f.Store.NextScheduleDue(tctx, f.DB)
 	cancel()
-	switch {
-	case err != nil:
+	if err != nil {
 		if ctx.Err() == nil {
-			f.Logger.Warn("gendurable: reading the next schedule due failed", "error", err)
+			f.failing.Failed(f.Logger, "gendurable: reading the next schedule due failed", "error", err)
 		}
 		return fireWait
-	case next == nil:
-		return fireWait
-	case next.After(now):
+	}
+	if next == nil || next.After(now) {
+		f.failing.Succeeded(f.Logger, "gendurable: schedules are read and fired again")
+		if next == nil {
+			return fireWait
+		}
 		return min(next.Sub(now), fireWait)
 	}
 	claimed, err := f.FireDue(ctx)
-	switch {
-	case err != nil:
+	if err != nil {
 		if ctx.Err() == nil {
-			f.Logger.Warn("gendurable: firing schedules failed", "error", err)
+			f.failing.Failed(f.Logger, "gendurable: firing schedules failed", "error", err)
 		}
 		return fireWait
-	case claimed == 0:
+	}
+	f.failing.Succeeded(f.Logger, "gendurable: schedules are read and fired again")
+	if claimed == 0 {
 		return fireBusy // due, but held by another node's round
 	}
 	return 0 // look again at once: firing takes time, and more may be due by now
