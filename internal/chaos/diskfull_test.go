@@ -63,10 +63,38 @@ func TestReadOnlyServerLosesNothing(t *testing.T) {
 		on: func() { readOnly(true) }, off: func() { readOnly(false) }})
 }
 
+// T22 of the reliability plan: an operator locks the instances table for longer than a lease
+// (VACUUM FULL, an ALTER TABLE, a CREATE INDEX without CONCURRENTLY, a repack's swap): a
+// transaction holds it ACCESS EXCLUSIVE at 20% of the run for 5s (full: 60s; the workers' lease
+// is 2s), then rolls back. Every statement on the table waits for it: picks give up at their lock
+// timeout, beats and commits at their deadlines, and the running steps are cancelled once their
+// beats failed for a lease; Inserts wait. Pass: statements waited for the table; no Insert failed
+// and one waited through the spell; everything done within 60s of the spell's end, no worker
+// restarted; I1-I8 (refusedWrites says the run).
+func TestTableLockedPastTheLeaseLosesNothing(t *testing.T) {
+	// A cluster of its own, offered a fixed load: it runs beside the other cluster tests.
+	t.Parallel()
+	cluster, db := privateCluster(t, nil)
+	ctx := context.Background()
+	var tx pgx.Tx
+	refusedWrites(t, cluster, db, writeFault{test: "T22", blocks: true,
+		on: func() {
+			var err error
+			tx, err = db.pool.Begin(ctx)
+			require.NoError(t, err)
+			_, err = tx.Exec(ctx, expand(`LOCK TABLE {schema}.instances IN ACCESS EXCLUSIVE MODE`, db.schema))
+			require.NoError(t, err)
+		},
+		off: func() { require.NoError(t, tx.Rollback(ctx)) }})
+}
+
 // writeFault is a spell in which the server refuses writes: on starts it, off ends it; code is
-// the SQLSTATE of each refused write and logged what the server logs for one.
+// the SQLSTATE of each refused write and logged what the server logs for one. A fault that
+// blocks (a lock) makes writers wait instead: no write is refused, and an Insert waits through
+// the spell.
 type writeFault struct {
 	test, code, logged string
+	blocks             bool
 	on, off            func()
 }
 
@@ -100,6 +128,7 @@ func refusedWrites(t *testing.T, cluster *devdb.DB, db *chaosDB, f writeFault) {
 		mu       sync.Mutex
 		inserted []int64
 		refused  []error
+		longest  time.Duration // the longest Insert
 	)
 	quit, stopped := make(chan struct{}), make(chan struct{})
 	go func() {
@@ -110,8 +139,10 @@ func refusedWrites(t *testing.T, cluster *devdb.DB, db *chaosDB, f writeFault) {
 				return
 			case <-time.After(20 * time.Millisecond):
 			}
+			began := time.Now()
 			r, err := cl.Insert(ctx, m.With(path{}), nil)
 			mu.Lock()
+			longest = max(longest, time.Since(began))
 			if err != nil {
 				refused = append(refused, err)
 			} else {
@@ -123,14 +154,20 @@ func refusedWrites(t *testing.T, cluster *devdb.DB, db *chaosDB, f writeFault) {
 
 	db.waitProgress(t, n, 0.2, 2*time.Minute)
 	f.on()
-	t.Logf("20%%: writes are refused for %v", spell)
+	t.Logf("20%%: the fault is on for %v", spell)
 	time.Sleep(spell)
+	if f.blocks {
+		// The fault bit: the workers' statements wait on it.
+		waiting := db.count(t, `SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = '{schema}.instances'::regclass`)
+		t.Logf("%d statements wait for the table at the end of the spell", waiting)
+		require.Positive(t, waiting, "nothing waited for the table: the fault did not bite")
+	}
 	mu.Lock()
 	refusedInSpell := len(refused)
 	mu.Unlock()
 	f.off()
 	ended := time.Now()
-	t.Log("writes are accepted again")
+	t.Log("the fault is off")
 
 	// Some more arrivals after the spell, then the inserter stops.
 	time.Sleep(time.Second)
@@ -138,8 +175,16 @@ func refusedWrites(t *testing.T, cluster *devdb.DB, db *chaosDB, f writeFault) {
 	<-stopped
 	total := n + len(inserted)
 	db.waitDone(t, total, 60*time.Second)
-	t.Logf("all %d done %v after the spell; %d Inserts refused during it, %d accepted in all",
-		total, time.Since(ended).Round(time.Millisecond), refusedInSpell, len(inserted))
+	t.Logf("all %d done %v after the spell; %d Inserts refused during it, %d accepted in all, the longest took %v",
+		total, time.Since(ended).Round(time.Millisecond), refusedInSpell, len(inserted), longest.Round(time.Millisecond))
+	if f.blocks {
+		// An Insert waited through the spell, and none failed for it.
+		require.Empty(t, refused, "an Insert failed while the table was locked")
+		require.Greater(t, longest, spell/2, "no Insert waited for the lock")
+		require.Equal(t, total, db.count(t, `SELECT count(*) FROM {schema}.instances`))
+		judgeWriteFault(t, f, seed, began, total, db, workers)
+		return
+	}
 
 	// The fault bit: the server refused writes, inserts among them.
 	log, err := cluster.ServerLog()
@@ -155,7 +200,13 @@ func refusedWrites(t *testing.T, cluster *devdb.DB, db *chaosDB, f writeFault) {
 	}
 	// A refused Insert inserted nothing: the table holds exactly the accepted ones.
 	require.Equal(t, total, db.count(t, `SELECT count(*) FROM {schema}.instances`), "a refused Insert left a row")
+	judgeWriteFault(t, f, seed, began, total, db, workers)
+}
 
+// judgeWriteFault ends refusedWrites: the workers drain on SIGTERM, and the oracle judges
+// the run.
+func judgeWriteFault(t *testing.T, f writeFault, seed uint64, began time.Time, total int, db *chaosDB, workers []*worker) {
+	t.Helper()
 	var reports []workerReport
 	for _, w := range workers {
 		reports = append(reports, w.term(t))
