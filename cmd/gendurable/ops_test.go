@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -211,4 +212,50 @@ func TestOperatorCommands(t *testing.T) {
 	code, _, errOut = cli("bulk", "explode", "--machine", "order")
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, `"explode" is not a bulk action`)
+}
+
+// doctor: a schema whose rows are due while no worker runs has a problem (exit status 1), named
+// with its fix, in text and in JSON; once a worker runs, that problem is gone.
+func TestDoctor(t *testing.T) {
+	pool := durabledbtest.Pool(t, 4)
+	schema := durabledbtest.Schema(t, pool)
+	m := gendurable.FSM[order]{Name: "order", Start: "go", Queue: "orders", Steps: map[string]gendurable.StepFunc[order]{
+		"go": func(*gendurable.Ctx, order) (gendurable.Outcome, error) { return gendurable.Done(nil), nil },
+	}}
+	cl, err := gendurable.NewClient(pool, &gendurable.Config{Schema: schema, Machines: []gendurable.Machine{m}})
+	require.NoError(t, err)
+	ctx := context.Background()
+	_, err = cl.Insert(ctx, m.With(order{}), nil)
+	require.NoError(t, err)
+	url := durabledbtest.URL(t)
+	cli := func(args ...string) (int, string, string) {
+		return runCLI(t, append(args, "--database-url", url, "--schema", schema)...)
+	}
+	code, out, errOut := cli("doctor")
+	require.Equal(t, 1, code, out)
+	require.Contains(t, out, "problem [workers] rows are due, and no live node works any queue\n    fix: Start a client")
+	require.Regexp(t, `\d+ of \d+ findings are problems`, errOut)
+	code, out, _ = cli("doctor", "--json")
+	require.Equal(t, 1, code)
+	var findings []gendurable.Finding
+	require.NoError(t, json.Unmarshal([]byte(out), &findings))
+	require.True(t, slices.ContainsFunc(findings, func(f gendurable.Finding) bool {
+		return f.Check == "workers" && f.Severity == gendurable.SeverityProblem
+	}), out)
+
+	worker, err := gendurable.NewClient(pool, &gendurable.Config{Schema: schema, Machines: []gendurable.Machine{m},
+		Queues: map[string]gendurable.QueueConfig{"orders": {}}})
+	require.NoError(t, err)
+	require.NoError(t, worker.Start(ctx))
+	t.Cleanup(func() { _ = worker.Stop(context.Background()) })
+	code, out, _ = cli("doctor", "--json")
+	require.NoError(t, json.Unmarshal([]byte(out), &findings))
+	require.False(t, slices.ContainsFunc(findings, func(f gendurable.Finding) bool { return f.Check == "workers" }), out)
+	// What is left is the server's own (this suite's server may run without autovacuum).
+	for _, f := range findings {
+		require.Contains(t, []string{"autovacuum", "horizon"}, f.Check, out)
+	}
+	require.Equal(t, code == 1, slices.ContainsFunc(findings, func(f gendurable.Finding) bool {
+		return f.Severity == gendurable.SeverityProblem
+	}))
 }

@@ -1,0 +1,161 @@
+package gendurable
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gendurable/gendurable/internal/engine"
+)
+
+// Severity says how much a Finding matters.
+type Severity string
+
+const (
+	// SeverityProblem means work stops, or will, until it is fixed.
+	SeverityProblem Severity = "problem"
+	// SeverityWarning means work goes on but degrades while it lasts (dead rows pile up, picks
+	// and inserts wait).
+	SeverityWarning Severity = "warning"
+)
+
+// Finding is one thing Client.Checkup found wrong with the database under the client's schema.
+type Finding struct {
+	// Check names the check that found it: "autovacuum", "dead_rows", "horizon",
+	// "invalid_index", "lock_wait", "table_locked", "reaper" or "workers" (docs/operations.md,
+	// "Checkup").
+	Check    string   `json:"check"`
+	Severity Severity `json:"severity"`
+	// Summary says what is wrong, with its figures; Fix, what to do about it.
+	Summary string `json:"summary"`
+	Fix     string `json:"fix"`
+}
+
+// CheckupOpts tunes Client.Checkup's thresholds; the zero value (or nil) takes the defaults.
+type CheckupOpts struct {
+	// OldTransaction is how long a transaction or snapshot may stay open before it is reported
+	// for holding vacuum back. Default 5 minutes.
+	OldTransaction time.Duration
+	// LockWait is how long a session may wait for a lock on the schema's tables before it is
+	// reported. Default 5s.
+	LockWait time.Duration
+	// ReaperGrace is how far past their lease (or await deadline) rows may be before the reaper
+	// is reported as not running. Default 1 minute; keep it above the reaper's interval.
+	ReaperGrace time.Duration
+}
+
+// checkupDeadRows is the dead-row count of a table, and its share of the live rows, from which
+// dead rows are reported when no vacuum ended within checkupVacuumAge.
+const (
+	checkupDeadRows  = 100_000
+	checkupDeadShare = 0.2
+	checkupVacuumAge = 10 * time.Minute
+)
+
+// Checkup looks for what keeps the engine's tables from staying healthy or its work from moving,
+// in the database as a whole rather than instance by instance (Stuck does that): autovacuum off,
+// dead rows piling up, sessions holding vacuum back with a transaction or snapshot left open,
+// indexes left invalid by a failed build, sessions waiting for locks on the schema's tables (or
+// the instances table locked outright), claims and await deadlines the reaper has not seen to,
+// and runnable rows with no live node working any queue. It returns the findings, problems
+// first; none means nothing was found. It reads catalogs and statistics views, and the
+// instances table through its partial indexes (waiting at most a second for its lock); a role
+// without pg_read_all_stats sees only its own sessions in pg_stat_activity.
+func (c *Client) Checkup(ctx context.Context, opts *CheckupOpts) ([]Finding, error) {
+	o := CheckupOpts{OldTransaction: 5 * time.Minute, LockWait: 5 * time.Second, ReaperGrace: time.Minute}
+	if opts != nil {
+		o.OldTransaction = cmpOr(opts.OldTransaction, o.OldTransaction)
+		o.LockWait = cmpOr(opts.LockWait, o.LockWait)
+		o.ReaperGrace = cmpOr(opts.ReaperGrace, o.ReaperGrace)
+	}
+	f, err := c.store.Checkup(ctx, c.pool, o.OldTransaction, o.LockWait, o.ReaperGrace, engine.NodeLive)
+	if err != nil {
+		return nil, fmt.Errorf("gendurable: checkup: %w", err)
+	}
+	var out []Finding
+	add := func(check string, sev Severity, fix, format string, args ...any) {
+		out = append(out, Finding{Check: check, Severity: sev, Summary: fmt.Sprintf(format, args...), Fix: fix})
+	}
+	if len(f.Tables) > 0 && !f.Tables[0].ServerAutovacuum {
+		add("autovacuum", SeverityProblem, "Turn autovacuum on (autovacuum = on in postgresql.conf, then reload): "+
+			"every instance leaves dead row versions behind, and picks slow down as they pile up.",
+			"autovacuum is off on the server: nothing vacuums the tables of %s", c.store.Schema)
+	}
+	for _, t := range f.Tables {
+		switch {
+		case !t.ServerAutovacuum:
+		case !t.TableAutovacuum:
+			add("autovacuum", SeverityProblem, fmt.Sprintf("ALTER TABLE %s.%s RESET (autovacuum_enabled);", c.store.Schema, t.Table),
+				"autovacuum is off for %s.%s (autovacuum_enabled = false)", c.store.Schema, t.Table)
+		}
+		stale := t.LastVacuum == nil || time.Since(*t.LastVacuum) > checkupVacuumAge
+		if t.Dead >= checkupDeadRows && float64(t.Dead) >= checkupDeadShare*float64(t.Live) && stale {
+			last := "never since the statistics were reset"
+			if t.LastVacuum != nil {
+				last = time.Since(*t.LastVacuum).Round(time.Second).String() + " ago"
+			}
+			add("dead_rows", SeverityWarning, fmt.Sprintf("VACUUM %s.%s; and see why autovacuum has not (the horizon check, "+
+				"autovacuum_max_workers, the table's autovacuum settings).", c.store.Schema, t.Table),
+				"%s.%s holds %d dead rows beside %d live ones; its last vacuum ended %s", c.store.Schema, t.Table, t.Dead, t.Live, last)
+		}
+	}
+	for _, h := range f.Horizon {
+		add("horizon", SeverityWarning, fmt.Sprintf("End its transaction, or the session (SELECT pg_terminate_backend(%d);), "+
+			"and bound such sessions with idle_in_transaction_session_timeout.", h.PID),
+			"session %d (%q, %s) has held a transaction or snapshot open for %v: vacuum keeps every row version younger than it",
+			h.PID, h.App, h.State, h.Age.Round(time.Second))
+	}
+	for _, x := range f.Invalid {
+		add("invalid_index", SeverityProblem, fmt.Sprintf("DROP INDEX CONCURRENTLY %s.%s; then REINDEX the index it was to "+
+			"replace, or run gendurable migrate again if a migration was building it.", c.store.Schema, x.Index),
+			"index %s.%s on %s is invalid (a concurrent build failed): every write maintains it, no read uses it",
+			c.store.Schema, x.Index, x.Table)
+	}
+	for _, w := range f.Waits {
+		by := make([]string, len(w.BlockedBy))
+		for i, pid := range w.BlockedBy {
+			by[i] = fmt.Sprint(pid)
+		}
+		add("lock_wait", SeverityWarning, "Find what the blocking sessions run (pg_stat_activity) and let it finish or end it; "+
+			"take schema changes' locks with a lock_timeout, build indexes CONCURRENTLY.",
+			"session %d (%q) has waited %v for %s on %s.%s, blocked by %s", w.PID, w.App, w.Waited.Round(time.Millisecond),
+			w.Mode, c.store.Schema, w.Table, strings.Join(by, ", "))
+	}
+	if f.Rows == nil {
+		add("table_locked", SeverityProblem, "See the lock waits: end or let finish the session that holds the table.",
+			"%s.instances stayed locked for the checkup's lock timeout: every pick, beat, commit and insert waits", c.store.Schema)
+	} else {
+		r := f.Rows
+		if r.ExpiredLeases > 0 || r.OverdueAwaits > 0 {
+			add("reaper", SeverityProblem, "Run the reaper on at least one node (Config.Reaper not disabled), and check its log "+
+				"for failed sweeps.",
+				"%d claims expired and %d await deadlines passed more than %v ago: no node's reaper is releasing or waking them",
+				r.ExpiredLeases, r.OverdueAwaits, o.ReaperGrace)
+		}
+		if r.Runnable && !r.Workers {
+			add("workers", SeverityProblem, "Start a client with Config.Queues for these queues (the node registry shows none "+
+				"refreshed within "+engine.NodeLive.String()+").",
+				"rows are due, and no live node works any queue")
+		}
+	}
+	slices.SortStableFunc(out, func(a, b Finding) int {
+		if a.Severity == b.Severity {
+			return 0
+		}
+		if a.Severity == SeverityProblem {
+			return -1
+		}
+		return 1
+	})
+	return out, nil
+}
+
+// cmpOr returns v, or def when v is not positive.
+func cmpOr(v, def time.Duration) time.Duration {
+	if v > 0 {
+		return v
+	}
+	return def
+}

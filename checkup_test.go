@@ -1,0 +1,279 @@
+package gendurable_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+)
+
+// checks returns the findings of one check.
+func checks(fs []gendurable.Finding, check string) []gendurable.Finding {
+	var out []gendurable.Finding
+	for _, f := range fs {
+		if f.Check == check {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// serverAutovacuum reads the server's autovacuum setting.
+func serverAutovacuum(t *testing.T, e *env) bool {
+	var on string
+	require.NoError(t, e.pool.QueryRow(context.Background(), "SHOW autovacuum").Scan(&on))
+	return on == "on"
+}
+
+// A schema worked by a started client, its work done, has nothing wrong with it but what the
+// server says about autovacuum (this suite's server may run with it off). The horizon is the
+// database's, which other tests share: it has a test of its own.
+func TestCheckupOfAHealthySchema(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	m := linear("linear5", 0, nil)
+	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{m},
+		Queues: map[string]gendurable.QueueConfig{"work": {Concurrency: 4}}, PollInterval: 20 * time.Millisecond})
+	start(t, cl)
+	r, err := cl.Insert(ctx, m.With(path{}), nil)
+	require.NoError(t, err)
+	eventually(t, 10*time.Second, "done", func() bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'done' AND id = $1`, r.ID) == 1
+	})
+	fs, err := cl.Checkup(ctx, nil)
+	require.NoError(t, err)
+	for _, f := range fs {
+		if f.Check != "horizon" && f.Check != "autovacuum" {
+			t.Errorf("a healthy schema: %+v", f)
+		}
+	}
+	av := checks(fs, "autovacuum")
+	if serverAutovacuum(t, e) {
+		require.Empty(t, av)
+	} else {
+		require.Len(t, av, 1)
+		require.Equal(t, gendurable.SeverityProblem, av[0].Severity)
+		require.Contains(t, av[0].Summary, "autovacuum is off on the server")
+	}
+}
+
+// Rows are due and nobody works them; claims expired a while ago and nobody released them;
+// a parked instance is past its await deadline and nobody woke it: no node runs a queue or the
+// reaper. Once a worker with a reaper starts, both findings go.
+func TestCheckupFindsNoWorkersAndNoReaper(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	parker := gendurable.FSM[path]{Name: "parker", Start: "wait", Queue: "work", Steps: map[string]gendurable.StepFunc[path]{
+		"wait": func(*gendurable.Ctx, path) (gendurable.Outcome, error) {
+			return gendurable.Await([]string{"never"}, "after", path{}, gendurable.Timeout(time.Millisecond)), nil
+		},
+		"after": func(*gendurable.Ctx, path) (gendurable.Outcome, error) { return gendurable.Done(nil), nil },
+	}}
+	m := linear("linear5", 0, nil)
+	machines := []gendurable.Machine{m, parker}
+	cl := e.client(t, &gendurable.Config{Machines: machines})
+	_, err := cl.Insert(ctx, m.With(path{}), nil)
+	require.NoError(t, err)
+	fs, err := cl.Checkup(ctx, nil)
+	require.NoError(t, err)
+	w := checks(fs, "workers")
+	require.Len(t, w, 1, "%+v", fs)
+	require.Equal(t, gendurable.SeverityProblem, w[0].Severity)
+	require.Empty(t, checks(fs, "reaper"))
+
+	// A worker without a reaper parks an instance whose deadline then passes, and a claim
+	// whose worker died (its lease ran out two minutes ago).
+	worker := e.client(t, &gendurable.Config{Name: "worker", Machines: machines, Reaper: &gendurable.ReaperConfig{Disabled: true},
+		Queues: map[string]gendurable.QueueConfig{"work": {Concurrency: 4}}, PollInterval: 20 * time.Millisecond})
+	start(t, worker)
+	p, err := cl.Insert(ctx, parker.With(path{}), nil)
+	require.NoError(t, err)
+	eventually(t, 10*time.Second, "parked", func() bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE id = $1 AND status = 'awaiting'`, p.ID) == 1
+	})
+	dead, err := cl.Insert(ctx, m.With(path{}), &gendurable.InsertOpts{ScheduledAt: time.Now().Add(time.Hour)})
+	require.NoError(t, err)
+	e.exec(t, `UPDATE {schema}.instances SET status = 'executing', attempt = 1, locked_by = 'gone/1',
+		locked_until = now() - interval '2 minutes' WHERE id = $1`, dead.ID)
+	time.Sleep(300 * time.Millisecond) // the await deadline 300ms past
+	fs, err = cl.Checkup(ctx, &gendurable.CheckupOpts{ReaperGrace: 200 * time.Millisecond})
+	require.NoError(t, err)
+	require.Empty(t, checks(fs, "workers"), "a live node works a queue: %+v", fs)
+	r := checks(fs, "reaper")
+	require.Len(t, r, 1, "%+v", fs)
+	require.Equal(t, gendurable.SeverityProblem, r[0].Severity)
+	require.Contains(t, r[0].Summary, "1 claims expired and 1 await deadlines passed")
+
+	// A node with a reaper sees to both.
+	reaper := e.client(t, &gendurable.Config{Name: "reaper", Machines: machines, Reaper: &gendurable.ReaperConfig{Interval: 20 * time.Millisecond}})
+	start(t, reaper)
+	eventually(t, 10*time.Second, "the reaper's sweep", func() bool {
+		fs, err := cl.Checkup(ctx, &gendurable.CheckupOpts{ReaperGrace: 200 * time.Millisecond})
+		require.NoError(t, err)
+		return len(checks(fs, "reaper")) == 0
+	})
+}
+
+// A unique index built concurrently over duplicate rows fails and stays behind, invalid; the
+// checkup names it.
+func TestCheckupFindsAnInvalidIndex(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	m := linear("linear5", 0, nil)
+	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{m}})
+	for range 2 {
+		_, err := cl.Insert(ctx, m.With(path{}), nil)
+		require.NoError(t, err)
+	}
+	_, err := e.pool.Exec(ctx, expand(`CREATE UNIQUE INDEX CONCURRENTLY checkup_dup ON {schema}.instances (queue)`, e.schema))
+	require.ErrorContains(t, err, "23505")
+	fs, err := cl.Checkup(ctx, nil)
+	require.NoError(t, err)
+	x := checks(fs, "invalid_index")
+	require.Len(t, x, 1, "%+v", fs)
+	require.Equal(t, gendurable.SeverityProblem, x[0].Severity)
+	require.Contains(t, x[0].Summary, e.schema+".checkup_dup on instances is invalid")
+	require.Contains(t, x[0].Fix, "DROP INDEX CONCURRENTLY "+e.schema+".checkup_dup")
+	e.exec(t, `DROP INDEX {schema}.checkup_dup`)
+	fs, err = cl.Checkup(ctx, nil)
+	require.NoError(t, err)
+	require.Empty(t, checks(fs, "invalid_index"))
+}
+
+// A session that left a snapshot open holds vacuum back: the checkup names its pid once the
+// snapshot is older than OldTransaction, and not after it ends.
+func TestCheckupFindsASnapshotLeftOpen(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	cl := e.client(t, nil)
+	conn, err := e.pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	var pid int32
+	require.NoError(t, conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "SELECT 1")
+	require.NoError(t, err)
+	mine := func() []gendurable.Finding {
+		fs, err := cl.Checkup(ctx, &gendurable.CheckupOpts{OldTransaction: 200 * time.Millisecond})
+		require.NoError(t, err)
+		var out []gendurable.Finding
+		for _, f := range checks(fs, "horizon") {
+			if strings.HasPrefix(f.Summary, fmt.Sprintf("session %d ", pid)) {
+				out = append(out, f)
+			}
+		}
+		return out
+	}
+	eventually(t, 10*time.Second, "the snapshot reported", func() bool { return len(mine()) == 1 })
+	f := mine()[0]
+	require.Equal(t, gendurable.SeverityWarning, f.Severity)
+	require.Contains(t, f.Summary, "idle in transaction")
+	require.Contains(t, f.Fix, fmt.Sprintf("pg_terminate_backend(%d)", pid))
+	require.NoError(t, tx.Rollback(ctx))
+	require.Empty(t, mine())
+}
+
+// A schema change holds the instances table ACCESS EXCLUSIVE and a worker's statement waits for
+// it: the checkup reports the wait and who blocks it, and that it could not read the table
+// itself (it waits a second at most, not behind the lock).
+func TestCheckupFindsALockedTable(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	cl := e.client(t, nil)
+	holder, err := e.pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer holder.Release()
+	var holderPID int32
+	require.NoError(t, holder.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&holderPID))
+	tx, err := holder.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, expand(`LOCK TABLE {schema}.instances IN ACCESS EXCLUSIVE MODE`, e.schema))
+	require.NoError(t, err)
+
+	waiter, err := e.pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer waiter.Release()
+	var waiterPID int32
+	require.NoError(t, waiter.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&waiterPID))
+	waited := make(chan error, 1)
+	go func() {
+		_, err := waiter.Exec(ctx, expand(`SELECT count(*) FROM {schema}.instances`, e.schema))
+		waited <- err
+	}()
+	eventually(t, 10*time.Second, "the waiter waits", func() bool {
+		return e.count(t, `SELECT count(*) FROM pg_locks WHERE pid = $1 AND NOT granted`, waiterPID) == 1
+	})
+	began := time.Now()
+	fs, err := cl.Checkup(ctx, &gendurable.CheckupOpts{LockWait: time.Millisecond})
+	require.NoError(t, err)
+	require.Less(t, time.Since(began), 10*time.Second, "the checkup waited behind the lock")
+	locked := checks(fs, "table_locked")
+	require.Len(t, locked, 1, "%+v", fs)
+	require.Equal(t, gendurable.SeverityProblem, locked[0].Severity)
+	waits := slices.DeleteFunc(checks(fs, "lock_wait"), func(f gendurable.Finding) bool {
+		return !strings.HasPrefix(f.Summary, fmt.Sprintf("session %d ", waiterPID))
+	})
+	require.Len(t, waits, 1, "%+v", fs)
+	require.Contains(t, waits[0].Summary, fmt.Sprintf("AccessShareLock on %s.instances, blocked by %d", e.schema, holderPID))
+	require.Equal(t, gendurable.SeverityProblem, fs[0].Severity, "problems first")
+
+	require.NoError(t, tx.Rollback(ctx))
+	require.NoError(t, <-waited)
+	fs, err = cl.Checkup(ctx, &gendurable.CheckupOpts{LockWait: time.Millisecond})
+	require.NoError(t, err)
+	require.Empty(t, checks(fs, "table_locked"))
+}
+
+// Dead rows pile up where nothing vacuums: 100,000 finished instances deleted outside GC, with
+// autovacuum off for the table. The checkup reports both, and the dead rows go with a VACUUM.
+func TestCheckupFindsDeadRowsPilingUp(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	m := linear("linear5", 0, nil)
+	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{m}})
+	e.exec(t, `ALTER TABLE {schema}.instances SET (autovacuum_enabled = false)`)
+	const n = 100_000
+	params := make([]gendurable.InsertManyParams, 10_000)
+	for i := range params {
+		params[i] = gendurable.InsertManyParams{Input: m.With(path{})}
+	}
+	for range n / len(params) {
+		_, err := cl.InsertMany(ctx, params)
+		require.NoError(t, err)
+	}
+	e.exec(t, `DELETE FROM {schema}.instances`)
+	dead := func() []gendurable.Finding {
+		fs, err := cl.Checkup(ctx, nil)
+		require.NoError(t, err)
+		av := checks(fs, "autovacuum")
+		require.Len(t, av, 1, "%+v", fs)
+		if serverAutovacuum(t, e) {
+			require.Contains(t, av[0].Summary, "autovacuum is off for "+e.schema+".instances")
+		}
+		return checks(fs, "dead_rows")
+	}
+	// The statistics count the deletion once the deleting session reports it (within a second
+	// or so of its commit).
+	eventually(t, 20*time.Second, "the dead rows counted", func() bool { return len(dead()) == 1 })
+	f := dead()[0]
+	require.Equal(t, gendurable.SeverityWarning, f.Severity)
+	require.Contains(t, f.Summary, fmt.Sprintf("%s.instances holds %d dead rows", e.schema, n))
+	require.Contains(t, f.Summary, "never since the statistics were reset")
+	e.exec(t, `VACUUM {schema}.instances`)
+	eventually(t, 20*time.Second, "the vacuum counted", func() bool { return len(dead()) == 0 })
+}

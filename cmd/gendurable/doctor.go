@@ -1,0 +1,60 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/gendurable/gendurable"
+)
+
+// runDoctor prints Client.Checkup's findings, problems first; it fails (exit status 1) when one
+// is a problem, so that it can gate a deploy or page someone.
+func runDoctor(ctx context.Context, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("doctor", flag.ContinueOnError)
+	var db dbFlags
+	db.register(fs, "gendurable")
+	asJSON := fs.Bool("json", false, "print JSON")
+	var opts gendurable.CheckupOpts
+	fs.DurationVar(&opts.OldTransaction, "old-transaction", 0, "report transactions open longer than this (default 5m)")
+	fs.DurationVar(&opts.LockWait, "lock-wait", 0, "report lock waits longer than this (default 5s)")
+	fs.DurationVar(&opts.ReaperGrace, "reaper-grace", 0, "report leases and await deadlines this far past (default 1m)")
+	if _, err := parseInterspersed(fs, args); err != nil {
+		return err
+	}
+	cl, done, err := opClient(ctx, &db)
+	if err != nil {
+		return err
+	}
+	defer done()
+	findings, err := cl.Checkup(ctx, &opts)
+	if err != nil {
+		return err
+	}
+	problems := 0
+	for _, f := range findings {
+		if f.Severity == gendurable.SeverityProblem {
+			problems++
+		}
+	}
+	if *asJSON {
+		if findings == nil {
+			findings = []gendurable.Finding{}
+		}
+		if err := writeJSON(out, findings); err != nil {
+			return err
+		}
+	} else {
+		if len(findings) == 0 {
+			fmt.Fprintf(out, "schema %s: nothing found\n", db.schema)
+		}
+		for _, f := range findings {
+			fmt.Fprintf(out, "%s [%s] %s\n    fix: %s\n", f.Severity, f.Check, f.Summary, f.Fix)
+		}
+	}
+	if problems > 0 {
+		return fmt.Errorf("%d of %d findings are problems", problems, len(findings))
+	}
+	return nil
+}

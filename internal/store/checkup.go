@@ -1,0 +1,126 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// CheckupFacts is what the checkup's statements read (checkup.sql); the caller judges them.
+type CheckupFacts struct {
+	Tables  []TableVacuum
+	Horizon []HorizonHolder
+	Invalid []InvalidIndex
+	Waits   []LockWait
+	// Rows is nil when the instances table stayed locked for the checkup's lock timeout.
+	Rows *CheckupRows
+}
+
+// TableVacuum is one churning table's vacuum state.
+type TableVacuum struct {
+	Table                             string
+	ServerAutovacuum, TableAutovacuum bool
+	Live, Dead                        int64
+	LastVacuum                        *time.Time // nil: never vacuumed since the statistics were reset
+}
+
+// HorizonHolder is a session that holds the database's xmin horizon back.
+type HorizonHolder struct {
+	PID        int32
+	App, State string
+	Age        time.Duration // since its transaction began
+}
+
+// InvalidIndex is an index that a failed concurrent build left invalid.
+type InvalidIndex struct{ Index, Table string }
+
+// LockWait is a session waiting for a lock on one of the schema's tables.
+type LockWait struct {
+	PID              int32
+	App, Table, Mode string
+	Waited           time.Duration
+	BlockedBy        []int32
+}
+
+// CheckupRows is what the checkup read from the instances table.
+type CheckupRows struct {
+	ExpiredLeases, OverdueAwaits int64 // past their lease or deadline by more than the grace
+	Runnable, Workers            bool  // due rows exist; a live node works some queue
+}
+
+// checkupLockTimeout bounds the checkup's wait for the instances table.
+const checkupLockTimeout = "1s"
+
+// Checkup reads the facts the checkup judges: horizon holders older than old, lock waits longer
+// than wait, leases and await deadlines more than grace past, nodes seen within live.
+func (s *Store) Checkup(ctx context.Context, db DB, old, wait, grace, live time.Duration) (CheckupFacts, error) {
+	var f CheckupFacts
+	rows, err := db.Query(ctx, s.sql("checkup_vacuum"), s.Schema)
+	if err != nil {
+		return f, fmt.Errorf("vacuum: %w", err)
+	}
+	f.Tables, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (TableVacuum, error) {
+		var t TableVacuum
+		err := r.Scan(&t.Table, &t.ServerAutovacuum, &t.TableAutovacuum, &t.Live, &t.Dead, &t.LastVacuum)
+		return t, err
+	})
+	if err != nil {
+		return f, fmt.Errorf("vacuum: %w", err)
+	}
+	rows, err = db.Query(ctx, s.sql("checkup_horizon"), old.Seconds())
+	if err != nil {
+		return f, fmt.Errorf("horizon: %w", err)
+	}
+	f.Horizon, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (HorizonHolder, error) {
+		var h HorizonHolder
+		var age float64
+		err := r.Scan(&h.PID, &h.App, &h.State, &age)
+		h.Age = time.Duration(age * float64(time.Second))
+		return h, err
+	})
+	if err != nil {
+		return f, fmt.Errorf("horizon: %w", err)
+	}
+	rows, err = db.Query(ctx, s.sql("checkup_invalid_indexes"), s.Schema)
+	if err != nil {
+		return f, fmt.Errorf("indexes: %w", err)
+	}
+	f.Invalid, err = pgx.CollectRows(rows, pgx.RowToStructByPos[InvalidIndex])
+	if err != nil {
+		return f, fmt.Errorf("indexes: %w", err)
+	}
+	rows, err = db.Query(ctx, s.sql("checkup_lock_waits"), s.Schema, wait.Seconds())
+	if err != nil {
+		return f, fmt.Errorf("lock waits: %w", err)
+	}
+	f.Waits, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (LockWait, error) {
+		var w LockWait
+		var waited float64
+		err := r.Scan(&w.PID, &w.App, &w.Table, &w.Mode, &waited, &w.BlockedBy)
+		w.Waited = time.Duration(waited * float64(time.Second))
+		return w, err
+	})
+	if err != nil {
+		return f, fmt.Errorf("lock waits: %w", err)
+	}
+	var cr CheckupRows
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_catalog.set_config('lock_timeout', $1, true)", checkupLockTimeout); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, s.sql("checkup_rows"), grace.Seconds(), live.Seconds()).
+			Scan(&cr.ExpiredLeases, &cr.OverdueAwaits, &cr.Runnable, &cr.Workers)
+	})
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == pgLockNotAvailable {
+		return f, nil // the table is locked: the lock waits say by whom
+	}
+	if err != nil {
+		return f, fmt.Errorf("rows: %w", err)
+	}
+	f.Rows = &cr
+	return f, nil
+}
