@@ -32,12 +32,18 @@ type QueueCollectorOpts struct {
 	// Stuck also reports stuck instances (gendurable.Client.Stuck) on every scrape, as the
 	// client sees them: use a client configured like the workers.
 	Stuck bool
+	// Checkup also reports the findings of gendurable.Client.Checkup on every scrape, as
+	// gendurable_checkup_findings{check, severity}; a check once found keeps being reported (at
+	// zero once it is gone), so that an alert on it resolves. CheckupOpts tunes its thresholds.
+	Checkup     bool
+	CheckupOpts *gendurable.CheckupOpts
 	// Logger receives a warning for each failed read. Default slog.Default().
 	Logger *slog.Logger
 }
 
 // QueueCollector reports a schema's queues on every scrape: instances by queue and status, due
-// rows and the queue's lag, and optionally stuck instances, read through a client's inspection
+// rows and the queue's lag, and optionally stuck instances and the checkup's findings, read
+// through a client's inspection
 // API. It is a prometheus.Collector: register it on a registry (one per schema; to tell several
 // schemas apart, wrap each registerer with prometheus.WrapRegistererWith). A failed read is
 // reported as gendurable_inspect_up 0 and counted in gendurable_inspect_errors_total; the scrape
@@ -48,13 +54,15 @@ type QueueCollector struct {
 	timeout  time.Duration
 	statuses []gendurable.Status
 	stuck    bool
+	checkup  *gendurable.CheckupOpts // nil: no checkup
 	log      *slog.Logger
 
-	instances, runnable, oldest, stuckCount, stuckOldest *prometheus.Desc
-	up, errorsTotal, duration                            *prometheus.Desc
+	instances, runnable, oldest, stuckCount, stuckOldest, findings *prometheus.Desc
+	up, errorsTotal, duration                                      *prometheus.Desc
 
 	mu       sync.Mutex
 	seen     map[string]bool
+	found    map[[2]string]bool // the (check, severity) pairs the checkup ever reported
 	failures map[string]float64
 }
 
@@ -69,7 +77,14 @@ func NewQueueCollector(client *gendurable.Client, opts *QueueCollectorOpts) *Que
 	}
 	c := &QueueCollector{
 		client: client, timeout: opts.Timeout, statuses: slices.Clone(opts.Statuses), stuck: opts.Stuck,
-		log: opts.Logger, seen: map[string]bool{}, failures: map[string]float64{"queue_stats": 0},
+		log: opts.Logger, seen: map[string]bool{}, found: map[[2]string]bool{}, failures: map[string]float64{"queue_stats": 0},
+	}
+	if opts.Checkup {
+		c.checkup = &gendurable.CheckupOpts{}
+		if opts.CheckupOpts != nil {
+			*c.checkup = *opts.CheckupOpts
+		}
+		c.failures["checkup"] = 0
 	}
 	if c.timeout <= 0 {
 		c.timeout = DefaultTimeout
@@ -93,6 +108,8 @@ func NewQueueCollector(client *gendurable.Client, opts *QueueCollectorOpts) *Que
 	c.stuckOldest = prometheus.NewDesc(name("stuck_oldest_timestamp_seconds"),
 		"The earliest scheduled time (or await deadline) among a group of stuck instances, as a Unix time.",
 		[]string{"kind", "queue", "machine", "step", "rate_limit"}, nil)
+	c.findings = prometheus.NewDesc(name("checkup_findings"),
+		"Findings of the checkup (gendurable.Client.Checkup), by check and severity.", []string{"check", "severity"}, nil)
 	c.up = prometheus.NewDesc(name("inspect_up"), "1 if this scrape's inspection queries succeeded, else 0.", nil, nil)
 	c.errorsTotal = prometheus.NewDesc(name("inspect_errors_total"), "Inspection queries that failed, by query.", []string{"query"}, nil)
 	c.duration = prometheus.NewDesc(name("inspect_duration_seconds"), "How long this scrape's inspection queries took, by query.", []string{"query"}, nil)
@@ -107,6 +124,9 @@ func (c *QueueCollector) Describe(ch chan<- *prometheus.Desc) {
 	if c.stuck {
 		ch <- c.stuckCount
 		ch <- c.stuckOldest
+	}
+	if c.checkup != nil {
+		ch <- c.findings
 	}
 }
 
@@ -143,6 +163,18 @@ func (c *QueueCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 
+	if c.checkup != nil {
+		start := time.Now()
+		fs, err := c.client.Checkup(ctx, c.checkup)
+		ch <- prometheus.MustNewConstMetric(c.duration, prometheus.GaugeValue, time.Since(start).Seconds(), "checkup")
+		if err != nil {
+			up = 0
+			c.failed("checkup", err)
+		} else {
+			c.reportFindings(ch, fs)
+		}
+	}
+
 	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, up)
 	c.mu.Lock()
 	for query, n := range c.failures {
@@ -175,6 +207,21 @@ func (c *QueueCollector) queues(ch chan<- prometheus.Metric, stats []gendurable.
 			ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, q.OldestRunnable.Seconds(), q.Queue)
 		}
 	}
+}
+
+// reportFindings counts the findings by check and severity, with zeros for those seen before.
+func (c *QueueCollector) reportFindings(ch chan<- prometheus.Metric, fs []gendurable.Finding) {
+	counts := map[[2]string]float64{}
+	c.mu.Lock()
+	for _, f := range fs {
+		k := [2]string{f.Check, string(f.Severity)}
+		c.found[k] = true
+		counts[k]++
+	}
+	for k := range c.found {
+		ch <- prometheus.MustNewConstMetric(c.findings, prometheus.GaugeValue, counts[k], k[0], k[1])
+	}
+	c.mu.Unlock()
 }
 
 func (c *QueueCollector) failed(query string, err error) {

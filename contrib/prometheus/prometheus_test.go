@@ -175,7 +175,7 @@ func TestMetricsAndQueuesOverHTTP(t *testing.T) {
 	require.NoError(t, cl.Stop(stopCtx)) // delivers every buffered event
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(metrics, durableprom.NewQueueCollector(cl, &durableprom.QueueCollectorOpts{Stuck: true}))
+	reg.MustRegister(metrics, durableprom.NewQueueCollector(cl, &durableprom.QueueCollectorOpts{Stuck: true, Checkup: true}))
 	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	defer srv.Close()
 	got := scrape(t, srv.URL)
@@ -235,7 +235,10 @@ func TestMetricsAndQueuesOverHTTP(t *testing.T) {
 	requireValue(t, got, 1, "gendurable_inspect_up", l())
 	requireValue(t, got, 0, "gendurable_inspect_errors_total", l("query", "queue_stats"))
 	requireValue(t, got, 0, "gendurable_inspect_errors_total", l("query", "stuck"))
-	require.Len(t, got["gendurable_inspect_duration_seconds"], 2)
+	requireValue(t, got, 0, "gendurable_inspect_errors_total", l("query", "checkup"))
+	require.Len(t, got["gendurable_inspect_duration_seconds"], 3)
+	// The checkup: rows are due and the only worker stopped.
+	requireValue(t, got, 1, "gendurable_checkup_findings", l("check", "workers", "severity", "problem"))
 
 	// A queue that empties keeps being reported, at zero.
 	_, err := pool.Exec(ctx, `UPDATE "`+schema+`".instances SET status = 'done', finalized_at = now() WHERE id = ANY($1)`, later)
@@ -244,6 +247,12 @@ func TestMetricsAndQueuesOverHTTP(t *testing.T) {
 	requireValue(t, got, 0, "gendurable_queue_instances", l("queue", "later", "status", "available"))
 	requireValue(t, got, 0, "gendurable_queue_runnable", l("queue", "later"))
 	requireValue(t, got, 1, "gendurable_queue_instances", l("queue", "backlog", "status", "available"))
+
+	// A finding that goes is reported at zero: nothing is due once the due rows are done.
+	_, err = pool.Exec(ctx, `UPDATE "`+schema+`".instances SET status = 'done', finalized_at = now() WHERE status = 'available'`)
+	require.NoError(t, err)
+	got = scrape(t, srv.URL)
+	requireValue(t, got, 0, "gendurable_checkup_findings", l("check", "workers", "severity", "problem"))
 }
 
 // A read that fails is an error metric, not a failed scrape and not a panic.
