@@ -423,6 +423,8 @@ func (h *handler) instance(w http.ResponseWriter, r *http.Request) {
 
 type stuckPage struct {
 	Groups []gendurable.StuckGroup
+	// Findings are the database checkup's (Client.Checkup), problems first.
+	Findings []gendurable.Finding
 }
 
 func (h *handler) stuck(w http.ResponseWriter, r *http.Request) {
@@ -431,5 +433,10 @@ func (h *handler) stuck(w http.ResponseWriter, r *http.Request) {
 		h.failErr(w, r, "stuck", err)
 		return
 	}
-	h.render(w, r, http.StatusOK, "stuck", "Stuck instances", "stuck", stuckPage{Groups: groups})
+	findings, err := h.client.Checkup(r.Context(), nil)
+	if err != nil {
+		h.failErr(w, r, "stuck", err)
+		return
+	}
+	h.render(w, r, http.StatusOK, "stuck", "Stuck instances", "stuck", stuckPage{Groups: groups, Findings: findings})
 }

@@ -1,9 +1,9 @@
 // Package durableui is gendurable's web dashboard: an http.Handler that shows a schema's queues
 // (live counts, lag, throughput), lists instances with the filters and keyset paging of
 // Client.List, shows one instance (state, result, the steps it took, inbox, children, errors),
-// lists stuck instances and the schedules with their fire history, and lets an operator signal,
-// retry, cancel, pause or resume an instance, pause or resume a queue or a machine, and pause,
-// resume, trigger or remove a schedule.
+// lists stuck instances with the database checkup's findings, and the schedules with their fire
+// history, and lets an operator signal, retry, cancel, pause or resume an instance, pause or
+// resume a queue or a machine, and pause, resume, trigger or remove a schedule.
 //
 // It is server-rendered HTML from html/template with its stylesheet and a few lines of script
 // embedded: no external network, no CDN. Mount it in your own server (see Options.Prefix) or run
