@@ -51,6 +51,8 @@ const (
 	RateLimitKey  = attribute.Key("gendurable.rate_limit")
 	StatusKey     = attribute.Key("gendurable.status")
 	QueryKey      = attribute.Key("gendurable.query")
+	CheckKey      = attribute.Key("gendurable.check")
+	SeverityKey   = attribute.Key("gendurable.severity")
 )
 
 // DefaultMaxOpenSpans caps the spans of steps that started and have not settled yet.

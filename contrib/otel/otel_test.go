@@ -260,7 +260,7 @@ func TestQueueMetrics(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	shutdown(t, nil, mp)
-	reg, err := durableotel.RegisterQueueMetrics(cl, &durableotel.QueueMetricsOpts{MeterProvider: mp, Stuck: true})
+	reg, err := durableotel.RegisterQueueMetrics(cl, &durableotel.QueueMetricsOpts{MeterProvider: mp, Stuck: true, Checkup: true})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, reg.Unregister()) }()
 
@@ -280,6 +280,13 @@ func TestQueueMetrics(t *testing.T) {
 			durableotel.StepKey.String(""), durableotel.RateLimitKey.String("ghost")): 1,
 	}, points(t, reader, "gendurable.stuck.instances"))
 	require.Equal(t, map[attribute.Distinct]float64{set(): 1}, points(t, reader, "gendurable.inspect.up"))
+	// The checkup: rows are due, and no node works a queue.
+	workers := set(durableotel.CheckKey.String("workers"), durableotel.SeverityKey.String("problem"))
+	require.Equal(t, 1.0, points(t, reader, "gendurable.checkup.findings")[workers])
+	// A finding that goes is reported at zero.
+	_, err = pool.Exec(ctx, `UPDATE "`+schema+`".instances SET status = 'done', finalized_at = now() WHERE status = 'available'`)
+	require.NoError(t, err)
+	require.Equal(t, 0.0, points(t, reader, "gendurable.checkup.findings")[workers])
 
 	// A schema that does not exist: every read fails, the collection does not.
 	broken := newClient(t, pool, "never_migrated")

@@ -36,6 +36,12 @@ type QueueMetricsOpts struct {
 	// Stuck also reports stuck instances (gendurable.Client.Stuck), as the client sees them: use
 	// a client configured like the workers.
 	Stuck bool
+	// Checkup also reports the findings of gendurable.Client.Checkup, as
+	// gendurable.checkup.findings by check and severity; a pair once found keeps being reported
+	// (at zero once it is gone), so that an alert on it resolves. CheckupOpts tunes its
+	// thresholds.
+	Checkup     bool
+	CheckupOpts *gendurable.CheckupOpts
 	// Logger receives a warning for each failed read. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -43,7 +49,7 @@ type QueueMetricsOpts struct {
 // RegisterQueueMetrics registers observable gauges that read a schema's queues through client's
 // inspection API whenever the meter provider collects: gendurable.queue.instances (by queue and
 // status), gendurable.queue.runnable, gendurable.queue.oldest_runnable (the lag, in seconds),
-// optionally gendurable.stuck.instances, and gendurable.inspect.up and gendurable.inspect.errors,
+// optionally gendurable.stuck.instances and gendurable.checkup.findings, and gendurable.inspect.up and gendurable.inspect.errors,
 // which report failed reads (a failed read never fails the collection). A queue once seen keeps
 // being reported (at zero). Unregister the returned registration to stop.
 func RegisterQueueMetrics(client *gendurable.Client, opts *QueueMetricsOpts) (metric.Registration, error) {
@@ -51,7 +57,7 @@ func RegisterQueueMetrics(client *gendurable.Client, opts *QueueMetricsOpts) (me
 		opts = &QueueMetricsOpts{}
 	}
 	q := &queueMetrics{client: client, timeout: opts.Timeout, statuses: slices.Clone(opts.Statuses), stuck: opts.Stuck,
-		log: opts.Logger, seen: map[string]bool{}, failures: map[string]int64{"queue_stats": 0}}
+		log: opts.Logger, seen: map[string]bool{}, found: map[[2]string]bool{}, failures: map[string]int64{"queue_stats": 0}}
 	if q.timeout <= 0 {
 		q.timeout = DefaultTimeout
 	}
@@ -63,6 +69,13 @@ func RegisterQueueMetrics(client *gendurable.Client, opts *QueueMetricsOpts) (me
 	}
 	if q.stuck {
 		q.failures["stuck"] = 0
+	}
+	if opts.Checkup {
+		q.checkup = &gendurable.CheckupOpts{}
+		if opts.CheckupOpts != nil {
+			*q.checkup = *opts.CheckupOpts
+		}
+		q.failures["checkup"] = 0
 	}
 	mp := opts.MeterProvider
 	if mp == nil {
@@ -81,6 +94,7 @@ func RegisterQueueMetrics(client *gendurable.Client, opts *QueueMetricsOpts) (me
 	q.instances = gauge("gendurable.queue.instances", "{instance}", "Instances by queue and status.")
 	q.runnable = gauge("gendurable.queue.runnable", "{instance}", "Available instances that are due now.")
 	q.stuckCount = gauge("gendurable.stuck.instances", "{instance}", "Instances that cannot make progress on their own, by kind.")
+	q.findings = gauge("gendurable.checkup.findings", "{finding}", "Findings of the checkup (gendurable.Client.Checkup), by check and severity.")
 	q.up = gauge("gendurable.inspect.up", "1", "1 if the last collection's inspection queries succeeded, else 0.")
 	if err == nil {
 		q.oldest, err = meter.Float64ObservableGauge("gendurable.queue.oldest_runnable", metric.WithUnit("s"),
@@ -97,6 +111,9 @@ func RegisterQueueMetrics(client *gendurable.Client, opts *QueueMetricsOpts) (me
 	if q.stuck {
 		observed = append(observed, q.stuckCount)
 	}
+	if q.checkup != nil {
+		observed = append(observed, q.findings)
+	}
 	reg, err := meter.RegisterCallback(q.observe, observed...)
 	if err != nil {
 		return nil, fmt.Errorf("durableotel: register queue callback: %w", err)
@@ -109,14 +126,16 @@ type queueMetrics struct {
 	timeout  time.Duration
 	statuses []gendurable.Status
 	stuck    bool
+	checkup  *gendurable.CheckupOpts // nil: no checkup
 	log      *slog.Logger
 
-	instances, runnable, stuckCount, up metric.Int64ObservableGauge
-	oldest                              metric.Float64ObservableGauge
-	errors                              metric.Int64ObservableCounter
+	instances, runnable, stuckCount, findings, up metric.Int64ObservableGauge
+	oldest                                        metric.Float64ObservableGauge
+	errors                                        metric.Int64ObservableCounter
 
 	mu       sync.Mutex
 	seen     map[string]bool
+	found    map[[2]string]bool // the (check, severity) pairs the checkup ever reported
 	failures map[string]int64
 }
 
@@ -144,6 +163,15 @@ func (q *queueMetrics) observe(ctx context.Context, o metric.Observer) error {
 					KindKey.String(string(g.Kind)), semconv.MessagingDestinationName(g.Queue), MachineKey.String(g.Machine),
 					StepKey.String(g.Step), RateLimitKey.String(g.RateLimit)))
 			}
+		}
+	}
+	if q.checkup != nil {
+		fs, err := q.client.Checkup(ctx, q.checkup)
+		if err != nil {
+			up = 0
+			q.failed("checkup", err)
+		} else {
+			q.reportFindings(o, fs)
 		}
 	}
 	o.ObserveInt64(q.up, up)
@@ -178,6 +206,21 @@ func (q *queueMetrics) queues(o metric.Observer, stats []gendurable.QueueStats) 
 			o.ObserveInt64(q.runnable, s.Runnable, metric.WithAttributes(queue))
 			o.ObserveFloat64(q.oldest, s.OldestRunnable.Seconds(), metric.WithAttributes(queue))
 		}
+	}
+}
+
+// reportFindings counts the findings by check and severity, with zeros for those seen before.
+func (q *queueMetrics) reportFindings(o metric.Observer, fs []gendurable.Finding) {
+	counts := map[[2]string]int64{}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, f := range fs {
+		k := [2]string{f.Check, string(f.Severity)}
+		q.found[k] = true
+		counts[k]++
+	}
+	for k := range q.found {
+		o.ObserveInt64(q.findings, counts[k], metric.WithAttributes(CheckKey.String(k[0]), SeverityKey.String(k[1])))
 	}
 }
 
