@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable/internal/engine"
+	"github.com/gendurable/gendurable/internal/spell"
 	"github.com/gendurable/gendurable/internal/store"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -295,7 +296,7 @@ func (p *Postgres) reconnect(ctx context.Context) (*pgx.Conn, time.Duration) {
 
 func (p *Postgres) send(ctx context.Context) {
 	defer p.wg.Done()
-	failing := false
+	var failing spell.Log
 	for {
 		select {
 		case <-ctx.Done():
@@ -321,13 +322,11 @@ func (p *Postgres) send(ctx context.Context) {
 		})
 		cancel()
 		switch {
-		case err != nil && !failing && !errors.Is(err, context.Canceled):
-			failing = true
-			p.log.Warn("gendurable: pokes could not be sent; other nodes find the rows by polling",
+		case err == nil:
+			failing.Succeeded(p.log, "gendurable: pokes are sent again", "client", p.client)
+		case !errors.Is(err, context.Canceled):
+			failing.Failed(p.log, "gendurable: pokes could not be sent; other nodes find the rows by polling",
 				"client", p.client, "error", err)
-		case err == nil && failing:
-			failing = false
-			p.log.Info("gendurable: pokes are sent again", "client", p.client)
 		}
 	}
 }
