@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable/internal/engine"
+	"github.com/gendurable/gendurable/internal/store"
+	"github.com/jackc/pgx/v5"
 )
 
 // Severity says how much a Finding matters.
@@ -26,7 +28,8 @@ type Finding struct {
 	// Check names the check that found it: "autovacuum", "dead_rows", "horizon",
 	// "invalid_index", "lock_wait", "table_locked", "reaper" or "workers" (docs/operations.md,
 	// "Checkup").
-	Check    string   `json:"check"`
+	Check string `json:"check"`
+	// Severity says whether work stops (SeverityProblem) or degrades (SeverityWarning).
 	Severity Severity `json:"severity"`
 	// Summary says what is wrong, with its figures; Fix, what to do about it.
 	Summary string `json:"summary"`
@@ -59,9 +62,10 @@ const (
 // dead rows piling up, sessions holding vacuum back with a transaction or snapshot left open,
 // indexes left invalid by a failed build, sessions waiting for locks on the schema's tables (or
 // the instances table locked outright), claims and await deadlines the reaper has not seen to,
-// and runnable rows with no live node working any queue. It returns the findings, problems
+// and queues with due rows that no live node works. It returns the findings, problems
 // first; none means nothing was found. It reads catalogs and statistics views, and the
-// instances table through its partial indexes (waiting at most a second for its lock); a role
+// instances and nodes tables through their indexes (waiting at most a second for their locks),
+// at a cost of the queues and the rows in flight, never the backlog or the history; a role
 // without pg_read_all_stats sees only its own sessions in pg_stat_activity.
 func (c *Client) Checkup(ctx context.Context, opts *CheckupOpts) ([]Finding, error) {
 	o := CheckupOpts{OldTransaction: 5 * time.Minute, LockWait: 5 * time.Second, ReaperGrace: time.Minute}
@@ -75,6 +79,8 @@ func (c *Client) Checkup(ctx context.Context, opts *CheckupOpts) ([]Finding, err
 		return nil, fmt.Errorf("gendurable: checkup: %w", err)
 	}
 	var out []Finding
+	// name quotes a schema-qualified name for the SQL of a fix.
+	name := func(rel string) string { return pgx.Identifier{c.store.Schema, rel}.Sanitize() }
 	add := func(check string, sev Severity, fix, format string, args ...any) {
 		out = append(out, Finding{Check: check, Severity: sev, Summary: fmt.Sprintf(format, args...), Fix: fix})
 	}
@@ -87,17 +93,17 @@ func (c *Client) Checkup(ctx context.Context, opts *CheckupOpts) ([]Finding, err
 		switch {
 		case !t.ServerAutovacuum:
 		case !t.TableAutovacuum:
-			add("autovacuum", SeverityProblem, fmt.Sprintf("ALTER TABLE %s.%s RESET (autovacuum_enabled);", c.store.Schema, t.Table),
+			add("autovacuum", SeverityProblem, fmt.Sprintf("ALTER TABLE %s RESET (autovacuum_enabled);", name(t.Table)),
 				"autovacuum is off for %s.%s (autovacuum_enabled = false)", c.store.Schema, t.Table)
 		}
-		stale := t.LastVacuum == nil || time.Since(*t.LastVacuum) > checkupVacuumAge
+		stale := t.SinceVacuum == nil || *t.SinceVacuum > checkupVacuumAge
 		if t.Dead >= checkupDeadRows && float64(t.Dead) >= checkupDeadShare*float64(t.Live) && stale {
 			last := "never since the statistics were reset"
-			if t.LastVacuum != nil {
-				last = time.Since(*t.LastVacuum).Round(time.Second).String() + " ago"
+			if t.SinceVacuum != nil {
+				last = t.SinceVacuum.Round(time.Second).String() + " ago"
 			}
-			add("dead_rows", SeverityWarning, fmt.Sprintf("VACUUM %s.%s; and see why autovacuum has not (the horizon check, "+
-				"autovacuum_max_workers, the table's autovacuum settings).", c.store.Schema, t.Table),
+			add("dead_rows", SeverityWarning, fmt.Sprintf("VACUUM %s; and see why autovacuum has not (the horizon check, "+
+				"autovacuum_max_workers, the table's autovacuum settings).", name(t.Table)),
 				"%s.%s holds %d dead rows beside %d live ones; its last vacuum ended %s", c.store.Schema, t.Table, t.Dead, t.Live, last)
 		}
 	}
@@ -108,8 +114,8 @@ func (c *Client) Checkup(ctx context.Context, opts *CheckupOpts) ([]Finding, err
 			h.PID, h.App, h.State, h.Age.Round(time.Second))
 	}
 	for _, x := range f.Invalid {
-		add("invalid_index", SeverityProblem, fmt.Sprintf("DROP INDEX CONCURRENTLY %s.%s; then REINDEX the index it was to "+
-			"replace, or run gendurable migrate again if a migration was building it.", c.store.Schema, x.Index),
+		add("invalid_index", SeverityProblem, fmt.Sprintf("DROP INDEX CONCURRENTLY %s; then REINDEX the index it was to "+
+			"replace, or run gendurable migrate again if a migration was building it.", name(x.Index)),
 			"index %s.%s on %s is invalid (a concurrent build failed): every write maintains it, no read uses it",
 			c.store.Schema, x.Index, x.Table)
 	}
@@ -125,19 +131,26 @@ func (c *Client) Checkup(ctx context.Context, opts *CheckupOpts) ([]Finding, err
 	}
 	if f.Rows == nil {
 		add("table_locked", SeverityProblem, "See the lock waits: end or let finish the session that holds the table.",
-			"%s.instances stayed locked for the checkup's lock timeout: every pick, beat, commit and insert waits", c.store.Schema)
+			"%s.instances or %s.nodes stayed locked for the checkup's lock timeout: every pick, beat, commit and insert "+
+				"waits for the instances table", c.store.Schema, c.store.Schema)
 	} else {
 		r := f.Rows
 		if r.ExpiredLeases > 0 || r.OverdueAwaits > 0 {
 			add("reaper", SeverityProblem, "Run the reaper on at least one node (Config.Reaper not disabled), and check its log "+
 				"for failed sweeps.",
-				"%d claims expired and %d await deadlines passed more than %v ago: no node's reaper is releasing or waking them",
-				r.ExpiredLeases, r.OverdueAwaits, o.ReaperGrace)
+				"expired claims: %s; await deadlines passed: %s; each more than %v ago: no node's reaper is releasing or waking them",
+				capped(r.ExpiredLeases), capped(r.OverdueAwaits), o.ReaperGrace)
 		}
-		if r.Runnable && !r.Workers {
-			add("workers", SeverityProblem, "Start a client with Config.Queues for these queues (the node registry shows none "+
-				"refreshed within "+engine.NodeLive.String()+").",
-				"rows are due, and no live node works any queue")
+		var idle []string
+		for _, q := range r.DueQueues {
+			if !slices.Contains(r.WorkedQueues, q) {
+				idle = append(idle, q)
+			}
+		}
+		if len(idle) > 0 {
+			add("workers", SeverityProblem, "Start a client whose Config.Queues has them (the node registry shows no node "+
+				"working them refreshed within "+engine.NodeLive.String()+").",
+				"rows are due in queues no live node works: %s", strings.Join(idle, ", "))
 		}
 	}
 	slices.SortStableFunc(out, func(a, b Finding) int {
@@ -150,6 +163,14 @@ func (c *Client) Checkup(ctx context.Context, opts *CheckupOpts) ([]Finding, err
 		return 1
 	})
 	return out, nil
+}
+
+// capped prints a count the checkup stopped at store.CheckupCap.
+func capped(n int64) string {
+	if n >= store.CheckupCap {
+		return fmt.Sprintf("at least %d", n)
+	}
+	return fmt.Sprint(n)
 }
 
 // cmpOr returns v, or def when v is not positive.

@@ -87,6 +87,7 @@ func TestCheckupFindsNoWorkersAndNoReaper(t *testing.T) {
 	w := checks(fs, "workers")
 	require.Len(t, w, 1, "%+v", fs)
 	require.Equal(t, gendurable.SeverityProblem, w[0].Severity)
+	require.Equal(t, "rows are due in queues no live node works: work", w[0].Summary)
 	require.Empty(t, checks(fs, "reaper"))
 
 	// A worker without a reaper parks an instance whose deadline then passes, and a claim
@@ -104,13 +105,18 @@ func TestCheckupFindsNoWorkersAndNoReaper(t *testing.T) {
 	e.exec(t, `UPDATE {schema}.instances SET status = 'executing', attempt = 1, locked_by = 'gone/1',
 		locked_until = now() - interval '2 minutes' WHERE id = $1`, dead.ID)
 	time.Sleep(300 * time.Millisecond) // the await deadline 300ms past
+	// A due row of a queue nobody works, beside the worked one.
+	_, err = cl.Insert(ctx, m.With(path{}), &gendurable.InsertOpts{Queue: "other"})
+	require.NoError(t, err)
 	fs, err = cl.Checkup(ctx, &gendurable.CheckupOpts{ReaperGrace: 200 * time.Millisecond})
 	require.NoError(t, err)
-	require.Empty(t, checks(fs, "workers"), "a live node works a queue: %+v", fs)
+	w = checks(fs, "workers")
+	require.Len(t, w, 1, "%+v", fs)
+	require.Equal(t, "rows are due in queues no live node works: other", w[0].Summary)
 	r := checks(fs, "reaper")
 	require.Len(t, r, 1, "%+v", fs)
 	require.Equal(t, gendurable.SeverityProblem, r[0].Severity)
-	require.Contains(t, r[0].Summary, "1 claims expired and 1 await deadlines passed")
+	require.Contains(t, r[0].Summary, "expired claims: 1; await deadlines passed: 1;")
 
 	// A node with a reaper sees to both.
 	reaper := e.client(t, &gendurable.Config{Name: "reaper", Machines: machines, Reaper: &gendurable.ReaperConfig{Interval: 20 * time.Millisecond}})
@@ -142,7 +148,7 @@ func TestCheckupFindsAnInvalidIndex(t *testing.T) {
 	require.Len(t, x, 1, "%+v", fs)
 	require.Equal(t, gendurable.SeverityProblem, x[0].Severity)
 	require.Contains(t, x[0].Summary, e.schema+".checkup_dup on instances is invalid")
-	require.Contains(t, x[0].Fix, "DROP INDEX CONCURRENTLY "+e.schema+".checkup_dup")
+	require.Contains(t, x[0].Fix, `DROP INDEX CONCURRENTLY "`+e.schema+`"."checkup_dup"`)
 	e.exec(t, `DROP INDEX {schema}.checkup_dup`)
 	fs, err = cl.Checkup(ctx, nil)
 	require.NoError(t, err)
@@ -181,6 +187,16 @@ func TestCheckupFindsASnapshotLeftOpen(t *testing.T) {
 	require.Equal(t, gendurable.SeverityWarning, f.Severity)
 	require.Contains(t, f.Summary, "idle in transaction")
 	require.Contains(t, f.Fix, fmt.Sprintf("pg_terminate_backend(%d)", pid))
+	require.NoError(t, tx.Rollback(ctx))
+	require.Empty(t, mine())
+
+	// A read-committed transaction that wrote and sits idle holds no snapshot between its
+	// statements, but its transaction id holds the horizon back all the same.
+	tx, err = conn.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "SELECT pg_current_xact_id()") // what a write does: take a transaction id
+	require.NoError(t, err)
+	eventually(t, 10*time.Second, "the idle writer reported", func() bool { return len(mine()) == 1 })
 	require.NoError(t, tx.Rollback(ctx))
 	require.Empty(t, mine())
 }

@@ -40,7 +40,8 @@ const (
 	// Duration = the statement's time.
 	EventHeartbeatBeat EventName = "heartbeat.beat"
 	// EventHeartbeatFailed: a beat did not reach the database (or the database refused it); the
-	// next one is sent soon after. Count = claims it was to extend, Err = why.
+	// next one is sent soon after. Count = claims it was to extend, Duration = the statement's
+	// time until it failed, Err = why.
 	EventHeartbeatFailed EventName = "heartbeat.failed"
 	// EventReaperSwept: a reaper sweep ran to its end (every sweep, also one that found
 	// nothing). Count = rows it changed (claims released, parked rows woken at their await

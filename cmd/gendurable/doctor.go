@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -9,9 +10,21 @@ import (
 	"github.com/gendurable/gendurable"
 )
 
-// runDoctor prints Client.Checkup's findings, problems first; it fails (exit status 1) when one
-// is a problem, so that it can gate a deploy or page someone.
+// runDoctor prints Client.Checkup's findings, problems first. Its exit status says what it
+// found, so that it can gate a deploy or page someone: 0 nothing or warnings only, 1 a problem,
+// 3 the checkup could not run (the database out of reach, a schema not migrated, a bad flag).
 func runDoctor(ctx context.Context, args []string, out io.Writer) error {
+	err := doctor(ctx, args, out)
+	if err == nil || errors.Is(err, flag.ErrHelp) || errors.Is(err, errProblems) {
+		return err
+	}
+	return &exitError{code: 3, err: err}
+}
+
+// errProblems is doctor's error when a finding is a problem (exit status 1).
+var errProblems = errors.New("problems found")
+
+func doctor(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("doctor", flag.ContinueOnError)
 	var db dbFlags
 	db.register(fs, "gendurable")
@@ -54,7 +67,7 @@ func runDoctor(ctx context.Context, args []string, out io.Writer) error {
 		}
 	}
 	if problems > 0 {
-		return fmt.Errorf("%d of %d findings are problems", problems, len(findings))
+		return fmt.Errorf("%w: %d of %d findings are problems", errProblems, problems, len(findings))
 	}
 	return nil
 }

@@ -62,7 +62,7 @@ func commands() []command {
 		{"pauses", "pauses [--json]", "list the paused queues and machines", runPauses},
 		{"upgrade", "upgrade --machine M [--no-wait] [--timeout 10m]", "bring a machine's parked instances forward to its newest version, in bulk", runUpgrade},
 		{"schedules", "schedules [list] [--json] | schedules pause|resume|trigger|remove NAME", "list the schedules (next fire, last fire and its instance), or act on one", runSchedules},
-		{"doctor", "doctor [--json] [--old-transaction 5m] [--lock-wait 5s] [--reaper-grace 1m]", "check the database for what keeps the engine's tables healthy and its work moving (exit status 1 on a problem)", runDoctor},
+		{"doctor", "doctor [--json] [--old-transaction 5m] [--lock-wait 5s] [--reaper-grace 1m]", "check the database for what keeps the engine's tables healthy and its work moving (exit status 1 on a problem, 3 when it could not check)", runDoctor},
 		{"ui", "ui [--addr 127.0.0.1:8080] [--read-only] [--token T]", "serve the web dashboard of a schema", runUI},
 	}
 }
@@ -89,6 +89,9 @@ func run(ctx context.Context, args []string, out, errOut io.Writer) int {
 			}
 			if err != nil {
 				fmt.Fprintf(errOut, "gendurable %s: %v\n", c.name, err)
+				if ee := (*exitError)(nil); errors.As(err, &ee) {
+					return ee.code
+				}
 				return 1
 			}
 			return 0
@@ -98,6 +101,15 @@ func run(ctx context.Context, args []string, out, errOut io.Writer) int {
 	usage(errOut)
 	return 2
 }
+
+// exitError is a command's error with an exit status other than 1.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
 
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "gendurable: durable state machines on Postgres\n\nUsage:")

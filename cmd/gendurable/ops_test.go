@@ -233,8 +233,12 @@ func TestDoctor(t *testing.T) {
 	}
 	code, out, errOut := cli("doctor")
 	require.Equal(t, 1, code, out)
-	require.Contains(t, out, "problem [workers] rows are due, and no live node works any queue\n    fix: Start a client")
-	require.Regexp(t, `\d+ of \d+ findings are problems`, errOut)
+	require.Contains(t, out, "problem [workers] rows are due in queues no live node works: orders\n    fix: Start a client")
+	require.Regexp(t, `problems found: \d+ of \d+ findings are problems`, errOut)
+	// A checkup that cannot run exits with 3, not with a problem's 1.
+	code, _, errOut = runCLI(t, "doctor", "--database-url", url, "--schema", "never_migrated")
+	require.Equal(t, 3, code)
+	require.Contains(t, errOut, "not migrated")
 	code, out, _ = cli("doctor", "--json")
 	require.Equal(t, 1, code)
 	var findings []gendurable.Finding

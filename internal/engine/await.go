@@ -316,17 +316,21 @@ func (a *awaiter) probe(all bool) {
 	if len(ids) == 0 {
 		return
 	}
+	sp := &a.e.spells.awaitHot // the two kinds of probe run side by side
+	if all {
+		sp = &a.e.spells.awaitTicks
+	}
 	ctx, cancel := context.WithTimeout(a.e.baseCtx, 10*time.Second)
 	ps, err := a.e.store.AwaitProbe(ctx, a.e.pool, ids, parked, whole)
 	cancel()
 	if err != nil {
 		if a.e.baseCtx.Err() == nil {
-			a.e.spells.awaits.Failed(a.e.log, "gendurable: await probe failed; retrying at the next tick", "client", a.e.cfg.Name,
+			sp.Failed(a.e.log, "gendurable: await probe failed; retrying at the next tick", "client", a.e.cfg.Name,
 				"waiters", len(ids), "error", err)
 		}
 		return
 	}
-	a.e.spells.awaits.Succeeded(a.e.log, "gendurable: await probes succeed again", "client", a.e.cfg.Name)
+	sp.Succeeded(a.e.log, "gendurable: await probes succeed again", "client", a.e.cfg.Name)
 	a.answer(ps)
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable/durabletype"
+	"github.com/gendurable/gendurable/internal/spell"
 	"github.com/gendurable/gendurable/internal/store"
 )
 
@@ -268,6 +269,9 @@ func (c *committer) commit(batch []*commitReq, stopping bool) {
 		outs[i] = r.out
 	}
 	backoff := 50 * time.Millisecond
+	// The batch's own spell: committers run side by side (a second beside a stalled statement),
+	// and one's success says nothing of another's retries.
+	var failing spell.Log
 	for try := 1; ; try++ {
 		ctx, cancel := context.WithTimeout(context.Background(), StatementTimeout(e.cfg.Lease))
 		// The rows this node's Await callers wait on are read back in the commit's round trip:
@@ -276,7 +280,7 @@ func (c *committer) commit(batch []*commitReq, stopping bool) {
 		cancel()
 		err = e.committed(err)
 		if err == nil {
-			e.spells.commit.Succeeded(e.log, "gendurable: outcomes commit again", "client", e.cfg.Name)
+			failing.Succeeded(e.log, "gendurable: outcomes commit again", "client", e.cfg.Name)
 			e.awaits.answer(probes)
 			for _, r := range batch {
 				_, ok := applied[r.out.Claim]
@@ -296,7 +300,7 @@ func (c *committer) commit(batch []*commitReq, stopping bool) {
 			}
 			return
 		}
-		e.spells.commit.Failed(e.log, "gendurable: outcome commit failed; retrying", "client", e.cfg.Name, "outcomes", len(batch),
+		failing.Failed(e.log, "gendurable: outcome commit failed; retrying", "client", e.cfg.Name, "outcomes", len(batch),
 			"try", try, "error", err)
 		if stopping {
 			time.Sleep(backoff)

@@ -151,8 +151,11 @@ type Engine struct {
 	committer     *committer
 	lastBeat      time.Time
 	// spells keep the logs of the background loops' repeating failures short: one per loop
-	// (the queues' picks have theirs in their runners).
-	spells struct{ beat, leases, commit, registry, pauses, upgrades, awaits spell.Log }
+	// (the queues' picks have theirs in their runners, each outcome batch its own).
+	spells struct {
+		beat, leases, registry, retentions, pauses, upgrades spell.Log
+		awaitTicks, awaitHot                                 spell.Log // the await probes of every waiter, and of the pushed ids
+	}
 	// beatConn is the heartbeat's own connection (heartbeatLoop's alone; nil until dialled);
 	// beatOnPool says it was refused a statement, and the beats go through the pool.
 	beatConn      *pgx.Conn

@@ -66,9 +66,10 @@ func (e *Engine) setRetentions(ctx context.Context) bool {
 		r[name] = m.Retention
 	}
 	if err := e.store.SetRetentions(ctx, e.pool, r, e.Origin()); err != nil {
-		e.log.Warn("gendurable: could not record the machines' retentions; retrying", "client", e.cfg.Name, "error", err)
+		e.spells.retentions.Failed(e.log, "gendurable: could not record the machines' retentions; retrying", "client", e.cfg.Name, "error", err)
 		return false
 	}
+	e.spells.retentions.Succeeded(e.log, "gendurable: the machines' retentions are recorded", "client", e.cfg.Name)
 	return true
 }
 

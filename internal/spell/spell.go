@@ -31,15 +31,23 @@ type Log struct {
 	unlogged int // since the spell's last line
 	began    time.Time
 	logged   time.Time
+	last     time.Time // the latest failure
 }
 
 // Failed records a failure of the loop. The first failure of a spell is logged as msg at Warn
 // with args; a later one only once the spell's last line is Every old, with "unlogged" (the
 // failures since that line that were not logged) and "failing_for" added. Every other failure
-// is counted.
+// is counted. A failure more than Every after the last one begins a new spell: a loop with
+// nothing to do (no claims to beat for, no waiters to probe) has no success to end the last.
 func (s *Log) Failed(log *slog.Logger, msg string, args ...any) {
 	now := s.now()
 	s.mu.Lock()
+	if s.failures > 0 && now.Sub(s.last) > s.every() {
+		s.failures, s.unlogged = 0, 0
+	}
+	if now.After(s.last) { // (a racing caller may have read the clock before this one)
+		s.last = now
+	}
 	s.failures++
 	first := s.failures == 1
 	if first {

@@ -25,7 +25,7 @@ type TableVacuum struct {
 	Table                             string
 	ServerAutovacuum, TableAutovacuum bool
 	Live, Dead                        int64
-	LastVacuum                        *time.Time // nil: never vacuumed since the statistics were reset
+	SinceVacuum                       *time.Duration // since a vacuum last ended; nil: never since the statistics were reset
 }
 
 // HorizonHolder is a session that holds the database's xmin horizon back.
@@ -46,11 +46,17 @@ type LockWait struct {
 	BlockedBy        []int32
 }
 
-// CheckupRows is what the checkup read from the instances table.
+// CheckupRows is what the checkup read from the instances and nodes tables.
 type CheckupRows struct {
-	ExpiredLeases, OverdueAwaits int64 // past their lease or deadline by more than the grace
-	Runnable, Workers            bool  // due rows exist; a live node works some queue
+	// ExpiredLeases and OverdueAwaits are the rows past their lease or await deadline by more
+	// than the grace, each counted up to CheckupCap.
+	ExpiredLeases, OverdueAwaits int64
+	// DueQueues have rows due now; WorkedQueues are worked by a live node.
+	DueQueues, WorkedQueues []string
 }
+
+// CheckupCap is where the checkup stops counting expired leases and overdue awaits.
+const CheckupCap = 10_000
 
 // checkupLockTimeout bounds the checkup's wait for the instances table.
 const checkupLockTimeout = "1s"
@@ -65,7 +71,12 @@ func (s *Store) Checkup(ctx context.Context, db DB, old, wait, grace, live time.
 	}
 	f.Tables, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (TableVacuum, error) {
 		var t TableVacuum
-		err := r.Scan(&t.Table, &t.ServerAutovacuum, &t.TableAutovacuum, &t.Live, &t.Dead, &t.LastVacuum)
+		var since *float64
+		err := r.Scan(&t.Table, &t.ServerAutovacuum, &t.TableAutovacuum, &t.Live, &t.Dead, &since)
+		if since != nil {
+			d := time.Duration(*since * float64(time.Second))
+			t.SinceVacuum = &d
+		}
 		return t, err
 	})
 	if err != nil {
@@ -112,8 +123,8 @@ func (s *Store) Checkup(ctx context.Context, db DB, old, wait, grace, live time.
 		if _, err := tx.Exec(ctx, "SELECT pg_catalog.set_config('lock_timeout', $1, true)", checkupLockTimeout); err != nil {
 			return err
 		}
-		return tx.QueryRow(ctx, s.sql("checkup_rows"), grace.Seconds(), live.Seconds()).
-			Scan(&cr.ExpiredLeases, &cr.OverdueAwaits, &cr.Runnable, &cr.Workers)
+		return tx.QueryRow(ctx, s.sql("checkup_rows"), grace.Seconds(), live.Seconds(), CheckupCap).
+			Scan(&cr.ExpiredLeases, &cr.OverdueAwaits, &cr.DueQueues, &cr.WorkedQueues)
 	})
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == pgLockNotAvailable {
 		return f, nil // the table is locked: the lock waits say by whom

@@ -1,10 +1,11 @@
 -- Statement family: the checkup (Client.Checkup, gendurable doctor). Read-only. The server's
--- statistics views and catalogs take no lock on the engine's tables; the two reads of the
--- instances table take ACCESS SHARE, and run with a short lock_timeout (Store.Checkup), so that a
+-- statistics views and catalogs take no lock on the engine's tables; checkup_rows reads the
+-- instances and nodes tables (ACCESS SHARE) with a short lock_timeout (Store.Checkup), so that a
 -- checkup of a locked table reports the lock instead of waiting behind it.
 
 -- The schema's churning tables ($1 the schema's name): autovacuum on for the server and the
--- table, the live and dead rows the statistics count, and when a vacuum last ended.
+-- table, the live and dead rows the statistics count, and how long ago (by the database clock) a
+-- vacuum last ended (NULL: never since the statistics were reset).
 -- name: checkup_vacuum
 SELECT c.relname,
        current_setting('autovacuum')::bool,
@@ -12,23 +13,29 @@ SELECT c.relname,
                    WHERE o.option_name = 'autovacuum_enabled'
                      AND lower(o.option_value) IN ('false', 'off', 'no', '0', 'f', 'n')),
        coalesce(st.n_live_tup, 0), coalesce(st.n_dead_tup, 0),
-       greatest(st.last_vacuum, st.last_autovacuum)
+       extract(epoch FROM now() - greatest(st.last_vacuum, st.last_autovacuum))::float8
 FROM pg_catalog.pg_class AS c
 JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
 LEFT JOIN pg_catalog.pg_stat_user_tables AS st ON st.relid = c.oid
 WHERE n.nspname = $1 AND c.relkind = 'r' AND c.relname IN ('instances', 'signals', 'finished_counts')
 ORDER BY c.relname;
 
--- Sessions of this database that have held a transaction or snapshot open for longer than $1
--- seconds: they hold its xmin horizon back, and vacuum keeps every row version younger than it.
--- A session is named by its pid, application name and state, never by its query (which may carry
--- values).
+-- Client sessions of this database that have held a transaction open for longer than $1 seconds
+-- with a snapshot (backend_xmin: a repeatable-read transaction, a statement running that long)
+-- or a transaction id (backend_xid: one that wrote, then sat idle in its transaction): they hold
+-- its xmin horizon back, and vacuum keeps every row version younger than them. Vacuums and
+-- concurrent index builds are left out (other vacuums ignore their xmin). A session is named by
+-- its pid, application name and state, never by its query (which may carry values). Replication
+-- slots and prepared transactions are not looked at.
 -- name: checkup_horizon
 SELECT a.pid, coalesce(a.application_name, ''), coalesce(a.state, ''),
-       extract(epoch FROM now() - coalesce(a.xact_start, a.backend_start))::float8
+       extract(epoch FROM now() - a.xact_start)::float8
 FROM pg_catalog.pg_stat_activity AS a
-WHERE a.datname = current_database() AND a.pid <> pg_catalog.pg_backend_pid() AND a.backend_xmin IS NOT NULL
-  AND coalesce(a.xact_start, a.backend_start) < now() - $1::float8 * interval '1 second'
+WHERE a.datname = current_database() AND a.backend_type = 'client backend' AND a.pid <> pg_catalog.pg_backend_pid()
+  AND (a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL)
+  AND a.xact_start < now() - $1::float8 * interval '1 second'
+  AND a.pid NOT IN (SELECT v.pid FROM pg_catalog.pg_stat_progress_vacuum AS v)
+  AND a.pid NOT IN (SELECT x.pid FROM pg_catalog.pg_stat_progress_create_index AS x)
 ORDER BY 4 DESC;
 
 -- The schema's invalid indexes ($1 the schema's name): a CREATE INDEX CONCURRENTLY or REINDEX
@@ -42,8 +49,10 @@ JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
 WHERE n.nspname = $1 AND NOT i.indisvalid
 ORDER BY c.relname;
 
--- Sessions waiting longer than $2 seconds for a lock on a table of the schema ($1 its name), and
--- the sessions that block them.
+-- Sessions waiting longer than $2 seconds for a lock on a table of the schema ($1 its name), or
+-- on a row of one, and the sessions that block them. (A wait for a row another transaction holds
+-- shows as a wait for that transaction's id once the row's tuple lock is taken; only the first
+-- waiter on a row is named by its table.)
 -- name: checkup_lock_waits
 SELECT l.pid, coalesce(a.application_name, ''), c.relname, l.mode,
        extract(epoch FROM now() - l.waitstart)::float8, pg_catalog.pg_blocking_pids(l.pid)
@@ -51,21 +60,48 @@ FROM pg_catalog.pg_locks AS l
 JOIN pg_catalog.pg_class AS c ON c.oid = l.relation
 JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
 LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid = l.pid
-WHERE NOT l.granted AND n.nspname = $1 AND l.waitstart < now() - $2::float8 * interval '1 second'
+WHERE NOT l.granted AND n.nspname = $1
+  AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = current_database())
+  AND l.waitstart < now() - $2::float8 * interval '1 second'
 ORDER BY l.waitstart;
 
 -- The reaper's backlog: claims whose lease ran out more than $1 seconds ago (the reaper releases
 -- them within its interval) through instances_executing, and parked rows as far past their await
--- deadline (it wakes them) through instances_await_deadline; and whether rows are runnable (a
--- walk of each pick index up to the first due row) while no node seen within $2 seconds works a
--- queue.
+-- deadline (it wakes them) through instances_await_deadline, each counted up to $3; the queues
+-- with due rows, and the queues a node seen within $2 seconds works. The due queues are found by
+-- a skip scan: each queue of instances_ready_untagged in one descent (the next queue name after
+-- the last), then one descent per priority of that queue for a row due now; a tagged runnable row
+-- (instances_ready_tagged) is due by construction. So the cost is the queues times the
+-- priorities, never the backlog.
 -- name: checkup_rows
-SELECT (SELECT count(*) FROM {schema}.instances
-        WHERE status = 'executing' AND locked_until < now() - $1::float8 * interval '1 second'),
-       (SELECT count(*) FROM {schema}.instances
+WITH RECURSIVE untagged(queue) AS (
+  (SELECT i.queue FROM {schema}.instances AS i
+   WHERE i.status = 'available' AND i.fair_tag IS NULL ORDER BY i.queue LIMIT 1)
+  UNION ALL
+  SELECT (SELECT i.queue FROM {schema}.instances AS i
+          WHERE i.status = 'available' AND i.fair_tag IS NULL AND i.queue > u.queue ORDER BY i.queue LIMIT 1)
+  FROM untagged AS u WHERE u.queue IS NOT NULL
+), tagged(queue) AS (
+  (SELECT i.queue FROM {schema}.instances AS i
+   WHERE i.status = 'available' AND i.fair_tag IS NOT NULL ORDER BY i.queue LIMIT 1)
+  UNION ALL
+  SELECT (SELECT i.queue FROM {schema}.instances AS i
+          WHERE i.status = 'available' AND i.fair_tag IS NOT NULL AND i.queue > t.queue ORDER BY i.queue LIMIT 1)
+  FROM tagged AS t WHERE t.queue IS NOT NULL
+)
+SELECT (SELECT count(*) FROM (SELECT 1 FROM {schema}.instances
+        WHERE status = 'executing' AND locked_until < now() - $1::float8 * interval '1 second' LIMIT $3) AS x),
+       (SELECT count(*) FROM (SELECT 1 FROM {schema}.instances
         WHERE status = 'awaiting' AND await_deadline IS NOT NULL
-          AND await_deadline < now() - $1::float8 * interval '1 second'),
-       EXISTS (SELECT 1 FROM {schema}.instances WHERE status = 'available' AND fair_tag IS NULL AND scheduled_at <= now())
-         OR EXISTS (SELECT 1 FROM {schema}.instances WHERE status = 'available' AND fair_tag IS NOT NULL AND scheduled_at <= now()),
-       EXISTS (SELECT 1 FROM {schema}.nodes
-               WHERE cardinality(queues) > 0 AND seen_at > now() - $2::float8 * interval '1 second');
+          AND await_deadline < now() - $1::float8 * interval '1 second' LIMIT $3) AS x),
+       ARRAY(SELECT u.queue FROM untagged AS u
+             WHERE u.queue IS NOT NULL AND EXISTS (
+               SELECT 1 FROM generate_series(1, 9) AS p(priority)
+               WHERE EXISTS (SELECT 1 FROM {schema}.instances AS i
+                             WHERE i.status = 'available' AND i.fair_tag IS NULL AND i.queue = u.queue
+                               AND i.priority = p.priority::smallint AND i.scheduled_at <= now()))
+             UNION
+             SELECT t.queue FROM tagged AS t WHERE t.queue IS NOT NULL
+             ORDER BY 1),
+       ARRAY(SELECT DISTINCT q FROM {schema}.nodes AS n, unnest(n.queues) AS q
+             WHERE n.seen_at > now() - $2::float8 * interval '1 second' ORDER BY 1);
