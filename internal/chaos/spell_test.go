@@ -8,50 +8,9 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/logrecord"
 	"github.com/stretchr/testify/require"
 )
-
-// records is a slog handler that keeps every record.
-type records struct {
-	mu  sync.Mutex
-	got []slog.Record
-}
-
-func (h *records) Enabled(context.Context, slog.Level) bool { return true }
-func (h *records) Handle(_ context.Context, r slog.Record) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.got = append(h.got, r.Clone())
-	return nil
-}
-func (h *records) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h *records) WithGroup(string) slog.Handler      { return h }
-
-// with returns the records whose message is msg.
-func (h *records) with(msg string) []slog.Record {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	var out []slog.Record
-	for _, r := range h.got {
-		if r.Message == msg {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
-// attr returns a record's attribute key.
-func attr(r slog.Record, key string) slog.Value {
-	var v slog.Value
-	r.Attrs(func(a slog.Attr) bool {
-		if a.Key == key {
-			v = a.Value
-			return false
-		}
-		return true
-	})
-	return v
-}
 
 // A worker cut off from the database (every connection reset, new ones refused) fails each beat
 // and each pick, again and again, until the path heals. Its log holds one line per spell of
@@ -62,7 +21,7 @@ func TestAnOutageIsLoggedOncePerSpell(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 16)
 	pool, proxy := proxiedPool(t, e.url, 8)
-	logs := &records{}
+	logs := &logrecord.Recorder{}
 	var (
 		mu     sync.Mutex
 		events = map[gendurable.EventName][]time.Time{}
@@ -129,16 +88,16 @@ func TestAnOutageIsLoggedOncePerSpell(t *testing.T) {
 		// as the path was cut could let one try through and split the outage in two spells).
 		var ends []slog.Record
 		eventually(t, 30*time.Second, loop.again, func() bool {
-			ends = logs.with(loop.again)
+			ends = logs.With(loop.again)
 			return len(ends) > 0 && ends[len(ends)-1].Time.After(healed)
 		})
 		last := ends[len(ends)-1].Time
 		failures, allowed := 0, 0
 		for _, end := range ends {
 			require.Equal(t, slog.LevelInfo, end.Level)
-			failedFor := attr(end, "failed_for").Duration()
+			failedFor := logrecord.Attr(end, "failed_for").Duration()
 			require.Positive(t, failedFor)
-			failures += int(attr(end, "failures").Int64())
+			failures += int(logrecord.Attr(end, "failures").Int64())
 			allowed += 1 + int(failedFor/time.Minute) // the spell's first failure, then one a minute
 		}
 		// Every failure emitted its event before the line that ended its spell.
@@ -147,7 +106,7 @@ func TestAnOutageIsLoggedOncePerSpell(t *testing.T) {
 		})
 		require.Equal(t, failures, countOf(loop.event, last), "%s: the ends of the spells count their every failure", loop.failed)
 		lines := 0
-		for _, r := range logs.with(loop.failed) {
+		for _, r := range logs.With(loop.failed) {
 			if !r.Time.After(last) {
 				require.Equal(t, slog.LevelWarn, r.Level)
 				lines++

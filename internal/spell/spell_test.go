@@ -1,31 +1,15 @@
 package spell
 
 import (
-	"context"
 	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/gendurable/gendurable/internal/logrecord"
 	"github.com/stretchr/testify/require"
 )
-
-// lines is a slog handler that keeps every record.
-type lines struct {
-	mu  sync.Mutex
-	got []slog.Record
-}
-
-func (h *lines) Enabled(context.Context, slog.Level) bool { return true }
-func (h *lines) Handle(_ context.Context, r slog.Record) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.got = append(h.got, r)
-	return nil
-}
-func (h *lines) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h *lines) WithGroup(string) slog.Handler      { return h }
 
 // attrs returns a record's attributes by key.
 func attrs(r slog.Record) map[string]any {
@@ -38,27 +22,27 @@ func attrs(r slog.Record) map[string]any {
 }
 
 func TestASpellLogsItsFirstFailureRemindersAndItsEnd(t *testing.T) {
-	h := &lines{}
+	h := &logrecord.Recorder{}
 	log := slog.New(h)
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	s := &Log{Every: 10 * time.Second, Now: func() time.Time { return now }}
 
 	// No spell: success logs nothing.
 	s.Succeeded(log, "ok again", "queue", "q")
-	require.Empty(t, h.got)
+	require.Empty(t, h.Records())
 
 	// A spell of 25 failures, one a second: the first, then one line per 10s.
 	for i := range 25 {
 		s.Failed(log, "pick failed", "queue", "q", "try", i)
 		now = now.Add(time.Second)
 	}
-	require.Len(t, h.got, 3)
-	for _, r := range h.got {
+	require.Len(t, h.Records(), 3)
+	for _, r := range h.Records() {
 		require.Equal(t, slog.LevelWarn, r.Level)
 		require.Equal(t, "pick failed", r.Message)
 		require.Equal(t, "q", attrs(r)["queue"])
 	}
-	first, second, third := attrs(h.got[0]), attrs(h.got[1]), attrs(h.got[2])
+	first, second, third := attrs(h.Records()[0]), attrs(h.Records()[1]), attrs(h.Records()[2])
 	require.NotContains(t, first, "unlogged")
 	require.EqualValues(t, 0, first["try"])
 	require.EqualValues(t, 10, second["try"], "the reminder carries the failure that made it")
@@ -69,38 +53,38 @@ func TestASpellLogsItsFirstFailureRemindersAndItsEnd(t *testing.T) {
 
 	// Its end: one Info line with every failure of the spell.
 	s.Succeeded(log, "ok again", "queue", "q")
-	require.Len(t, h.got, 4)
-	end := h.got[3]
+	require.Len(t, h.Records(), 4)
+	end := h.Records()[3]
 	require.Equal(t, slog.LevelInfo, end.Level)
 	require.Equal(t, "ok again", end.Message)
 	require.EqualValues(t, 25, attrs(end)["failures"])
 	require.Equal(t, 25*time.Second, attrs(end)["failed_for"])
 	s.Succeeded(log, "ok again")
-	require.Len(t, h.got, 4, "a second success ends nothing")
+	require.Len(t, h.Records(), 4, "a second success ends nothing")
 
 	// The next failure begins a new spell, logged at once.
 	s.Failed(log, "pick failed")
-	require.Len(t, h.got, 5)
-	require.NotContains(t, attrs(h.got[4]), "unlogged")
+	require.Len(t, h.Records(), 5)
+	require.NotContains(t, attrs(h.Records()[4]), "unlogged")
 
 	// A loop that went quiet without a success (nothing to do): a failure more than Every after
 	// the last begins a new spell, logged as its first.
 	now = now.Add(11 * time.Second)
 	s.Failed(log, "pick failed")
-	require.Len(t, h.got, 6)
-	require.NotContains(t, attrs(h.got[5]), "unlogged")
+	require.Len(t, h.Records(), 6)
+	require.NotContains(t, attrs(h.Records()[5]), "unlogged")
 	now = now.Add(time.Second)
 	s.Failed(log, "pick failed")
-	require.Len(t, h.got, 6, "the new spell's second failure is counted")
+	require.Len(t, h.Records(), 6, "the new spell's second failure is counted")
 	s.Succeeded(log, "ok again")
-	require.EqualValues(t, 2, attrs(h.got[6])["failures"], "the new spell's failures only")
+	require.EqualValues(t, 2, attrs(h.Records()[6])["failures"], "the new spell's failures only")
 }
 
 // Racing goroutines: the end's count is every failure, no line claims more than happened, and
 // reminders fall among the races. (Which failures go unlogged after the last reminder depends on
 // the interleaving; the first test checks the reminders' counts exactly.)
 func TestASpellCountsEveryFailureUnderRaces(t *testing.T) {
-	h := &lines{}
+	h := &logrecord.Recorder{}
 	log := slog.New(h)
 	// A clock that moves a microsecond at every reading. A goroutine reads it once before it
 	// takes the lock, so two failures in a row are at most eight readings apart: never a gap of
@@ -119,11 +103,9 @@ func TestASpellCountsEveryFailureUnderRaces(t *testing.T) {
 	}
 	wg.Wait()
 	s.Succeeded(log, "again")
-	h.mu.Lock()
-	defer h.mu.Unlock()
 	const all = goroutines * each
 	warned, unlogged := 0, int64(0)
-	for _, r := range h.got[:len(h.got)-1] {
+	for _, r := range h.Records()[:len(h.Records())-1] {
 		require.Equal(t, "failed", r.Message)
 		warned++
 		if n, ok := attrs(r)["unlogged"]; ok {
@@ -131,7 +113,7 @@ func TestASpellCountsEveryFailureUnderRaces(t *testing.T) {
 		}
 	}
 	require.Greater(t, warned, 2, "reminders among the races")
-	end := h.got[len(h.got)-1]
+	end := h.Records()[len(h.Records())-1]
 	require.Equal(t, "again", end.Message)
 	require.EqualValues(t, all, attrs(end)["failures"], "one spell, every failure counted")
 	require.LessOrEqual(t, int64(warned)+unlogged, int64(all))
