@@ -3,7 +3,10 @@ package gendurable_test
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/gendurable/gendurable"
@@ -162,4 +165,51 @@ func Example_highAvailability() {
 	defer pool.Close()
 	fmt.Println(cfg.ConnConfig.Host, "then", cfg.ConnConfig.Fallbacks[len(cfg.ConnConfig.Fallbacks)-1].Host)
 	// Output: db1 then db2
+}
+
+// docs:begin checkup-health
+// checkupHandler answers a monitor's probe with the checkup's problems: 503 while there is one
+// (autovacuum off, no reaper, a due queue nobody works, …), 200 otherwise. The warnings are
+// for dashboards (durableprom's and durableotel's Checkup option export them all).
+func checkupHandler(client *gendurable.Client) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		findings, err := client.Checkup(r.Context(), nil)
+		if err != nil {
+			http.Error(w, "checkup: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		var problems []string
+		for _, f := range findings {
+			if f.Severity == gendurable.SeverityProblem {
+				problems = append(problems, f.Check+": "+f.Summary+"\n  fix: "+f.Fix)
+			}
+		}
+		if len(problems) > 0 {
+			http.Error(w, strings.Join(problems, "\n"), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	}
+}
+
+// docs:end
+
+// The checkup as a monitor's endpoint: an image is due and no node works its queue.
+func ExampleClient_Checkup() {
+	ctx := context.Background()
+	pool, schema, cleanup := examplePool("checkup")
+	defer cleanup()
+	thumbnail := gendurable.Job[Thumbnail]{Name: "thumbnail", Queue: "images",
+		Perform: func(ctx *gendurable.Ctx, t Thumbnail) error { return nil }}
+	client, err := gendurable.NewClient(pool, &gendurable.Config{Schema: schema, Machines: []gendurable.Machine{thumbnail}})
+	if err != nil {
+		panic(err)
+	}
+	if _, err := client.Insert(ctx, thumbnail.With(Thumbnail{Image: "cat.png", Width: 128}), nil); err != nil {
+		panic(err)
+	}
+	rec := httptest.NewRecorder()
+	checkupHandler(client)(rec, httptest.NewRequest(http.MethodGet, "/health/gendurable", nil))
+	fmt.Println(rec.Code, strings.Contains(rec.Body.String(), "workers: rows are due in queues no live node works: images"))
+	// Output: 503 true
 }
