@@ -25,7 +25,7 @@ const (
 
 // Finding is one thing Client.Checkup found wrong with the database under the client's schema.
 type Finding struct {
-	// Check names the check that found it: "autovacuum", "dead_rows", "horizon",
+	// Check names the check that found it: "autovacuum", "dead_rows", "horizon", "connections",
 	// "invalid_index", "lock_wait", "table_locked", "reaper" or "workers" (docs/operations.md,
 	// "Checkup").
 	Check string `json:"check"`
@@ -47,6 +47,9 @@ type CheckupOpts struct {
 	// ReaperGrace is how far past their lease (or await deadline) rows may be before the reaper
 	// is reported as not running. Default 1 minute; keep it above the reaper's interval.
 	ReaperGrace time.Duration
+	// Connections is the share of the connections the server accepts (max_connections less the
+	// reserved ones) in use from which the checkup reports them. Default 0.9.
+	Connections float64
 }
 
 // checkupDeadRows is the dead-row count of a table, and its share of the live rows, from which
@@ -59,17 +62,20 @@ const (
 
 // Checkup looks for what keeps the engine's tables from staying healthy or its work from moving,
 // in the database as a whole rather than instance by instance (Stuck does that): autovacuum off,
-// dead rows piling up, sessions holding vacuum back with a transaction or snapshot left open,
-// indexes left invalid by a failed build, sessions waiting for locks on the schema's tables (or
-// the instances table locked outright), claims and await deadlines the reaper has not seen to,
-// and queues with due rows that no live node works. It returns the findings, problems
-// first; none means nothing was found. It reads catalogs and statistics views, and the
-// instances and nodes tables through their indexes (waiting at most a second for their locks),
-// at a cost of the queues and the rows in flight, never the backlog or the history; a role
-// without pg_read_all_stats sees only its own sessions in pg_stat_activity.
+// dead rows piling up, sessions holding vacuum back with a transaction left open, the server's
+// connections running out, indexes left invalid by a failed build, sessions waiting for locks
+// on the schema's tables (or the instances table locked outright), claims and await deadlines
+// the reaper has not seen to, and queues with due rows that no live node works. It returns the
+// findings, problems first; none means nothing was found. It reads catalogs and statistics
+// views, and the instances and nodes tables through their indexes (waiting at most a second for
+// their locks), at a cost of the queues and the rows in flight, never the backlog or the
+// history; a role without pg_read_all_stats sees only its own sessions in pg_stat_activity.
 func (c *Client) Checkup(ctx context.Context, opts *CheckupOpts) ([]Finding, error) {
-	o := CheckupOpts{OldTransaction: 5 * time.Minute, LockWait: 5 * time.Second, ReaperGrace: time.Minute}
+	o := CheckupOpts{OldTransaction: 5 * time.Minute, LockWait: 5 * time.Second, ReaperGrace: time.Minute, Connections: 0.9}
 	if opts != nil {
+		if opts.Connections > 0 {
+			o.Connections = opts.Connections
+		}
 		o.OldTransaction = cmpOr(opts.OldTransaction, o.OldTransaction)
 		o.LockWait = cmpOr(opts.LockWait, o.LockWait)
 		o.ReaperGrace = cmpOr(opts.ReaperGrace, o.ReaperGrace)
@@ -112,6 +118,11 @@ func (c *Client) Checkup(ctx context.Context, opts *CheckupOpts) ([]Finding, err
 			"and bound such sessions with idle_in_transaction_session_timeout.", h.PID),
 			"session %d (%q, %s) has held a transaction or snapshot open for %v: vacuum keeps every row version younger than it",
 			h.PID, h.App, h.State, h.Age.Round(time.Second))
+	}
+	if f.Accepted > 0 && float64(f.Connections) >= o.Connections*float64(f.Accepted) {
+		add("connections", SeverityWarning, "Lower the pools' MaxConns, put a pooler in front (PgBouncer in transaction mode), "+
+			"or raise max_connections: past the limit, new connections are refused (the engine waits; your own calls fail).",
+			"%d of the %d client connections the server accepts are in use", f.Connections, f.Accepted)
 	}
 	for _, x := range f.Invalid {
 		add("invalid_index", SeverityProblem, fmt.Sprintf("DROP INDEX CONCURRENTLY %s; then REINDEX the index it was to "+

@@ -32,8 +32,8 @@ func serverAutovacuum(t *testing.T, e *env) bool {
 }
 
 // A schema worked by a started client, its work done, has nothing wrong with it but what the
-// server says about autovacuum (this suite's server may run with it off). The horizon is the
-// database's, which other tests share: it has a test of its own.
+// server says about autovacuum (this suite's server may run with it off). The horizon and the
+// connections are the server's, which other tests share: they have tests of their own.
 func TestCheckupOfAHealthySchema(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -50,7 +50,8 @@ func TestCheckupOfAHealthySchema(t *testing.T) {
 	fs, err := cl.Checkup(ctx, nil)
 	require.NoError(t, err)
 	for _, f := range fs {
-		if f.Check != "horizon" && f.Check != "autovacuum" {
+		// The horizon and the connections are the server's, which other tests share.
+		if f.Check != "horizon" && f.Check != "autovacuum" && f.Check != "connections" {
 			t.Errorf("a healthy schema: %+v", f)
 		}
 	}
@@ -292,4 +293,33 @@ func TestCheckupFindsDeadRowsPilingUp(t *testing.T) {
 	require.Contains(t, f.Summary, "never since the statistics were reset")
 	e.exec(t, `VACUUM {schema}.instances`)
 	eventually(t, 20*time.Second, "the vacuum counted", func() bool { return len(dead()) == 0 })
+}
+
+// Connections in use past a share of what the server accepts are reported, with the figures the
+// server gives. (The share is set below what this test's own pool holds open, since the server's
+// other sessions come and go.)
+func TestCheckupFindsConnectionsRunningOut(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	cl := e.client(t, nil)
+	var accepted int
+	require.NoError(t, e.pool.QueryRow(ctx, `SELECT current_setting('max_connections')::int
+		- current_setting('superuser_reserved_connections')::int`).Scan(&accepted))
+	fs, err := cl.Checkup(ctx, &gendurable.CheckupOpts{Connections: 0.5 / float64(accepted)})
+	require.NoError(t, err)
+	c := checks(fs, "connections")
+	require.Len(t, c, 1, "%+v", fs)
+	require.Equal(t, gendurable.SeverityWarning, c[0].Severity)
+	var used int
+	_, err = fmt.Sscanf(c[0].Summary, "%d of the "+fmt.Sprint(accepted)+" client connections the server accepts are in use", &used)
+	require.NoError(t, err, c[0].Summary)
+	require.GreaterOrEqual(t, used, 1)
+	require.LessOrEqual(t, used, accepted)
+	// At the default share (90%), a server this suite does not fill is not reported.
+	if used < accepted*8/10 {
+		fs, err = cl.Checkup(ctx, nil)
+		require.NoError(t, err)
+		require.Empty(t, checks(fs, "connections"))
+	}
 }

@@ -33,6 +33,7 @@ func doctor(ctx context.Context, args []string, out io.Writer) error {
 	fs.DurationVar(&opts.OldTransaction, "old-transaction", 0, "report transactions open longer than this (default 5m)")
 	fs.DurationVar(&opts.LockWait, "lock-wait", 0, "report lock waits longer than this (default 5s)")
 	fs.DurationVar(&opts.ReaperGrace, "reaper-grace", 0, "report leases and await deadlines this far past (default 1m)")
+	fs.Float64Var(&opts.Connections, "connections", 0, "report connections in use past this share of what the server accepts (default 0.9)")
 	if _, err := parseInterspersed(fs, args); err != nil {
 		return err
 	}

@@ -16,6 +16,8 @@ type CheckupFacts struct {
 	Horizon []HorizonHolder
 	Invalid []InvalidIndex
 	Waits   []LockWait
+	// Connections are the server's client connections in use, of Accepted.
+	Connections, Accepted int
 	// Rows is nil when the instances table stayed locked for the checkup's lock timeout.
 	Rows *CheckupRows
 }
@@ -95,6 +97,9 @@ func (s *Store) Checkup(ctx context.Context, db DB, old, wait, grace, live time.
 	})
 	if err != nil {
 		return f, fmt.Errorf("horizon: %w", err)
+	}
+	if err := db.QueryRow(ctx, s.sql("checkup_connections")).Scan(&f.Connections, &f.Accepted); err != nil {
+		return f, fmt.Errorf("connections: %w", err)
 	}
 	rows, err = db.Query(ctx, s.sql("checkup_invalid_indexes"), s.Schema)
 	if err != nil {

@@ -38,6 +38,13 @@ WHERE a.datname = current_database() AND a.backend_type = 'client backend' AND a
   AND a.pid NOT IN (SELECT x.pid FROM pg_catalog.pg_stat_progress_create_index AS x)
 ORDER BY 4 DESC;
 
+-- The server's client connections in use, and how many it accepts (max_connections less the
+-- slots reserved for superusers and, from PostgreSQL 16, for roles with pg_use_reserved_connections).
+-- name: checkup_connections
+SELECT (SELECT count(*) FROM pg_catalog.pg_stat_activity AS a WHERE a.backend_type = 'client backend'),
+       current_setting('max_connections')::int - current_setting('superuser_reserved_connections')::int
+         - coalesce(current_setting('reserved_connections', true)::int, 0);
+
 -- The schema's invalid indexes ($1 the schema's name): a CREATE INDEX CONCURRENTLY or REINDEX
 -- CONCURRENTLY that failed leaves one, which every write still maintains and no read uses.
 -- name: checkup_invalid_indexes
