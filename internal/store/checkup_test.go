@@ -23,11 +23,7 @@ func TestCheckupReadsNoBacklog(t *testing.T) {
 		_, err := s.InsertMany(ctx, pool, []InsertRow{{Machine: "m", Step: "s", State: "{}", Queue: q, Priority: 5, MaxAttempts: 1}})
 		require.NoError(t, err)
 	}
-	_, err = pool.Exec(ctx, `VACUUM ANALYZE "`+schema+`".instances`)
-	require.NoError(t, err)
-	var indexPages int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT relpages FROM pg_class WHERE oid = $1::regclass`,
-		`"`+schema+`".instances_ready_untagged`).Scan(&indexPages))
+	indexPages := readyIndexPages(t, pool, schema)
 	require.Greater(t, indexPages, 200, "the delayed rows fill the pick index")
 
 	f, err := s.Checkup(ctx, pool, time.Hour, time.Hour, time.Minute, time.Minute)

@@ -35,6 +35,19 @@ func explainPick(t *testing.T, s *Store, db DB, stmt string, args pgx.NamedArgs)
 }
 
 // explainAnalyze runs sql under EXPLAIN (options) in a transaction that is rolled back.
+// readyIndexPages vacuums and analyzes the instances table and returns the pages of its pick
+// index of untagged rows.
+func readyIndexPages(t *testing.T, pool *pgxpool.Pool, schema string) int {
+	t.Helper()
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `VACUUM ANALYZE "`+schema+`".instances`)
+	require.NoError(t, err)
+	var pages int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT relpages FROM pg_class WHERE oid = $1::regclass`,
+		`"`+schema+`".instances_ready_untagged`).Scan(&pages))
+	return pages
+}
+
 func explainAnalyze(t *testing.T, db DB, options, sql string, args ...any) string {
 	t.Helper()
 	ctx := context.Background()
@@ -283,12 +296,7 @@ func TestPicksNeverReadDelayedRows(t *testing.T) {
 	}
 	_, err = s.InsertMany(ctx, pool, rows)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `VACUUM ANALYZE "`+schema+`".instances`)
-	require.NoError(t, err)
-	var indexPages int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT relpages FROM pg_class WHERE oid = $1::regclass`,
-		`"`+schema+`".instances_ready_untagged`).Scan(&indexPages))
-	require.Greater(t, indexPages, 200, "the delayed rows fill the pick index")
+	require.Greater(t, readyIndexPages(t, pool, schema), 200, "the delayed rows fill the pick index")
 
 	// pages sums the buffers the plan's walks of the pick index touched.
 	buffers := regexp.MustCompile(`Buffers: shared (?:hit=(\d+))?\s*(?:read=(\d+))?`)
