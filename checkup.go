@@ -76,9 +76,9 @@ func (c *Client) Checkup(ctx context.Context, opts *CheckupOpts) ([]Finding, err
 		if opts.Connections > 0 {
 			o.Connections = opts.Connections
 		}
-		o.OldTransaction = cmpOr(opts.OldTransaction, o.OldTransaction)
-		o.LockWait = cmpOr(opts.LockWait, o.LockWait)
-		o.ReaperGrace = cmpOr(opts.ReaperGrace, o.ReaperGrace)
+		o.OldTransaction = orDefaultDuration(opts.OldTransaction, o.OldTransaction)
+		o.LockWait = orDefaultDuration(opts.LockWait, o.LockWait)
+		o.ReaperGrace = orDefaultDuration(opts.ReaperGrace, o.ReaperGrace)
 	}
 	f, err := c.store.Checkup(ctx, c.pool, o.OldTransaction, o.LockWait, o.ReaperGrace, engine.NodeLive)
 	if err != nil {
@@ -96,9 +96,7 @@ func (c *Client) Checkup(ctx context.Context, opts *CheckupOpts) ([]Finding, err
 			"autovacuum is off on the server: nothing vacuums the tables of %s", c.store.Schema)
 	}
 	for _, t := range f.Tables {
-		switch {
-		case !t.ServerAutovacuum:
-		case !t.TableAutovacuum:
+		if t.ServerAutovacuum && !t.TableAutovacuum { // (a server without it has its own finding)
 			add("autovacuum", SeverityProblem, fmt.Sprintf("ALTER TABLE %s RESET (autovacuum_enabled);", name(t.Table)),
 				"autovacuum is off for %s.%s (autovacuum_enabled = false)", c.store.Schema, t.Table)
 		}
@@ -184,8 +182,8 @@ func capped(n int64) string {
 	return fmt.Sprint(n)
 }
 
-// cmpOr returns v, or def when v is not positive.
-func cmpOr(v, def time.Duration) time.Duration {
+// orDefaultDuration returns v, or def when v is not positive (orDefault, for durations).
+func orDefaultDuration(v, def time.Duration) time.Duration {
 	if v > 0 {
 		return v
 	}

@@ -244,13 +244,11 @@ func (r *runner) loop() {
 			continue // a freed slot brings us back
 		}
 		r.quietUntil.Store(0)
-		began := time.Now()
 		rows, gl, asked, err := r.pick(n)
 		r.take(len(rows) - n)
 		if err != nil {
 			if r.e.baseCtx.Err() == nil {
 				r.pickSpell.Failed(r.e.log, "gendurable: pick failed", "client", r.e.cfg.Name, "queue", r.queue, "error", err)
-				r.e.Emit(durabletype.Event{Name: durabletype.EventSchedulerFailed, Queue: r.queue, Duration: time.Since(began), Err: err})
 			}
 			want, backlog = false, false
 			resetTimer(timer, r.poll)
@@ -334,6 +332,9 @@ func (r *runner) pick(n int) (rows []store.Claimed, gl *gateLease, asked int, er
 			gl.lost()
 			r.lease.CompareAndSwap(gl, nil)
 			r.leaseRetryAt = time.Now().Add(leaseRetry)
+		}
+		if r.e.baseCtx.Err() == nil { // (not a pick that Stop cancelled)
+			r.e.Emit(durabletype.Event{Name: durabletype.EventSchedulerFailed, Queue: r.queue, Duration: time.Since(start), Err: err})
 		}
 		return nil, nil, 0, err
 	}
