@@ -78,6 +78,9 @@ type soakWindow struct {
 	rows          int   // instances rows (count)
 	engineBytes   int64 // engine tables with their indexes and toast
 	instanceBytes int64
+	// The most the window's once-a-second samples saw: the engine's size, and the instance
+	// row versions (live and dead tuples) the table held at once.
+	peakBytes, peakVersions int64
 }
 
 // soakClient starts a client for the soak in schema with the GC settings, hooked to meter.
@@ -134,8 +137,9 @@ func insertSoak(ctx context.Context, cl *gendurable.Client, n int) error {
 // below the offered rate for a while, and the backlog that builds up is the load's, not bloat:
 // a run beside the whole suite drained 282/s of an offered 460/s for ten seconds, then caught
 // up); the engine's relations at the end ≤ 1.5× their size
-// at 30% of the run (the plan's minute 10 of 35); finished rows older than retention + 10s never
-// above 2 × the GC batch. Then I1-I8.
+// at 30% of the run (the plan's minute 10 of 35; CI bounds the size per row version held, see
+// sizeBound); finished rows older than retention + 10s never above 2 × the GC batch. Then I1-I8,
+// and vacuum reclaims the dead tuples the run left (autovacuum off fails there).
 //
 // CI: 10 windows of 5s, retention 5s. GD_CHAOS=full: windows of 60s, retention 60s, until
 // 1,000,000 instances completed (the plan's size; about 34 minutes at 500/s), at most 40.
@@ -207,6 +211,17 @@ func TestBloatSoak(t *testing.T) {
 			(retention+10*time.Second).Milliseconds()).Scan(&rows, &stale, &old))
 		return rows, stale, old
 	}
+	// footprint reads the engine's size and the instance row versions the table holds now (its
+	// live and dead tuples, as the statistics count them).
+	footprint := func() (bytes, versions int64) {
+		require.NoError(t, db.pool.QueryRow(ctx, `SELECT
+			coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint,
+			coalesce(sum(s.n_live_tup + s.n_dead_tup) FILTER (WHERE c.relname = 'instances'), 0)::bigint
+			FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+			LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+			WHERE n.nspname = $1 AND c.relkind = 'r' AND c.relname NOT LIKE 't\_%'`, db.schema).Scan(&bytes, &versions))
+		return bytes, versions
+	}
 	relations := func(w *soakWindow) {
 		rows, err := db.pool.Query(ctx, `SELECT c.relname, pg_total_relation_size(c.oid), coalesce(s.n_live_tup, 0), coalesce(s.n_dead_tup, 0)
 			FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -233,9 +248,12 @@ func TestBloatSoak(t *testing.T) {
 	meter.take()
 	for k := 1; k <= windows && completed < maxCompleted; k++ {
 		end := time.Now().Add(window)
+		var peakBytes, peakVersions int64
 		for time.Now().Before(end) {
 			rows, stale, old := sample()
 			maxRows, maxStale, maxOld = max(maxRows, rows), max(maxStale, stale), max(maxOld, old)
+			bytes, versions := footprint()
+			peakBytes, peakVersions = max(peakBytes, bytes), max(peakVersions, versions)
 			time.Sleep(min(time.Second, time.Until(end)))
 		}
 		c, picks := meter.take()
@@ -243,6 +261,7 @@ func TestBloatSoak(t *testing.T) {
 		w := soakWindow{rate: float64(c) / window.Seconds(), p50: soakPercentile(picks, 50), p99: soakPercentile(picks, 99)}
 		w.rows, _, _ = sample()
 		relations(&w)
+		w.peakBytes, w.peakVersions = max(peakBytes, w.engineBytes), max(peakVersions, w.live+w.dead)
 		rec = append(rec, w)
 		t.Logf("window %d: %.0f completed/s, pick p50 %v p99 %v (%d picks), %d rows (max so far %d), instances %dkB, engine %dkB",
 			k, w.rate, w.p50, w.p99, len(picks), w.rows, maxRows, w.instanceBytes/1024, w.engineBytes/1024)
@@ -277,7 +296,32 @@ func TestBloatSoak(t *testing.T) {
 		return s / time.Duration(len(ws))
 	}
 	p99Early, p99Late := meanP99(rec[1:6]), meanP99(rec[n-5:])
-	steady := rec[max(1, n*3/10)-1] // the plan's minute 10 of 35
+	steadyAt := max(1, n*3/10) - 1 // the plan's minute 10 of 35
+	steady := rec[steadyAt]
+	// The size bound. The full run, alone on its machine, keeps the plan's: the size at the end
+	// against the size at 30%. A table's size is the most row versions it ever had to hold at
+	// once (live rows, and dead ones until vacuum reclaims them) and the CI variant's 50 seconds
+	// beside the whole suite are too short for that to settle by 30%: a neighbour that takes
+	// the cores for a few seconds late in the run delays vacuum, and the table grows to hold the
+	// dead versions it has not reclaimed yet (a run whose 30% sample fell just after vacuum
+	// truncated the table ended 1.59x above it, with 1.38x the row versions). So CI bounds the
+	// size per row version held: the end against the most the first 30% reached, scaled by how
+	// many more versions the table held at once later. Space that is never reused still grows
+	// past it; dead versions that are never reclaimed (vacuum asleep, a horizon held) are what
+	// the reclaim check below fails on.
+	sizeBound := 1.5 * float64(steady.engineBytes)
+	if !full {
+		var earlyBytes, earlyVersions, versions int64
+		for k, w := range rec {
+			if k <= steadyAt {
+				earlyBytes, earlyVersions = max(earlyBytes, w.peakBytes), max(earlyVersions, w.peakVersions)
+			}
+			versions = max(versions, w.peakVersions)
+		}
+		sizeBound = 1.5 * float64(earlyBytes) * max(1, float64(versions)/float64(max(1, earlyVersions)))
+		t.Logf("size bound %dkB: 1.5 × %dkB (the most by 30%%) × %d/%d (the most row versions the instances table held at once over the run, and by 30%%)",
+			int64(sizeBound)/1024, earlyBytes/1024, versions, earlyVersions)
+	}
 	t.Logf("throughput: windows 2-6 %.0f/s, last 5 %.0f/s; %d instances unfinished when the load stopped, drained in %v; pick p99 (mean of windows): 2-6 %v, last 5 %v; engine size at 30%% %dkB, end %dkB; max rows %d (bound %d); max finished rows older than retention+2 GC intervals %d (bound %d), than retention+10s %d (bound %d)",
 		early, late, left, drained.Round(time.Millisecond), p99Early, p99Late, steady.engineBytes/1024, rec[n-1].engineBytes/1024, maxRows, liveBound, maxStale, gcBatch, maxOld, oldBound)
 	if full {
@@ -296,10 +340,26 @@ func TestBloatSoak(t *testing.T) {
 	if full {
 		require.LessOrEqual(t, maxRows, liveBound, "instance rows grew past rate × (retention + 2 × GC interval) × 1.2")
 	}
-	require.LessOrEqual(t, float64(rec[n-1].engineBytes), 1.5*float64(steady.engineBytes), "the engine's relations bloated")
+	require.LessOrEqual(t, float64(rec[n-1].engineBytes), sizeBound, "the engine's relations bloated")
 	require.LessOrEqual(t, maxOld, oldBound, "GC fell behind")
 
 	soakJudge(t, db, "T11", seed, inserted, 2*late, 2*early, began)
+
+	// Vacuum reclaims what the run left dead: once every instance is done (and GC deletes them
+	// after retention), autovacuum brings the instances table's dead tuples under the count
+	// that wakes it (50 + 20% of the live ones, its defaults). Dead versions nothing can
+	// reclaim (vacuum asleep, a transaction holding the horizon) stay above it.
+	reclaimWait := 2 * time.Minute
+	if full {
+		reclaimWait = 5 * time.Minute // retention and the default naptime are a minute each
+	}
+	var live, dead int64
+	eventually(t, reclaimWait, "vacuum to reclaim the instances table's dead tuples", func() bool {
+		require.NoError(t, db.pool.QueryRow(ctx, `SELECT n_live_tup, n_dead_tup FROM pg_stat_user_tables
+			WHERE schemaname = $1 AND relname = 'instances'`, db.schema).Scan(&live, &dead))
+		return float64(dead) <= 50+0.2*float64(live)
+	})
+	t.Logf("after the run: instances %d live, %d dead tuples", live, dead)
 }
 
 // soakJudge waits for every instance of a soak to finish, checks I1-I8 and reports the summary
