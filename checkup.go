@@ -25,9 +25,9 @@ const (
 
 // Finding is one thing Client.Checkup found wrong with the database under the client's schema.
 type Finding struct {
-	// Check names the check that found it: "autovacuum", "dead_rows", "horizon", "connections",
-	// "invalid_index", "lock_wait", "table_locked", "reaper" or "workers" (docs/operations.md,
-	// "Checkup").
+	// Check names the check that found it: "autovacuum", "dead_rows", "horizon", "prepared",
+	// "slot", "connections", "invalid_index", "lock_wait", "table_locked", "reaper" or "workers"
+	// (docs/operations.md, "Checkup").
 	Check string `json:"check"`
 	// Severity says whether work stops (SeverityProblem) or degrades (SeverityWarning).
 	Severity Severity `json:"severity"`
@@ -38,8 +38,9 @@ type Finding struct {
 
 // CheckupOpts tunes Client.Checkup's thresholds; the zero value (or nil) takes the defaults.
 type CheckupOpts struct {
-	// OldTransaction is how long a transaction or snapshot may stay open before it is reported
-	// for holding vacuum back. Default 5 minutes.
+	// OldTransaction is how long a transaction or snapshot may stay open, or a prepared
+	// transaction wait for its COMMIT PREPARED, before it is reported for holding vacuum back.
+	// Default 5 minutes.
 	OldTransaction time.Duration
 	// LockWait is how long a session may wait for a lock on the schema's tables before it is
 	// reported. Default 5s.
@@ -50,6 +51,9 @@ type CheckupOpts struct {
 	// Connections is the share of the connections the server accepts (max_connections less the
 	// reserved ones) in use from which the checkup reports them. Default 0.9.
 	Connections float64
+	// SlotWAL is how many bytes of WAL a replication slot nothing is connected to may keep
+	// before it is reported. Default 1 GiB.
+	SlotWAL int64
 }
 
 // checkupDeadRows is the dead-row count of a table, and its share of the live rows, from which
@@ -62,7 +66,8 @@ const (
 
 // Checkup looks for what keeps the engine's tables from staying healthy or its work from moving,
 // in the database as a whole rather than instance by instance (Stuck does that): autovacuum off,
-// dead rows piling up, sessions holding vacuum back with a transaction left open, the server's
+// dead rows piling up, sessions holding vacuum back with a transaction left open, prepared
+// transactions nobody ended, replication slots nobody reads keeping WAL, the server's
 // connections running out, indexes left invalid by a failed build, sessions waiting for locks
 // on the schema's tables (or the instances table locked outright), claims and await deadlines
 // the reaper has not seen to, and queues with due rows that no live node works. It returns the
@@ -71,16 +76,21 @@ const (
 // their locks), at a cost of the queues and the rows in flight, never the backlog or the
 // history; a role without pg_read_all_stats sees only its own sessions in pg_stat_activity.
 func (c *Client) Checkup(ctx context.Context, opts *CheckupOpts) ([]Finding, error) {
-	o := CheckupOpts{OldTransaction: 5 * time.Minute, LockWait: 5 * time.Second, ReaperGrace: time.Minute, Connections: 0.9}
+	o := CheckupOpts{OldTransaction: 5 * time.Minute, LockWait: 5 * time.Second, ReaperGrace: time.Minute, Connections: 0.9,
+		SlotWAL: 1 << 30}
 	if opts != nil {
 		if opts.Connections > 0 {
 			o.Connections = opts.Connections
+		}
+		if opts.SlotWAL > 0 {
+			o.SlotWAL = opts.SlotWAL
 		}
 		o.OldTransaction = orDefaultDuration(opts.OldTransaction, o.OldTransaction)
 		o.LockWait = orDefaultDuration(opts.LockWait, o.LockWait)
 		o.ReaperGrace = orDefaultDuration(opts.ReaperGrace, o.ReaperGrace)
 	}
-	f, err := c.store.Checkup(ctx, c.pool, o.OldTransaction, o.LockWait, o.ReaperGrace, engine.NodeLive)
+	f, err := c.store.Checkup(ctx, c.pool, store.CheckupLimits{Old: o.OldTransaction, Wait: o.LockWait,
+		Grace: o.ReaperGrace, Live: engine.NodeLive, SlotWAL: o.SlotWAL})
 	if err != nil {
 		return nil, fmt.Errorf("gendurable: checkup: %w", err)
 	}
@@ -116,6 +126,28 @@ func (c *Client) Checkup(ctx context.Context, opts *CheckupOpts) ([]Finding, err
 			"and bound such sessions with idle_in_transaction_session_timeout.", h.PID),
 			"session %d (%q, %s) has held a transaction or snapshot open for %v: vacuum keeps every row version younger than it",
 			h.PID, h.App, h.State, h.Age.Round(time.Second))
+	}
+	for _, p := range f.Prepared {
+		fix := fmt.Sprintf("Find out what it was part of and end it, as its owner (%s) or a superuser in this database: "+
+			"COMMIT PREPARED %s; or ROLLBACK PREPARED %s; (it survives restarts: nothing else ends it).", p.Owner, quoteLiteral(p.GID), quoteLiteral(p.GID))
+		if len(p.Locked) == 0 {
+			add("prepared", SeverityWarning, fix, "prepared transaction %s (owner %s) has waited %v for COMMIT PREPARED: "+
+				"vacuum keeps every row version younger than it", quoteLiteral(p.GID), p.Owner, p.Age.Round(time.Second))
+			continue
+		}
+		add("prepared", SeverityProblem, fix, "prepared transaction %s (owner %s) has waited %v for COMMIT PREPARED, holding "+
+			"locks on %s: the rows it wrote or locked stay locked, schema changes wait, and vacuum keeps every row version "+
+			"younger than it", quoteLiteral(p.GID), p.Owner, p.Age.Round(time.Second), qualified(c.store.Schema, p.Locked))
+	}
+	for _, sl := range f.Slots {
+		of := "physical"
+		if sl.Database != "" {
+			of = sl.Type + ", database " + sl.Database
+		}
+		add("slot", SeverityWarning, fmt.Sprintf("Reconnect its consumer, or drop it if none will come back: SELECT "+
+			"pg_drop_replication_slot(%s); and bound what a slot may keep with max_slot_wal_keep_size.", quoteLiteral(sl.Name)),
+			"replication slot %s (%s) has no consumer and keeps %s of WAL: the server keeps every segment after it, until its disk fills",
+			sl.Name, of, bytesIEC(sl.Kept))
 	}
 	if f.Accepted > 0 && float64(f.Connections) >= o.Connections*float64(f.Accepted) {
 		add("connections", SeverityWarning, "Lower the pools' MaxConns, put a pooler in front (PgBouncer in transaction mode), "+
@@ -180,6 +212,33 @@ func capped(n int64) string {
 		return fmt.Sprintf("at least %d", n)
 	}
 	return fmt.Sprint(n)
+}
+
+// quoteLiteral quotes s as an SQL string literal, for the SQL of a fix.
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// qualified lists the schema's tables as schema.table.
+func qualified(schema string, tables []string) string {
+	out := make([]string, len(tables))
+	for i, t := range tables {
+		out[i] = schema + "." + t
+	}
+	return strings.Join(out, ", ")
+}
+
+// bytesIEC prints a byte count in the largest binary unit it fills (12.5 GiB, 300 MiB).
+func bytesIEC(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	v, units := float64(n), []string{"KiB", "MiB", "GiB", "TiB", "PiB"}
+	i := -1
+	for v >= unit && i < len(units)-1 {
+		v /= unit
+		i++
+	}
+	return fmt.Sprintf("%.1f %s", v, units[i])
 }
 
 // orDefaultDuration returns v, or def when v is not positive (orDefault, for durations).

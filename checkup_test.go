@@ -3,13 +3,17 @@ package gendurable_test
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/durabledbtest"
+	"github.com/gendurable/gendurable/internal/devdb"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
@@ -322,4 +326,113 @@ func TestCheckupFindsConnectionsRunningOut(t *testing.T) {
 		require.NoError(t, err)
 		require.Empty(t, checks(fs, "connections"))
 	}
+}
+
+// privateEnv is an env on a Postgres cluster of the test's own, started with settings (the
+// prepared transactions and replication slots a test leaves are the whole server's, which other
+// tests' checkups would see).
+func privateEnv(t *testing.T, settings map[string]string) *env {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cluster, err := devdb.StartCluster(ctx, devdb.ClusterOptions{Settings: settings})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, cluster.Close()) })
+	pool, err := pgxpool.New(ctx, cluster.URL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return &env{pool: pool, schema: durabledbtest.Schema(t, pool)}
+}
+
+// sqlOf is the statement of a fix that reads "… SQL; …", beginning with prefix.
+func sqlOf(t *testing.T, fix, prefix string) string {
+	t.Helper()
+	i := strings.Index(fix, prefix)
+	require.GreaterOrEqual(t, i, 0, "%q in %q", prefix, fix)
+	j := strings.Index(fix[i:], ";")
+	require.Greater(t, j, 0, "a ; after %q in %q", prefix, fix)
+	return fix[i : i+j]
+}
+
+// A replication slot nothing reads is reported once the WAL it keeps passes SlotWAL, physical
+// or logical, and the fix drops it. A prepared transaction nobody ended is reported once it is
+// older than OldTransaction: a problem when it holds a lock on the schema's tables (an update
+// of an instance prepared and left), a warning when it only holds the horizon; the fix's
+// ROLLBACK PREPARED, quoted as written, ends it.
+func TestCheckupFindsIdleSlotsAndPreparedTransactions(t *testing.T) {
+	t.Parallel()
+	e := privateEnv(t, map[string]string{"max_prepared_transactions": "4", "wal_level": "logical"})
+	ctx := context.Background()
+	t.Cleanup(func() {
+		// Before the schema is dropped: a prepared transaction left by a failed check would
+		// hold its lock on the instances table, and the drop would wait for it forever.
+		rows, err := e.pool.Query(ctx, `SELECT gid FROM pg_prepared_xacts`)
+		require.NoError(t, err)
+		gids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		for _, gid := range gids {
+			e.exec(t, "ROLLBACK PREPARED '"+strings.ReplaceAll(gid, "'", "''")+"'")
+		}
+	})
+	cl := e.client(t, nil)
+	mine := func(check string, opts *gendurable.CheckupOpts) []gendurable.Finding {
+		fs, err := cl.Checkup(ctx, opts)
+		require.NoError(t, err)
+		return checks(fs, check)
+	}
+
+	e.exec(t, `SELECT pg_create_physical_replication_slot('gd_standby', true)`)
+	e.exec(t, `SELECT pg_create_logical_replication_slot('gd_feed', 'test_decoding')`)
+	var kept int64 // the least either keeps: the WAL from the later restart_lsn on
+	require.NoError(t, e.pool.QueryRow(ctx, `SELECT min(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn))::bigint
+		FROM pg_replication_slots`).Scan(&kept))
+	require.Positive(t, kept)
+	require.Empty(t, mine("slot", nil), "the default 1 GiB")
+	require.Empty(t, mine("slot", &gendurable.CheckupOpts{SlotWAL: kept + 1<<30}))
+	slots := mine("slot", &gendurable.CheckupOpts{SlotWAL: kept - 1})
+	require.Len(t, slots, 2, "%+v", slots)
+	var summaries []string
+	for _, f := range slots {
+		require.Equal(t, gendurable.SeverityWarning, f.Severity)
+		require.Regexp(t, `has no consumer and keeps [0-9.]+ (B|KiB|MiB) of WAL`, f.Summary)
+		summaries = append(summaries, f.Summary)
+		e.exec(t, sqlOf(t, f.Fix, "SELECT pg_drop_replication_slot("))
+	}
+	slices.Sort(summaries)
+	require.True(t, strings.HasPrefix(summaries[0], "replication slot gd_feed (logical, database postgres) "), summaries[0])
+	require.True(t, strings.HasPrefix(summaries[1], "replication slot gd_standby (physical) "), summaries[1])
+	require.Zero(t, e.count(t, `SELECT count(*) FROM pg_replication_slots`), "the fixes dropped them")
+	require.Empty(t, mine("slot", &gendurable.CheckupOpts{SlotWAL: 1}))
+
+	// An update of an instance, prepared and left; and a transaction that only took an id.
+	r, err := cl.Insert(ctx, linear("linear5", 0, nil).With(path{}), nil)
+	require.NoError(t, err)
+	prepare := func(gid, stmt string, args ...any) {
+		conn, err := e.pool.Acquire(ctx)
+		require.NoError(t, err)
+		defer conn.Release() // PREPARE TRANSACTION leaves the session out of any transaction
+		_, err = conn.Exec(ctx, "BEGIN")
+		require.NoError(t, err)
+		_, err = conn.Exec(ctx, expand(stmt, e.schema), args...)
+		require.NoError(t, err)
+		_, err = conn.Exec(ctx, "PREPARE TRANSACTION '"+strings.ReplaceAll(gid, "'", "''")+"'")
+		require.NoError(t, err)
+	}
+	prepare("order's 7", `UPDATE {schema}.instances SET priority = 2 WHERE id = $1`, r.ID)
+	prepare("quiet", `SELECT pg_current_xact_id()`)
+	require.Empty(t, mine("prepared", nil), "younger than the default 5 minutes")
+	opts := &gendurable.CheckupOpts{OldTransaction: 50 * time.Millisecond}
+	eventually(t, 10*time.Second, "both reported", func() bool { return len(mine("prepared", opts)) == 2 })
+	fs := mine("prepared", opts)
+	require.Equal(t, gendurable.SeverityProblem, fs[0].Severity, "%+v", fs)
+	require.Regexp(t, `^prepared transaction 'order''s 7' \(owner postgres\) has waited [0-9.]+m?s for COMMIT PREPARED, holding locks on `+
+		regexp.QuoteMeta(e.schema+".finished_counts, "+e.schema+".instances")+`: the rows it wrote`, fs[0].Summary)
+	require.Equal(t, gendurable.SeverityWarning, fs[1].Severity)
+	require.Regexp(t, `^prepared transaction 'quiet' \(owner postgres\) has waited [0-9.]+m?s for COMMIT PREPARED: vacuum keeps`, fs[1].Summary)
+	for _, f := range fs {
+		e.exec(t, sqlOf(t, f.Fix, "ROLLBACK PREPARED "))
+	}
+	require.Zero(t, e.count(t, `SELECT count(*) FROM pg_prepared_xacts`), "the fixes ended them")
+	require.Empty(t, mine("prepared", opts))
+	require.Zero(t, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE priority = 2`), "the update rolled back")
 }

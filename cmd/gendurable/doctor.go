@@ -6,6 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
 
 	"github.com/gendurable/gendurable"
 )
@@ -34,6 +36,7 @@ func doctor(ctx context.Context, args []string, out io.Writer) error {
 	fs.DurationVar(&opts.LockWait, "lock-wait", 0, "report lock waits longer than this (default 5s)")
 	fs.DurationVar(&opts.ReaperGrace, "reaper-grace", 0, "report leases and await deadlines this far past (default 1m)")
 	fs.Float64Var(&opts.Connections, "connections", 0, "report connections in use past this share of what the server accepts (default 0.9)")
+	fs.Var((*walSize)(&opts.SlotWAL), "slot-wal", "report replication slots nothing reads that keep more WAL than this: bytes, or with kB, MB, GB or TB (1024-based, as in postgresql.conf) (default 1GB)")
 	if _, err := parseInterspersed(fs, args); err != nil {
 		return err
 	}
@@ -70,5 +73,31 @@ func doctor(ctx context.Context, args []string, out io.Writer) error {
 	if problems > 0 {
 		return fmt.Errorf("%w: %d of %d findings are problems", errProblems, problems, len(findings))
 	}
+	return nil
+}
+
+// walSize is a flag of bytes, written as postgresql.conf writes memory and WAL sizes: a whole
+// number with an optional unit, kB, MB, GB or TB, each 1024 of the one before.
+type walSize int64
+
+func (w *walSize) String() string { return strconv.FormatInt(int64(*w), 10) }
+
+func (w *walSize) Set(v string) error {
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"TB", 1 << 40}, {"GB", 1 << 30}, {"MB", 1 << 20}, {"kB", 1 << 10}, {"B", 1}}
+	num, mult := strings.TrimSpace(v), int64(1)
+	for _, u := range units {
+		if n, ok := strings.CutSuffix(num, u.suffix); ok {
+			num, mult = strings.TrimSpace(n), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n <= 0 || n > (1<<62)/mult {
+		return fmt.Errorf("%q is not a size: want a positive whole number of bytes, or one with kB, MB, GB or TB", v)
+	}
+	*w = walSize(n * mult)
 	return nil
 }

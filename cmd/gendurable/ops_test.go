@@ -263,3 +263,20 @@ func TestDoctor(t *testing.T) {
 		return f.Severity == gendurable.SeverityProblem
 	}))
 }
+
+// doctor --slot-wal reads sizes as postgresql.conf writes them, and names what it cannot read
+// (exit status 3: the checkup did not run).
+func TestDoctorSlotWALFlag(t *testing.T) {
+	for in, want := range map[string]int64{"512": 512, "64kB": 64 << 10, "10 MB": 10 << 20, "1GB": 1 << 30, "2TB": 2 << 40, "7B": 7} {
+		var w walSize
+		require.NoError(t, w.Set(in), in)
+		require.Equal(t, want, int64(w), in)
+	}
+	for _, in := range []string{"", "0", "-1", "1.5GB", "1gb", "GB", "9000000TB"} {
+		var w walSize
+		require.ErrorContains(t, w.Set(in), "is not a size", in)
+	}
+	code, _, errOut := runCLI(t, "doctor", "--slot-wal", "lots")
+	require.Equal(t, 3, code)
+	require.Contains(t, errOut, `"lots" is not a size`)
+}

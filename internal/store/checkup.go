@@ -14,8 +14,12 @@ import (
 type CheckupFacts struct {
 	Tables  []TableVacuum
 	Horizon []HorizonHolder
-	Invalid []InvalidIndex
-	Waits   []LockWait
+	// Prepared are this database's old prepared transactions; Slots the server's idle
+	// replication slots that keep too much WAL.
+	Prepared []PreparedXact
+	Slots    []IdleSlot
+	Invalid  []InvalidIndex
+	Waits    []LockWait
 	// Connections are the server's client connections in use, of Accepted.
 	Connections, Accepted int
 	// Rows is nil when the instances table stayed locked for the checkup's lock timeout.
@@ -35,6 +39,27 @@ type HorizonHolder struct {
 	PID        int32
 	App, State string
 	Age        time.Duration // since its transaction began
+}
+
+// PreparedXact is a prepared transaction nothing has committed or rolled back.
+type PreparedXact struct {
+	GID, Owner string
+	Age        time.Duration // since it was prepared
+	Locked     []string      // the schema's tables it holds a lock on
+}
+
+// IdleSlot is a replication slot nothing is connected to, and the WAL it keeps.
+type IdleSlot struct {
+	Name, Type, Database string // Database is empty for a physical slot
+	Kept                 int64  // bytes of WAL from its restart_lsn on
+}
+
+// CheckupLimits are the thresholds of the facts Checkup reads: horizon holders and prepared
+// transactions older than Old, lock waits longer than Wait, leases and await deadlines more
+// than Grace past, nodes seen within Live, idle slots keeping more than SlotWAL bytes.
+type CheckupLimits struct {
+	Old, Wait, Grace, Live time.Duration
+	SlotWAL                int64
 }
 
 // InvalidIndex is an index that a failed concurrent build left invalid.
@@ -63,9 +88,8 @@ const CheckupCap = 10_000
 // checkupLockTimeout bounds the checkup's wait for the instances table.
 const checkupLockTimeout = "1s"
 
-// Checkup reads the facts the checkup judges: horizon holders older than old, lock waits longer
-// than wait, leases and await deadlines more than grace past, nodes seen within live.
-func (s *Store) Checkup(ctx context.Context, db DB, old, wait, grace, live time.Duration) (CheckupFacts, error) {
+// Checkup reads the facts the checkup judges, within lim.
+func (s *Store) Checkup(ctx context.Context, db DB, lim CheckupLimits) (CheckupFacts, error) {
 	var f CheckupFacts
 	rows, err := db.Query(ctx, s.sql("checkup_vacuum"), s.Schema)
 	if err != nil {
@@ -84,7 +108,7 @@ func (s *Store) Checkup(ctx context.Context, db DB, old, wait, grace, live time.
 	if err != nil {
 		return f, fmt.Errorf("vacuum: %w", err)
 	}
-	rows, err = db.Query(ctx, s.sql("checkup_horizon"), old.Seconds())
+	rows, err = db.Query(ctx, s.sql("checkup_horizon"), lim.Old.Seconds())
 	if err != nil {
 		return f, fmt.Errorf("horizon: %w", err)
 	}
@@ -98,6 +122,28 @@ func (s *Store) Checkup(ctx context.Context, db DB, old, wait, grace, live time.
 	if err != nil {
 		return f, fmt.Errorf("horizon: %w", err)
 	}
+	rows, err = db.Query(ctx, s.sql("checkup_prepared"), s.Schema, lim.Old.Seconds())
+	if err != nil {
+		return f, fmt.Errorf("prepared transactions: %w", err)
+	}
+	f.Prepared, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (PreparedXact, error) {
+		var p PreparedXact
+		var age float64
+		err := r.Scan(&p.GID, &p.Owner, &age, &p.Locked)
+		p.Age = time.Duration(age * float64(time.Second))
+		return p, err
+	})
+	if err != nil {
+		return f, fmt.Errorf("prepared transactions: %w", err)
+	}
+	rows, err = db.Query(ctx, s.sql("checkup_slots"), lim.SlotWAL)
+	if err != nil {
+		return f, fmt.Errorf("replication slots: %w", err)
+	}
+	f.Slots, err = pgx.CollectRows(rows, pgx.RowToStructByPos[IdleSlot])
+	if err != nil {
+		return f, fmt.Errorf("replication slots: %w", err)
+	}
 	if err := db.QueryRow(ctx, s.sql("checkup_connections")).Scan(&f.Connections, &f.Accepted); err != nil {
 		return f, fmt.Errorf("connections: %w", err)
 	}
@@ -109,7 +155,7 @@ func (s *Store) Checkup(ctx context.Context, db DB, old, wait, grace, live time.
 	if err != nil {
 		return f, fmt.Errorf("indexes: %w", err)
 	}
-	rows, err = db.Query(ctx, s.sql("checkup_lock_waits"), s.Schema, wait.Seconds())
+	rows, err = db.Query(ctx, s.sql("checkup_lock_waits"), s.Schema, lim.Wait.Seconds())
 	if err != nil {
 		return f, fmt.Errorf("lock waits: %w", err)
 	}
@@ -128,7 +174,7 @@ func (s *Store) Checkup(ctx context.Context, db DB, old, wait, grace, live time.
 		if _, err := tx.Exec(ctx, "SELECT pg_catalog.set_config('lock_timeout', $1, true)", checkupLockTimeout); err != nil {
 			return err
 		}
-		return tx.QueryRow(ctx, s.sql("checkup_rows"), grace.Seconds(), live.Seconds(), CheckupCap).
+		return tx.QueryRow(ctx, s.sql("checkup_rows"), lim.Grace.Seconds(), lim.Live.Seconds(), CheckupCap).
 			Scan(&cr.ExpiredLeases, &cr.OverdueAwaits, &cr.DueQueues, &cr.WorkedQueues)
 	})
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == pgLockNotAvailable {

@@ -26,7 +26,7 @@ func TestCheckupReadsNoBacklog(t *testing.T) {
 	indexPages := readyIndexPages(t, pool, schema)
 	require.Greater(t, indexPages, 200, "the delayed rows fill the pick index")
 
-	f, err := s.Checkup(ctx, pool, time.Hour, time.Hour, time.Minute, time.Minute)
+	f, err := s.Checkup(ctx, pool, CheckupLimits{Old: time.Hour, Wait: time.Hour, Grace: time.Minute, Live: time.Minute, SlotWAL: 1 << 30})
 	require.NoError(t, err)
 	require.NotNil(t, f.Rows)
 	require.Equal(t, []string{"b", "c", "d"}, f.Rows.DueQueues)

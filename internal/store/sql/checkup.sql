@@ -25,8 +25,8 @@ ORDER BY c.relname;
 -- or a transaction id (backend_xid: one that wrote, then sat idle in its transaction): they hold
 -- its xmin horizon back, and vacuum keeps every row version younger than them. Vacuums and
 -- concurrent index builds are left out (other vacuums ignore their xmin). A session is named by
--- its pid, application name and state, never by its query (which may carry values). Replication
--- slots and prepared transactions are not looked at.
+-- its pid, application name and state, never by its query (which may carry values). Prepared
+-- transactions are checkup_prepared's; replication slots are checkup_slots'.
 -- name: checkup_horizon
 SELECT a.pid, coalesce(a.application_name, ''), coalesce(a.state, ''),
        extract(epoch FROM now() - a.xact_start)::float8
@@ -37,6 +37,40 @@ WHERE a.datname = current_database() AND a.backend_type = 'client backend' AND a
   AND a.pid NOT IN (SELECT v.pid FROM pg_catalog.pg_stat_progress_vacuum AS v)
   AND a.pid NOT IN (SELECT x.pid FROM pg_catalog.pg_stat_progress_create_index AS x)
 ORDER BY 4 DESC;
+
+-- Prepared transactions (PREPARE TRANSACTION) of this database prepared more than $2 seconds ago,
+-- and the tables of the schema ($1 its name) they hold a lock on. A prepared transaction outlives
+-- its session and the server's restarts until COMMIT PREPARED or ROLLBACK PREPARED ends it; until
+-- then it holds the xmin horizon back, keeps the rows it wrote or locked locked, and its table
+-- locks make every schema change wait. Its locks show in pg_locks with no pid, under the virtual
+-- transaction that holds its transaction id's lock.
+-- name: checkup_prepared
+SELECT p.gid, p.owner::text, extract(epoch FROM now() - p.prepared)::float8,
+       ARRAY(SELECT DISTINCT c.relname::text
+             FROM pg_catalog.pg_locks AS x
+             JOIN pg_catalog.pg_locks AS l ON l.virtualtransaction = x.virtualtransaction AND l.pid IS NULL
+             JOIN pg_catalog.pg_class AS c ON c.oid = l.relation
+             JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+             WHERE x.locktype = 'transactionid' AND x.transactionid = p.transaction AND x.pid IS NULL
+               AND n.nspname = $1 AND c.relkind IN ('r', 'p')
+             ORDER BY 1)
+FROM pg_catalog.pg_prepared_xacts AS p
+WHERE p.database = current_database() AND p.prepared < now() - $2::float8 * interval '1 second'
+ORDER BY p.prepared;
+
+-- Replication slots of the server that nothing is connected to (a standby or a logical consumer
+-- gone away) and that keep more than $1 bytes of WAL: the server keeps every WAL segment from
+-- the slot's restart_lsn on until a consumer reads it or the slot is dropped, and its disk fills.
+-- Any slot counts, whatever its database: the WAL is the server's. On a standby, the WAL it has
+-- replayed stands for the current position.
+-- name: checkup_slots
+SELECT s.slot_name::text, s.slot_type, coalesce(s.database::text, ''), w.kept
+FROM pg_catalog.pg_replication_slots AS s,
+     LATERAL (SELECT pg_catalog.pg_wal_lsn_diff(
+                CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn()
+                     ELSE pg_catalog.pg_current_wal_lsn() END, s.restart_lsn)::bigint AS kept) AS w
+WHERE NOT s.active AND w.kept > $1
+ORDER BY w.kept DESC;
 
 -- The server's client connections in use, and how many it accepts (max_connections less the
 -- slots reserved for superusers and, from PostgreSQL 16, for roles with pg_use_reserved_connections).
