@@ -15,7 +15,7 @@ TESTFLAGS ?=
 # picks' latency under load lowers), or need the machine's full throughput for
 # their fault to land (connection resets during commits). Then, at once, vet and lint, each
 # contrib module's tests, and the tests that run a Postgres cluster of their own (the soaks, the
-# session kills, the clock skew, the full disk and the read-only server together, then the failover's pg_auto_failover formation): each of those offers a fixed load well under what
+# session kills, the clock skew, the full disks and the read-only server together, then the failover's pg_auto_failover formation): each of those offers a fixed load well under what
 # its cluster can do (a soak offers 40% of the capacity it measured) and judges its cluster
 # against itself (the clock skew's time bounds are its cluster's clock, with seconds of slack),
 # so neighbours slow nothing it measures, and they leave most of the cores idle. Then two jobs at
@@ -26,7 +26,7 @@ TESTFLAGS ?=
 # server's too) and run out of the server's 100 connections. LATENCY and CLUSTER are go test -run
 # regexps over the root package's and internal/chaos's tests; every other run skips them.
 LATENCY := ^(TestAwait.*|TestFairShareBurstDoesNotStarveSmallTenants|TestFairKeyAloneUsesEverySlot|TestSecurity.*|TestSaturatedKeyDoesNotStarveTheWorkBehindIt|TestRateLimitConservesTokensAcrossEightClients|TestPoke.*|TestLostPokesCostAtMostAPoll|TestSignalPokesTheParkedInstancesNode|TestFanOutRoundTripWithoutPolling|TestBadInput|TestPostgresRestartMidRun|TestSmokeSuite.*|TestPartitionedWorkerIsFencedOut|TestConnectionResetsLoseCommitAcks)$$
-CLUSTER := ^(TestBloatSoak|TestLongSnapshotDuringSoak|TestSessionKills|TestStatementCancelsLoseNothing|TestWorkersOffTheDatabaseClockKeepLeasesHonest|TestDiskFullLosesNothing|TestReadOnlyServerLosesNothing|TestTableLockedPastTheLeaseLosesNothing|TestFailoverLosesNothing)$$
+CLUSTER := ^(TestBloatSoak|TestLongSnapshotDuringSoak|TestSessionKills|TestStatementCancelsLoseNothing|TestWorkersOffTheDatabaseClockKeepLeasesHonest|TestDiskFullLosesNothing|TestWALDiskFullLosesNothing|TestReadOnlyServerLosesNothing|TestTableLockedPastTheLeaseLosesNothing|TestFailoverLosesNothing)$$
 # FAILOVER: the cluster test that is no light neighbour (a pg_auto_failover formation of three
 # servers and three busy workers); test/cluster runs it after the others, not beside them.
 FAILOVER := ^TestFailoverLosesNothing$$

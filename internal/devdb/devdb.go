@@ -303,6 +303,13 @@ func (d *DB) Start(ctx context.Context) error {
 	return d.pgctl(ctx, "-o", d.opts, "-l", filepath.Join(d.dir, "postgres.log"), "-w", "-t", "60", "start")
 }
 
+// Running says whether the postmaster of a throwaway cluster runs (it exits when its startup
+// fails, as after a crash it cannot recover from; it keeps running while it restarts after a
+// backend's PANIC).
+func (d *DB) Running() bool {
+	return d.dir != "" && postmasterAlive(d.data)
+}
+
 // Stop stops the server of a throwaway cluster and keeps its data: mode is pg_ctl's shutdown
 // mode ("smart", "fast", or "immediate": no checkpoint, crash recovery at the next start).
 func (d *DB) Stop(ctx context.Context, mode string) error {

@@ -20,6 +20,11 @@ func (d *DB) AddDisk(context.Context, string, int64) (*Disk, error) {
 	return nil, errors.New("devdb: AddDisk: needs Linux (a tmpfs)")
 }
 
+// MoveWAL fails: a disk of the cluster's own is a tmpfs, which only Linux mounts.
+func (d *DB) MoveWAL(context.Context, int64) (*Disk, error) {
+	return nil, errors.New("devdb: MoveWAL: needs Linux (a tmpfs)")
+}
+
 // Fill fails: there is no disk.
 func (k *Disk) Fill() (int64, error) { return 0, errors.New("devdb: Fill: needs Linux") }
 
