@@ -26,8 +26,8 @@ const (
 // Finding is one thing Client.Checkup found wrong with the database under the client's schema.
 type Finding struct {
 	// Check names the check that found it: "autovacuum", "dead_rows", "horizon", "prepared",
-	// "slot", "connections", "invalid_index", "lock_wait", "table_locked", "reaper" or "workers"
-	// (docs/operations.md, "Checkup").
+	// "slot", "connections", "notify_queue", "invalid_index", "lock_wait", "table_locked", "reaper"
+	// or "workers" (docs/operations.md, "Checkup").
 	Check string `json:"check"`
 	// Severity says whether work stops (SeverityProblem) or degrades (SeverityWarning).
 	Severity Severity `json:"severity"`
@@ -54,6 +54,9 @@ type CheckupOpts struct {
 	// SlotWAL is how many bytes of WAL a replication slot nothing is connected to may keep
 	// before it is reported. Default 1 GiB.
 	SlotWAL int64
+	// NotifyQueue is the share of the server's NOTIFY queue in use from which the checkup
+	// reports it. Default 0.5 (where the server starts logging it).
+	NotifyQueue float64
 }
 
 // checkupDeadRows is the dead-row count of a table, and its share of the live rows, from which
@@ -68,19 +71,22 @@ const (
 // in the database as a whole rather than instance by instance (Stuck does that): autovacuum off,
 // dead rows piling up, sessions holding vacuum back with a transaction left open, prepared
 // transactions nobody ended, replication slots nobody reads keeping WAL, the server's
-// connections running out, indexes left invalid by a failed build, sessions waiting for locks
-// on the schema's tables (or the instances table locked outright), claims and await deadlines
-// the reaper has not seen to, and queues with due rows that no live node works. It returns the
-// findings, problems first; none means nothing was found. It reads catalogs and statistics
-// views, and the instances and nodes tables through their indexes (waiting at most a second for
-// their locks), at a cost of the queues and the rows in flight, never the backlog or the
-// history; a role without pg_read_all_stats sees only its own sessions in pg_stat_activity.
+// connections or its NOTIFY queue running out, indexes left invalid by a failed build, sessions
+// waiting for locks on the schema's tables (or the instances table locked outright), claims and
+// await deadlines the reaper has not seen to, and queues with due rows that no live node works.
+// It returns the findings, problems first; none means nothing was found. It reads catalogs and
+// statistics views, and the instances and nodes tables through their indexes (waiting at most a
+// second for their locks), at a cost of the queues and the rows in flight, never the backlog or
+// the history; a role without pg_read_all_stats sees only its own sessions in pg_stat_activity.
 func (c *Client) Checkup(ctx context.Context, opts *CheckupOpts) ([]Finding, error) {
 	o := CheckupOpts{OldTransaction: 5 * time.Minute, LockWait: 5 * time.Second, ReaperGrace: time.Minute, Connections: 0.9,
-		SlotWAL: 1 << 30}
+		SlotWAL: 1 << 30, NotifyQueue: 0.5}
 	if opts != nil {
 		if opts.Connections > 0 {
 			o.Connections = opts.Connections
+		}
+		if opts.NotifyQueue > 0 {
+			o.NotifyQueue = opts.NotifyQueue
 		}
 		if opts.SlotWAL > 0 {
 			o.SlotWAL = opts.SlotWAL
@@ -153,6 +159,12 @@ func (c *Client) Checkup(ctx context.Context, opts *CheckupOpts) ([]Finding, err
 		add("connections", SeverityWarning, "Lower the pools' MaxConns, put a pooler in front (PgBouncer in transaction mode), "+
 			"or raise max_connections: past the limit, new connections are refused (the engine waits; your own calls fail).",
 			"%d of the %d client connections the server accepts are in use", f.Connections, f.Accepted)
+	}
+	if f.NotifyQueue >= o.NotifyQueue {
+		add("notify_queue", SeverityWarning, "Find the session that listens inside a long transaction (the server log's "+
+			"\"NOTIFY queue is … full\" names its pid; the horizon check lists long transactions) and end its transaction.",
+			"the server's NOTIFY queue is %.1f%% full: a session that listens reads none of it while its transaction lasts, "+
+				"and once it is full every NOTIFY fails (PokePostgres's pokes with them: nodes wait for their poll)", 100*f.NotifyQueue)
 	}
 	for _, x := range f.Invalid {
 		add("invalid_index", SeverityProblem, fmt.Sprintf("DROP INDEX CONCURRENTLY %s; then REINDEX the index it was to "+

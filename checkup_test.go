@@ -436,3 +436,55 @@ func TestCheckupFindsIdleSlotsAndPreparedTransactions(t *testing.T) {
 	require.Empty(t, mine("prepared", opts))
 	require.Zero(t, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE priority = 2`), "the update rolled back")
 }
+
+// A session that listens and then sits in a transaction reads no notification until it ends,
+// and the server's NOTIFY queue grows behind it: reported once past NotifyQueue, and not once the
+// session's transaction ends and it has read them (the next notifications move the queue's tail).
+func TestCheckupFindsAStuckNotifyQueue(t *testing.T) {
+	t.Parallel()
+	e := privateEnv(t, nil)
+	ctx := context.Background()
+	cl := e.client(t, nil)
+	opts := &gendurable.CheckupOpts{NotifyQueue: 0.001}
+	mine := func() []gendurable.Finding {
+		fs, err := cl.Checkup(ctx, opts)
+		require.NoError(t, err)
+		return checks(fs, "notify_queue")
+	}
+	// notify sends n notifications of about 7,000 bytes each, all different (a transaction
+	// sends identical ones once).
+	batch := 0
+	notify := func(n int) {
+		batch++
+		e.exec(t, `SELECT count(pg_notify('gd_stuck', repeat(md5(($1::int * 100000 + g)::text), 218)))
+			FROM generate_series(1, $2::int) AS g`, batch, n)
+	}
+	require.Empty(t, mine())
+
+	listener, err := e.pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer listener.Release()
+	_, err = listener.Exec(ctx, "LISTEN gd_stuck")
+	require.NoError(t, err)
+	tx, err := listener.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "SELECT 1")
+	require.NoError(t, err)
+	for range 20 { // 14 MB: about 0.17% of the queue
+		notify(100)
+	}
+	fs := mine()
+	require.Len(t, fs, 1)
+	require.Equal(t, gendurable.SeverityWarning, fs[0].Severity)
+	require.Regexp(t, `^the server's NOTIFY queue is 0\.[1-9]% full: a session that listens reads none of it`, fs[0].Summary)
+
+	// The transaction ends; reading the rollback's answer, the client takes in what its
+	// session now sends.
+	require.NoError(t, tx.Rollback(ctx))
+	_, err = listener.Exec(ctx, "UNLISTEN *")
+	require.NoError(t, err)
+	eventually(t, 10*time.Second, "the queue read", func() bool {
+		notify(10)
+		return len(mine()) == 0
+	})
+}

@@ -36,6 +36,7 @@ func doctor(ctx context.Context, args []string, out io.Writer) error {
 	fs.DurationVar(&opts.LockWait, "lock-wait", 0, "report lock waits longer than this (default 5s)")
 	fs.DurationVar(&opts.ReaperGrace, "reaper-grace", 0, "report leases and await deadlines this far past (default 1m)")
 	fs.Float64Var(&opts.Connections, "connections", 0, "report connections in use past this share of what the server accepts (default 0.9)")
+	fs.Float64Var(&opts.NotifyQueue, "notify-queue", 0, "report the server's NOTIFY queue past this share in use (default 0.5)")
 	fs.Var((*walSize)(&opts.SlotWAL), "slot-wal", "report replication slots nothing reads that keep more WAL than this: bytes, or with kB, MB, GB or TB (1024-based, as in postgresql.conf) (default 1GB)")
 	if _, err := parseInterspersed(fs, args); err != nil {
 		return err

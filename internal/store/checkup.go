@@ -22,6 +22,8 @@ type CheckupFacts struct {
 	Waits    []LockWait
 	// Connections are the server's client connections in use, of Accepted.
 	Connections, Accepted int
+	// NotifyQueue is the share of the server's NOTIFY queue in use.
+	NotifyQueue float64
 	// Rows is nil when the instances table stayed locked for the checkup's lock timeout.
 	Rows *CheckupRows
 }
@@ -144,7 +146,7 @@ func (s *Store) Checkup(ctx context.Context, db DB, lim CheckupLimits) (CheckupF
 	if err != nil {
 		return f, fmt.Errorf("replication slots: %w", err)
 	}
-	if err := db.QueryRow(ctx, s.sql("checkup_connections")).Scan(&f.Connections, &f.Accepted); err != nil {
+	if err := db.QueryRow(ctx, s.sql("checkup_connections")).Scan(&f.Connections, &f.Accepted, &f.NotifyQueue); err != nil {
 		return f, fmt.Errorf("connections: %w", err)
 	}
 	rows, err = db.Query(ctx, s.sql("checkup_invalid_indexes"), s.Schema)

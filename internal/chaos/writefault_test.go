@@ -268,12 +268,95 @@ func TestWALDiskFullLosesNothing(t *testing.T) {
 		strings.Count(log, "No space left on device"), len(inserted), len(refused))
 	require.Positive(t, panics, "the server never PANICked: the fault did not bite")
 	require.Contains(t, log, "No space left on device")
+	total := settle(t, db, n, inserted, refused, fixed)
+	judgeWriteFault(t, writeFault{test: "T23"}, seed, began, total, db, workers)
+}
+
+// settle ends a run whose failed Inserts may have committed (the fault cut their connection
+// during the commit): the table holds the n instances inserted first, every accepted Insert's
+// and at most the failed ones' besides; all of them are done within 60s of since. It returns
+// how many there are.
+func settle(t *testing.T, db *chaosDB, n int, inserted []int64, refused []error, since time.Time) int {
+	t.Helper()
 	total := db.count(t, `SELECT count(*) FROM {schema}.instances`)
 	require.GreaterOrEqual(t, total, n+len(inserted), "an accepted Insert left no row")
 	require.LessOrEqual(t, total, n+len(inserted)+len(refused), "rows no Insert made")
 	db.waitDone(t, total, 60*time.Second)
-	t.Logf("all %d done %v after the fix", total, time.Since(fixed).Round(time.Millisecond))
-	judgeWriteFault(t, writeFault{test: "T23"}, seed, began, total, db, workers)
+	t.Logf("all %d done %v after the fault", total, time.Since(since).Round(time.Millisecond))
+	return total
+}
+
+// T24 of the reliability plan: the server's connections run out. On a private cluster with
+// max_connections 40, another application (the hog) takes every free connection at 20% of the
+// run and keeps the server full for 5s (full: 60s): every 100ms it terminates the engine's
+// sessions (found by application_name) and takes the slots they free, so the workers' pools
+// reconnect against a full server and are refused ("sorry, too many clients already", 53300)
+// unless they beat the hog to a slot. Then it lets every connection go. Pass: the server refused
+// connections besides the hog's own last tries; the table holds every accepted Insert and at
+// most the failed ones besides; everything is done within 60s of the spell's end, with no worker
+// process restarted (each drains on SIGTERM); I1-I8.
+func TestConnectionsRunOutLosesNothing(t *testing.T) {
+	// A cluster of its own, offered a fixed load: it runs beside the other cluster tests.
+	t.Parallel()
+	cluster, db := privateCluster(t, map[string]string{"max_connections": "40"})
+	ctx := context.Background()
+	seed, _ := oracle.Seed(t)
+	began := time.Now()
+	n := oracle.Size(1000, 5000)
+	spell := time.Duration(oracle.Size(5, 60)) * time.Second
+	db.insert(t, n, 5)
+	workers := writeFaultWorkers(t, cluster, db, "T24", seed)
+	ins := startInserter(t, db)
+	db.waitProgress(t, n, 0.2, 2*time.Minute)
+
+	var hog []*pgx.Conn
+	hogRefused := 0
+	// grab connects until the server refuses, which it must do for want of slots.
+	grab := func() {
+		for {
+			c, err := pgx.Connect(ctx, cluster.URL+"&application_name=hog")
+			if err != nil {
+				var pgErr *pgconn.PgError
+				require.True(t, errors.As(err, &pgErr) && pgErr.Code == "53300", "the hog was refused, but not for want of slots: %v", err)
+				hogRefused++
+				return
+			}
+			hog = append(hog, c)
+		}
+	}
+	defer func() {
+		for _, c := range hog {
+			_ = c.Close(ctx)
+		}
+	}()
+	grab()
+	t.Logf("20%%: the hog holds the %d free connections, for %v", len(hog), spell)
+	killed := 0
+	for end := time.Now().Add(spell); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		var k int
+		require.NoError(t, hog[0].QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
+			FROM pg_stat_activity WHERE application_name LIKE 'gd-t24-%'`).Scan(&k))
+		killed += k
+		grab()
+	}
+	held := len(hog)
+	for _, c := range hog {
+		require.NoError(t, c.Close(ctx))
+	}
+	hog = nil
+	ended := time.Now()
+
+	time.Sleep(time.Second) // some more arrivals
+	inserted, refused, _ := ins.stop()
+	log, err := cluster.ServerLog()
+	require.NoError(t, err)
+	tooMany := strings.Count(log, "sorry, too many clients already")
+	t.Logf("the hog ended holding %d connections; it terminated %d of the engine's sessions; the server refused %d connections, %d of them the hog's; %d Inserts accepted, %d failed",
+		held, killed, tooMany, hogRefused, len(inserted), len(refused))
+	require.Positive(t, killed, "the hog terminated none of the engine's sessions")
+	require.Greater(t, tooMany, hogRefused, "the server refused no connection but the hog's: the fault did not bite")
+	total := settle(t, db, n, inserted, refused, ended)
+	judgeWriteFault(t, writeFault{test: "T24"}, seed, began, total, db, workers)
 }
 
 // inserter inserts a chaos instance every 20ms from a client of its own until stopped, and
