@@ -107,16 +107,8 @@ type writeFault struct {
 // on SIGTERM); I1-I8.
 func refusedWrites(t *testing.T, cluster *devdb.DB, db *chaosDB, f writeFault) {
 	t.Helper()
-	seed, _ := oracle.Seed(t)
-	began := time.Now()
-	n := oracle.Size(1000, 5000)
-	spell := time.Duration(oracle.Size(5, 60)) * time.Second
-	db.insert(t, n, 5)
-
-	workers := writeFaultWorkers(t, cluster, db, f.test, seed)
-
-	ins := startInserter(t, db)
-	db.waitProgress(t, n, 0.2, 2*time.Minute)
+	r := startWriteFaultRun(t, cluster, db, f.test)
+	n, spell, ins := r.n, r.spell, r.ins
 	f.on()
 	t.Logf("20%%: the fault is on for %v", spell)
 	time.Sleep(spell)
@@ -143,7 +135,7 @@ func refusedWrites(t *testing.T, cluster *devdb.DB, db *chaosDB, f writeFault) {
 		require.Empty(t, refused, "an Insert failed while the table was locked")
 		require.Greater(t, longest, spell/2, "no Insert waited for the lock")
 		require.Equal(t, total, db.count(t, `SELECT count(*) FROM {schema}.instances`))
-		judgeWriteFault(t, f, seed, began, total, db, workers)
+		r.judge(t, db, total)
 		return
 	}
 
@@ -161,18 +153,7 @@ func refusedWrites(t *testing.T, cluster *devdb.DB, db *chaosDB, f writeFault) {
 	}
 	// A refused Insert inserted nothing: the table holds exactly the accepted ones.
 	require.Equal(t, total, db.count(t, `SELECT count(*) FROM {schema}.instances`), "a refused Insert left a row")
-	judgeWriteFault(t, f, seed, began, total, db, workers)
-}
-
-// writeFaultWorkers starts the two worker processes of a write fault's run.
-func writeFaultWorkers(t *testing.T, cluster *devdb.DB, db *chaosDB, test string, seed uint64) []*worker {
-	t.Helper()
-	cfg := func(name string) workerCfg {
-		return chaosCfg(cluster.URL, cluster.URL, db.schema, name, func(c *workerCfg) {
-			c.StepMS, c.Conc, c.Seed, c.Quiet, c.App = 10, 8, seed, true, "gd-"+strings.ToLower(test)+"-"+name
-		})
-	}
-	return []*worker{startWorker(t, cfg("w0")), startWorker(t, cfg("w1"))}
+	r.judge(t, db, total)
 }
 
 // T23 of the reliability plan: the write-ahead log's disk fills up. On a private cluster whose
@@ -199,13 +180,6 @@ func TestWALDiskFullLosesNothing(t *testing.T) {
 	disk, err := cluster.MoveWAL(ctx, 160<<20)
 	require.NoError(t, err)
 	db.pool.Reset() // its connections went with the restart
-	seed, _ := oracle.Seed(t)
-	began := time.Now()
-	n := oracle.Size(1000, 5000)
-	spell := time.Duration(oracle.Size(5, 60)) * time.Second
-	db.insert(t, n, 5)
-	workers := writeFaultWorkers(t, cluster, db, "T23", seed)
-	ins := startInserter(t, db)
 	batch, err := pgx.Connect(ctx, cluster.URL)
 	require.NoError(t, err)
 	defer func() { _ = batch.Close(ctx) }()
@@ -214,7 +188,7 @@ func TestWALDiskFullLosesNothing(t *testing.T) {
 	_, err = batch.Exec(ctx, `CREATE TABLE public.batch (b text); ALTER TABLE public.batch ALTER b SET STORAGE EXTERNAL`)
 	require.NoError(t, err)
 
-	db.waitProgress(t, n, 0.2, 2*time.Minute)
+	r := startWriteFaultRun(t, cluster, db, "T23")
 	_, err = db.pool.Exec(ctx, `SELECT pg_create_physical_replication_slot('gd_forgotten', true)`)
 	require.NoError(t, err)
 	cl, err := gendurable.NewClient(db.pool, &gendurable.Config{Schema: db.schema})
@@ -237,7 +211,7 @@ func TestWALDiskFullLosesNothing(t *testing.T) {
 	}
 	require.Error(t, err, "the batch job wrote 1 GB of WAL on a full disk: the fault did not bite")
 	t.Logf("the batch job was cut off after %d MB: %v", mb, err)
-	time.Sleep(spell)
+	time.Sleep(r.spell)
 
 	// The operator's fix: free the space, start the server if its crash restart gave up, drop
 	// the slot.
@@ -260,7 +234,7 @@ func TestWALDiskFullLosesNothing(t *testing.T) {
 	t.Log("the disk is free, the server up and the slot dropped")
 
 	time.Sleep(time.Second) // some more arrivals
-	inserted, refused, _ := ins.stop()
+	inserted, refused, _ := r.ins.stop()
 	log, err := cluster.ServerLog()
 	require.NoError(t, err)
 	panics := strings.Count(log, "PANIC:")
@@ -268,8 +242,7 @@ func TestWALDiskFullLosesNothing(t *testing.T) {
 		strings.Count(log, "No space left on device"), len(inserted), len(refused))
 	require.Positive(t, panics, "the server never PANICked: the fault did not bite")
 	require.Contains(t, log, "No space left on device")
-	total := settle(t, db, n, inserted, refused, fixed)
-	judgeWriteFault(t, writeFault{test: "T23"}, seed, began, total, db, workers)
+	r.judge(t, db, settle(t, db, r.n, inserted, refused, fixed))
 }
 
 // settle ends a run whose failed Inserts may have committed (the fault cut their connection
@@ -300,15 +273,7 @@ func TestConnectionsRunOutLosesNothing(t *testing.T) {
 	t.Parallel()
 	cluster, db := privateCluster(t, map[string]string{"max_connections": "40"})
 	ctx := context.Background()
-	seed, _ := oracle.Seed(t)
-	began := time.Now()
-	n := oracle.Size(1000, 5000)
-	spell := time.Duration(oracle.Size(5, 60)) * time.Second
-	db.insert(t, n, 5)
-	workers := writeFaultWorkers(t, cluster, db, "T24", seed)
-	ins := startInserter(t, db)
-	db.waitProgress(t, n, 0.2, 2*time.Minute)
-
+	r := startWriteFaultRun(t, cluster, db, "T24")
 	var hog []*pgx.Conn
 	hogRefused := 0
 	// grab connects until the server refuses, which it must do for want of slots.
@@ -330,9 +295,9 @@ func TestConnectionsRunOutLosesNothing(t *testing.T) {
 		}
 	}()
 	grab()
-	t.Logf("20%%: the hog holds the %d free connections, for %v", len(hog), spell)
+	t.Logf("20%%: the hog holds the %d free connections, for %v", len(hog), r.spell)
 	killed := 0
-	for end := time.Now().Add(spell); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+	for end := time.Now().Add(r.spell); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
 		var k int
 		require.NoError(t, hog[0].QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
 			FROM pg_stat_activity WHERE application_name LIKE 'gd-t24-%'`).Scan(&k))
@@ -347,7 +312,7 @@ func TestConnectionsRunOutLosesNothing(t *testing.T) {
 	ended := time.Now()
 
 	time.Sleep(time.Second) // some more arrivals
-	inserted, refused, _ := ins.stop()
+	inserted, refused, _ := r.ins.stop()
 	log, err := cluster.ServerLog()
 	require.NoError(t, err)
 	tooMany := strings.Count(log, "sorry, too many clients already")
@@ -355,8 +320,7 @@ func TestConnectionsRunOutLosesNothing(t *testing.T) {
 		held, killed, tooMany, hogRefused, len(inserted), len(refused))
 	require.Positive(t, killed, "the hog terminated none of the engine's sessions")
 	require.Greater(t, tooMany, hogRefused, "the server refused no connection but the hog's: the fault did not bite")
-	total := settle(t, db, n, inserted, refused, ended)
-	judgeWriteFault(t, writeFault{test: "T24"}, seed, began, total, db, workers)
+	r.judge(t, db, settle(t, db, r.n, inserted, refused, ended))
 }
 
 // inserter inserts a chaos instance every 20ms from a client of its own until stopped, and
@@ -413,19 +377,50 @@ func (ins *inserter) stop() ([]int64, []error, time.Duration) {
 	return ins.inserted, ins.refused, ins.longest
 }
 
-// judgeWriteFault ends refusedWrites: the workers drain on SIGTERM, and the oracle judges
-// the run.
-func judgeWriteFault(t *testing.T, f writeFault, seed uint64, began time.Time, total int, db *chaosDB, workers []*worker) {
+// writeFaultRun is a write fault's run under way: n linear5 instances (CI 1,000; full 5,000)
+// worked by two worker processes while an inserter adds one every 20ms; the fault lasts spell,
+// 5s (full: 60s).
+type writeFaultRun struct {
+	test    string
+	seed    uint64
+	began   time.Time
+	n       int
+	spell   time.Duration
+	workers []*worker
+	ins     *inserter
+}
+
+// startWriteFaultRun inserts the run's instances and starts its workers and inserter; it
+// returns at 20% of the steps, when the fault begins.
+func startWriteFaultRun(t *testing.T, cluster *devdb.DB, db *chaosDB, test string) *writeFaultRun {
+	t.Helper()
+	seed, _ := oracle.Seed(t)
+	r := &writeFaultRun{test: test, seed: seed, began: time.Now(), n: oracle.Size(1000, 5000),
+		spell: time.Duration(oracle.Size(5, 60)) * time.Second}
+	db.insert(t, r.n, 5)
+	cfg := func(name string) workerCfg {
+		return chaosCfg(cluster.URL, cluster.URL, db.schema, name, func(c *workerCfg) {
+			c.StepMS, c.Conc, c.Seed, c.Quiet, c.App = 10, 8, seed, true, "gd-"+strings.ToLower(test)+"-"+name
+		})
+	}
+	r.workers = []*worker{startWorker(t, cfg("w0")), startWorker(t, cfg("w1"))}
+	r.ins = startInserter(t, db)
+	db.waitProgress(t, r.n, 0.2, 2*time.Minute)
+	return r
+}
+
+// judge ends the run: the workers drain on SIGTERM, and the oracle judges its total instances.
+func (r *writeFaultRun) judge(t *testing.T, db *chaosDB, total int) {
 	t.Helper()
 	var reports []workerReport
-	for _, w := range workers {
+	for _, w := range r.workers {
 		reports = append(reports, w.term(t))
 	}
 	st := sum(reports...)
 	violations, dup := db.check(t, total)
-	oracle.Report(t, oracle.Summary{Test: f.test, Seed: seed, Instances: total, Faults: 1, Violations: violations,
+	oracle.Report(t, oracle.Summary{Test: r.test, Seed: r.seed, Instances: total, Faults: 1, Violations: violations,
 		Lost: total - db.done(t), DuplicateTerminal: dup, Deadlocks: db.deadlocks(t),
-		Throughput: float64(st.steps()) / time.Since(began).Seconds(), Seconds: time.Since(began).Seconds()})
+		Throughput: float64(st.steps()) / time.Since(r.began).Seconds(), Seconds: time.Since(r.began).Seconds()})
 	t.Logf("stale outcomes %d, failed commit tries %d (unknown outcome %d)", st.stale(), st.CommitFailed, st.Unknown)
 }
 
