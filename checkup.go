@@ -54,17 +54,20 @@ type CheckupOpts struct {
 	// SlotWAL is how many bytes of WAL a replication slot nothing is connected to may keep
 	// before it is reported. Default 1 GiB.
 	SlotWAL int64
-	// NotifyQueue is the share of the server's NOTIFY queue in use from which the checkup
-	// reports it. Default 0.5 (where the server starts logging it).
+	// NotifyQueue is the share of the server's NOTIFY queue in use, above 0 and at most 1, from
+	// which the checkup reports it (a problem from 0.9). Default 0.5, where the server starts
+	// logging it.
 	NotifyQueue float64
 }
 
+// checkupNotifyProblem is the share of the NOTIFY queue in use from which it is a problem.
 // checkupDeadRows is the dead-row count of a table, and its share of the live rows, from which
 // dead rows are reported when no vacuum ended within checkupVacuumAge.
 const (
-	checkupDeadRows  = 100_000
-	checkupDeadShare = 0.2
-	checkupVacuumAge = 10 * time.Minute
+	checkupNotifyProblem = 0.9
+	checkupDeadRows      = 100_000
+	checkupDeadShare     = 0.2
+	checkupVacuumAge     = 10 * time.Minute
 )
 
 // Checkup looks for what keeps the engine's tables from staying healthy or its work from moving,
@@ -84,6 +87,9 @@ func (c *Client) Checkup(ctx context.Context, opts *CheckupOpts) ([]Finding, err
 	if opts != nil {
 		if opts.Connections > 0 {
 			o.Connections = opts.Connections
+		}
+		if opts.NotifyQueue > 1 {
+			return nil, fmt.Errorf("gendurable: checkup: NotifyQueue %v: a share of the queue, at most 1", opts.NotifyQueue)
 		}
 		if opts.NotifyQueue > 0 {
 			o.NotifyQueue = opts.NotifyQueue
@@ -161,10 +167,17 @@ func (c *Client) Checkup(ctx context.Context, opts *CheckupOpts) ([]Finding, err
 			"%d of the %d client connections the server accepts are in use", f.Connections, f.Accepted)
 	}
 	if f.NotifyQueue >= o.NotifyQueue {
-		add("notify_queue", SeverityWarning, "Find the session that listens inside a long transaction (the server log's "+
-			"\"NOTIFY queue is … full\" names its pid; the horizon check lists long transactions) and end its transaction.",
-			"the server's NOTIFY queue is %.1f%% full: a session that listens reads none of it while its transaction lasts, "+
-				"and once it is full every NOTIFY fails (PokePostgres's pokes with them: nodes wait for their poll)", 100*f.NotifyQueue)
+		sev := SeverityWarning
+		if f.NotifyQueue >= checkupNotifyProblem {
+			sev = SeverityProblem
+		}
+		add("notify_queue", sev, "Find the session that listens inside a long transaction and end its transaction: "+
+			"the horizon check lists long transactions, and from half full the server log's \"NOTIFY queue is … full\" "+
+			"names the session's pid.",
+			"the server's NOTIFY queue is %.1f%% full: a session that listens reads none of it while its transaction lasts. "+
+				"Once it is full every NOTIFY fails: with PokePostgres, the commits of InsertTx and SignalTx, which poke from "+
+				"inside the caller's transaction, fail with it, and the other pokes are lost (nodes wait for their poll)",
+			100*f.NotifyQueue)
 	}
 	for _, x := range f.Invalid {
 		add("invalid_index", SeverityProblem, fmt.Sprintf("DROP INDEX CONCURRENTLY %s; then REINDEX the index it was to "+

@@ -460,6 +460,8 @@ func TestCheckupFindsAStuckNotifyQueue(t *testing.T) {
 			FROM generate_series(1, $2::int) AS g`, batch, n)
 	}
 	require.Empty(t, mine())
+	_, err := cl.Checkup(ctx, &gendurable.CheckupOpts{NotifyQueue: 50})
+	require.ErrorContains(t, err, "NotifyQueue 50: a share of the queue, at most 1")
 
 	listener, err := e.pool.Acquire(ctx)
 	require.NoError(t, err)

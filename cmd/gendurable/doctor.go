@@ -36,8 +36,8 @@ func doctor(ctx context.Context, args []string, out io.Writer) error {
 	fs.DurationVar(&opts.LockWait, "lock-wait", 0, "report lock waits longer than this (default 5s)")
 	fs.DurationVar(&opts.ReaperGrace, "reaper-grace", 0, "report leases and await deadlines this far past (default 1m)")
 	fs.Float64Var(&opts.Connections, "connections", 0, "report connections in use past this share of what the server accepts (default 0.9)")
-	fs.Float64Var(&opts.NotifyQueue, "notify-queue", 0, "report the server's NOTIFY queue past this share in use (default 0.5)")
-	fs.Var((*walSize)(&opts.SlotWAL), "slot-wal", "report replication slots nothing reads that keep more WAL than this: bytes, or with kB, MB, GB or TB (1024-based, as in postgresql.conf) (default 1GB)")
+	fs.Float64Var(&opts.NotifyQueue, "notify-queue", 0, "report the server's NOTIFY queue past this share in use, at most 1 (default 0.5)")
+	fs.Var((*walSize)(&opts.SlotWAL), "slot-wal", "report replication slots nothing reads that keep more WAL than this: bytes, or a whole number with kB, MB, GB or TB, 1024-based (default 1GB)")
 	if _, err := parseInterspersed(fs, args); err != nil {
 		return err
 	}
@@ -77,8 +77,8 @@ func doctor(ctx context.Context, args []string, out io.Writer) error {
 	return nil
 }
 
-// walSize is a flag of bytes, written as postgresql.conf writes memory and WAL sizes: a whole
-// number with an optional unit, kB, MB, GB or TB, each 1024 of the one before.
+// walSize is a flag of bytes: a whole number, bytes unless it has a unit, kB, MB, GB or TB, each
+// 1024 of the one before (the units postgresql.conf writes).
 type walSize int64
 
 func (w *walSize) String() string { return strconv.FormatInt(int64(*w), 10) }

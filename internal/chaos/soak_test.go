@@ -139,7 +139,8 @@ func insertSoak(ctx context.Context, cl *gendurable.Client, n int) error {
 // up); the engine's relations at the end ≤ 1.5× their size
 // at 30% of the run (the plan's minute 10 of 35; CI bounds the size per row version held, see
 // sizeBound); finished rows older than retention + 10s never above 2 × the GC batch. Then I1-I8,
-// and vacuum reclaims the dead tuples the run left (autovacuum off fails there).
+// and vacuum reclaims the dead tuples the run left once GC has emptied the table (autovacuum off
+// fails there).
 //
 // CI: 10 windows of 5s, retention 5s. GD_CHAOS=full: windows of 60s, retention 60s, until
 // 1,000,000 instances completed (the plan's size; about 34 minutes at 500/s), at most 40.
@@ -272,6 +273,8 @@ func TestBloatSoak(t *testing.T) {
 	// What the load left unfinished, and how long the engine takes to finish it (CI's
 	// throughput criterion, below).
 	stoppedAt := time.Now()
+	var stoppedDB time.Time // the same, by the database's clock
+	require.NoError(t, db.pool.QueryRow(ctx, `SELECT now()`).Scan(&stoppedDB))
 	left := db.count(t, `SELECT count(*) FROM {schema}.instances WHERE status <> 'done'`)
 	eventually(t, 2*time.Minute, "the soak's backlog drained", func() bool {
 		return db.count(t, `SELECT count(*) FROM {schema}.instances WHERE status <> 'done'`) == 0
@@ -345,21 +348,29 @@ func TestBloatSoak(t *testing.T) {
 
 	soakJudge(t, db, "T11", seed, inserted, 2*late, 2*early, began)
 
-	// Vacuum reclaims what the run left dead: once every instance is done (and GC deletes them
-	// after retention), autovacuum brings the instances table's dead tuples under the count
-	// that wakes it (50 + 20% of the live ones, its defaults). Dead versions nothing can
-	// reclaim (vacuum asleep, a transaction holding the horizon) stay above it.
+	// Vacuum reclaims what the run left dead. Once every instance is done, GC deletes them all
+	// after retention; then an autovacuum that ended after the load stopped has left the
+	// instances table fewer dead tuples than wake it (50 + 20% of the tuples its last vacuum
+	// counted, the defaults), and if more remain, it wakes and vacuums again. Dead versions
+	// nothing can reclaim (autovacuum off, a transaction holding the horizon) stay above it.
 	reclaimWait := 2 * time.Minute
 	if full {
 		reclaimWait = 5 * time.Minute // retention and the default naptime are a minute each
 	}
-	var live, dead int64
-	eventually(t, reclaimWait, "vacuum to reclaim the instances table's dead tuples", func() bool {
-		require.NoError(t, db.pool.QueryRow(ctx, `SELECT n_live_tup, n_dead_tup FROM pg_stat_user_tables
-			WHERE schemaname = $1 AND relname = 'instances'`, db.schema).Scan(&live, &dead))
-		return float64(dead) <= 50+0.2*float64(live)
+	eventually(t, reclaimWait, "GC to delete every instance", func() bool {
+		return db.count(t, `SELECT count(*) FROM {schema}.instances`) == 0
 	})
-	t.Logf("after the run: instances %d live, %d dead tuples", live, dead)
+	var dead int64
+	var wakes float64
+	eventually(t, reclaimWait, "autovacuum to reclaim the dead tuples of the emptied instances table", func() bool {
+		var vacuumed bool
+		require.NoError(t, db.pool.QueryRow(ctx, `SELECT s.n_dead_tup, 50 + 0.2 * greatest(c.reltuples, 0),
+			coalesce(s.last_autovacuum > $2, false)
+			FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
+			WHERE s.schemaname = $1 AND s.relname = 'instances'`, db.schema, stoppedDB).Scan(&dead, &wakes, &vacuumed))
+		return vacuumed && float64(dead) <= wakes
+	})
+	t.Logf("after the run: the instances table emptied and vacuumed, %d dead tuples (autovacuum wakes at %.0f)", dead, wakes)
 }
 
 // soakJudge waits for every instance of a soak to finish, checks I1-I8 and reports the summary

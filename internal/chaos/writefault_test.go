@@ -260,7 +260,7 @@ func settle(t *testing.T, db *chaosDB, n int, inserted []int64, refused []error,
 }
 
 // T24 of the reliability plan: the server's connections run out. On a private cluster with
-// max_connections 40, another application (the hog) takes every free connection at 20% of the
+// max_connections 50 (the workers' pools and the test's take up to 40), another application (the hog) takes every free connection at 20% of the
 // run and keeps the server full for 5s (full: 60s): every 100ms it terminates the engine's
 // sessions (found by application_name) and takes the slots they free, so the workers' pools
 // reconnect against a full server and are refused ("sorry, too many clients already", 53300)
@@ -271,7 +271,7 @@ func settle(t *testing.T, db *chaosDB, n int, inserted []int64, refused []error,
 func TestConnectionsRunOutLosesNothing(t *testing.T) {
 	// A cluster of its own, offered a fixed load: it runs beside the other cluster tests.
 	t.Parallel()
-	cluster, db := privateCluster(t, map[string]string{"max_connections": "40"})
+	cluster, db := privateCluster(t, map[string]string{"max_connections": "50"})
 	ctx := context.Background()
 	r := startWriteFaultRun(t, cluster, db, "T24")
 	var hog []*pgx.Conn
@@ -294,7 +294,11 @@ func TestConnectionsRunOutLosesNothing(t *testing.T) {
 			_ = c.Close(ctx)
 		}
 	}()
+	// The server's log from here on says whom it refused.
+	before, err := cluster.ServerLog()
+	require.NoError(t, err)
 	grab()
+	require.NotEmpty(t, hog, "the server was full before the hog came")
 	t.Logf("20%%: the hog holds the %d free connections, for %v", len(hog), r.spell)
 	killed := 0
 	for end := time.Now().Add(r.spell); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
@@ -315,7 +319,7 @@ func TestConnectionsRunOutLosesNothing(t *testing.T) {
 	inserted, refused, _ := r.ins.stop()
 	log, err := cluster.ServerLog()
 	require.NoError(t, err)
-	tooMany := strings.Count(log, "sorry, too many clients already")
+	tooMany := strings.Count(log[len(before):], "sorry, too many clients already")
 	t.Logf("the hog ended holding %d connections; it terminated %d of the engine's sessions; the server refused %d connections, %d of them the hog's; %d Inserts accepted, %d failed",
 		held, killed, tooMany, hogRefused, len(inserted), len(refused))
 	require.Positive(t, killed, "the hog terminated none of the engine's sessions")
@@ -331,6 +335,7 @@ type inserter struct {
 	refused       []error
 	longest       time.Duration // the longest Insert
 	quit, stopped chan struct{}
+	once          sync.Once
 }
 
 func startInserter(t *testing.T, db *chaosDB) *inserter {
@@ -339,6 +344,7 @@ func startInserter(t *testing.T, db *chaosDB) *inserter {
 	require.NoError(t, err)
 	m := chaosMachine(nil, db.schema, 0, 0, 0)
 	ins := &inserter{quit: make(chan struct{}), stopped: make(chan struct{})}
+	t.Cleanup(func() { ins.stop() }) // a test that failed before stopping it
 	go func() {
 		defer close(ins.stopped)
 		for {
@@ -372,8 +378,10 @@ func (ins *inserter) refusedSoFar() int {
 // stop stops the inserter and returns the ids it inserted, the errors of the Inserts that
 // failed and the longest Insert.
 func (ins *inserter) stop() ([]int64, []error, time.Duration) {
-	close(ins.quit)
+	ins.once.Do(func() { close(ins.quit) })
 	<-ins.stopped
+	ins.mu.Lock()
+	defer ins.mu.Unlock()
 	return ins.inserted, ins.refused, ins.longest
 }
 
