@@ -190,6 +190,14 @@ func (c *Client) Checkup(ctx context.Context, opts *CheckupOpts) ([]Finding, err
 		for i, pid := range w.BlockedBy {
 			by[i] = fmt.Sprint(pid)
 		}
+		if w.Row {
+			add("lock_wait", SeverityWarning, "Find what the blocking sessions run (pg_stat_activity) and let it finish or "+
+				"end it: a transaction that holds a row it wrote or locked (SELECT … FOR UPDATE) while it waits on something "+
+				"else holds up every writer of that row; bound such transactions with idle_in_transaction_session_timeout.",
+				"session %d (%q) has waited %v for a row of %s.%s, blocked by %s", w.PID, w.App, w.Waited.Round(time.Millisecond),
+				c.store.Schema, w.Table, strings.Join(by, ", "))
+			continue
+		}
 		add("lock_wait", SeverityWarning, "Find what the blocking sessions run (pg_stat_activity) and let it finish or end it; "+
 			"take schema changes' locks with a lock_timeout, build indexes CONCURRENTLY.",
 			"session %d (%q) has waited %v for %s on %s.%s, blocked by %s", w.PID, w.App, w.Waited.Round(time.Millisecond),

@@ -259,6 +259,73 @@ func TestCheckupFindsALockedTable(t *testing.T) {
 	require.Empty(t, checks(fs, "table_locked"))
 }
 
+// A transaction wrote an instance's row and sits idle without committing, and two writers of
+// the same row wait: the first for the holder's transaction (it holds the row's tuple lock), the
+// second for that tuple lock. The checkup reports both as waits for a row of the instances
+// table, each with whom it waits for, and neither once the holder rolls back.
+func TestCheckupFindsWaitsForARow(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	m := linear("linear5", 0, nil)
+	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{m}})
+	r, err := cl.Insert(ctx, m.With(path{}), nil)
+	require.NoError(t, err)
+	pid := func(c *pgxpool.Conn) int32 {
+		var p int32
+		require.NoError(t, c.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&p))
+		return p
+	}
+	holder, err := e.pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer holder.Release()
+	holderPID := pid(holder)
+	tx, err := holder.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	update := expand(`UPDATE {schema}.instances SET priority = 3 WHERE id = $1`, e.schema)
+	_, err = tx.Exec(ctx, update, r.ID)
+	require.NoError(t, err)
+
+	var writers []int32
+	done := make(chan error, 2)
+	for range 2 {
+		w, err := e.pool.Acquire(ctx)
+		require.NoError(t, err)
+		defer w.Release()
+		p := pid(w)
+		writers = append(writers, p)
+		go func() {
+			_, err := w.Exec(ctx, update, r.ID)
+			done <- err
+		}()
+		eventually(t, 10*time.Second, "the writer waits", func() bool {
+			return e.count(t, `SELECT count(*) FROM pg_locks WHERE pid = $1 AND NOT granted`, p) == 1
+		})
+	}
+	rows := func() []gendurable.Finding {
+		fs, err := cl.Checkup(ctx, &gendurable.CheckupOpts{LockWait: time.Millisecond})
+		require.NoError(t, err)
+		return slices.DeleteFunc(checks(fs, "lock_wait"), func(f gendurable.Finding) bool {
+			return !strings.Contains(f.Summary, " for a row of "+e.schema+".instances, ")
+		})
+	}
+	fs := rows()
+	require.Len(t, fs, 2, "%+v", fs)
+	// The longest wait first: the first writer's, for the holder.
+	require.Regexp(t, fmt.Sprintf(`^session %d \(".*"\) has waited [0-9.]+m?s for a row of %s\.instances, blocked by %d$`,
+		writers[0], regexp.QuoteMeta(e.schema), holderPID), fs[0].Summary)
+	require.Regexp(t, fmt.Sprintf(`^session %d \(".*"\) has waited [0-9.]+m?s for a row of %s\.instances, blocked by `,
+		writers[1], regexp.QuoteMeta(e.schema)), fs[1].Summary)
+	require.Equal(t, gendurable.SeverityWarning, fs[0].Severity)
+	require.Contains(t, fs[0].Fix, "idle_in_transaction_session_timeout")
+
+	require.NoError(t, tx.Rollback(ctx))
+	require.NoError(t, <-done)
+	require.NoError(t, <-done)
+	require.Empty(t, rows())
+}
+
 // Dead rows pile up where nothing vacuums: 100,000 finished instances deleted outside GC, with
 // autovacuum off for the table. The checkup reports both, and the dead rows go with a VACUUM.
 func TestCheckupFindsDeadRowsPilingUp(t *testing.T) {

@@ -67,10 +67,12 @@ type CheckupLimits struct {
 // InvalidIndex is an index that a failed concurrent build left invalid.
 type InvalidIndex struct{ Index, Table string }
 
-// LockWait is a session waiting for a lock on one of the schema's tables.
+// LockWait is a session waiting for a lock on one of the schema's tables, or on a row of one
+// (Row).
 type LockWait struct {
 	PID              int32
 	App, Table, Mode string
+	Row              bool
 	Waited           time.Duration
 	BlockedBy        []int32
 }
@@ -164,7 +166,7 @@ func (s *Store) Checkup(ctx context.Context, db DB, lim CheckupLimits) (CheckupF
 	f.Waits, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (LockWait, error) {
 		var w LockWait
 		var waited float64
-		err := r.Scan(&w.PID, &w.App, &w.Table, &w.Mode, &waited, &w.BlockedBy)
+		err := r.Scan(&w.PID, &w.App, &w.Table, &w.Mode, &w.Row, &waited, &w.BlockedBy)
 		w.Waited = time.Duration(waited * float64(time.Second))
 		return w, err
 	})

@@ -95,11 +95,12 @@ WHERE n.nspname = $1 AND NOT i.indisvalid
 ORDER BY c.relname;
 
 -- Sessions waiting longer than $2 seconds for a lock on a table of the schema ($1 its name), or
--- on a row of one, and the sessions that block them. (A wait for a row another transaction holds
--- shows as a wait for that transaction's id once the row's tuple lock is taken; only the first
--- waiter on a row is named by its table.)
+-- on a row of one, and the sessions that block them. A wait for a row shows in two ways: the
+-- first session to wait takes the row's tuple lock (granted, naming the table) and waits for the
+-- holding transaction's id (naming no table), so its table is read from its tuple lock; the
+-- sessions after it wait for the tuple lock itself.
 -- name: checkup_lock_waits
-SELECT l.pid, coalesce(a.application_name, ''), c.relname, l.mode,
+SELECT l.pid, coalesce(a.application_name, ''), c.relname, l.mode, l.locktype = 'tuple',
        extract(epoch FROM now() - l.waitstart)::float8, pg_catalog.pg_blocking_pids(l.pid)
 FROM pg_catalog.pg_locks AS l
 JOIN pg_catalog.pg_class AS c ON c.oid = l.relation
@@ -108,7 +109,18 @@ LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid = l.pid
 WHERE NOT l.granted AND n.nspname = $1
   AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = current_database())
   AND l.waitstart < now() - $2::float8 * interval '1 second'
-ORDER BY l.waitstart;
+UNION ALL
+SELECT x.pid, coalesce(a.application_name, ''), c.relname, x.mode, true,
+       extract(epoch FROM now() - x.waitstart)::float8, pg_catalog.pg_blocking_pids(x.pid)
+FROM pg_catalog.pg_locks AS x
+JOIN pg_catalog.pg_locks AS t ON t.pid = x.pid AND t.locktype = 'tuple' AND t.granted
+JOIN pg_catalog.pg_class AS c ON c.oid = t.relation
+JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid = x.pid
+WHERE x.locktype = 'transactionid' AND NOT x.granted AND n.nspname = $1
+  AND t.database = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = current_database())
+  AND x.waitstart < now() - $2::float8 * interval '1 second'
+ORDER BY 6 DESC;
 
 -- The reaper's backlog: claims whose lease ran out more than $1 seconds ago (the reaper releases
 -- them within its interval) through instances_executing, and parked rows as far past their await
