@@ -425,6 +425,65 @@ func TestWorkersOffTheDatabaseClockKeepLeasesHonest(t *testing.T) {
 	}
 }
 
+// T25 of the reliability plan: the database server's clock steps ahead, as a host's does when
+// time sync corrects it or a paused VM resumes. A private cluster runs under libfaketime with its
+// offset read from a file at every clock read (so that every backend jumps at once, as on a real
+// host); the run of T21 with steps of a second, 250 at once in each worker. At 20% of the steps
+// the file's offset goes from +0 to +10m: every lease, due time and deadline in the rows is 10
+// minutes behind the database's clock at once. The steps the jump found running are past their
+// leases until the reaper releases them (their outcomes then stale) or their heartbeat extends
+// them first; either is right, and which comes first is a race (the test logs how many were
+// released). Pass: the database's clock jumped; the table holds every accepted Insert and at
+// most the failed ones besides; everything is done within 60s of the jump, with no worker
+// process restarted (a worker that slept until a time the database gave it would wait 10
+// minutes); I1-I8.
+func TestDatabaseClockJumpsAheadLosesNothing(t *testing.T) {
+	// A cluster of its own, offered a fixed load: it runs beside the other cluster tests.
+	t.Parallel()
+	lib := libfaketime(t)
+	// Readable by the server, which may run as another user (t.TempDir's parent is not).
+	dir, err := os.MkdirTemp("", "gd-faketime-")
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, os.RemoveAll(dir)) })
+	require.NoError(t, os.Chmod(dir, 0o755))
+	offset := filepath.Join(dir, "offset")
+	require.NoError(t, os.WriteFile(offset, []byte("+0\n"), 0o644))
+	cluster, db := privateClusterWith(t, devdb.ClusterOptions{Env: []string{"LD_PRELOAD=" + lib,
+		"FAKETIME_TIMESTAMP_FILE=" + offset, "FAKETIME_NO_CACHE=1", "FAKETIME_DONT_FAKE_MONOTONIC=1"}})
+	ctx := context.Background()
+	skew := func() time.Duration {
+		var dbNow time.Time
+		before := time.Now()
+		require.NoError(t, db.pool.QueryRow(ctx, `SELECT now()`).Scan(&dbNow))
+		return dbNow.Sub(before)
+	}
+	require.InDelta(t, 0, skew().Seconds(), 30, "the database's clock is off before the jump")
+
+	r := startWriteFaultRun(t, cluster, db, "T25", func(c *workerCfg) { c.StepMS, c.Conc = 1000, 250 })
+	require.NoError(t, os.WriteFile(offset, []byte("+10m\n"), 0o644))
+	eventually(t, 30*time.Second, "the database's clock to jump ahead", func() bool {
+		// Every backend rereads the file within a second; a new connection's now() tells.
+		conn, err := pgx.Connect(ctx, cluster.URL)
+		require.NoError(t, err)
+		defer func() { _ = conn.Close(ctx) }()
+		var ahead float64
+		require.NoError(t, conn.QueryRow(ctx, `SELECT extract(epoch FROM now() - $1::timestamptz)`, time.Now()).Scan(&ahead))
+		return ahead > 9*60
+	})
+	jumped := time.Now()
+	t.Logf("20%%: the database's clock jumped 10 minutes ahead")
+
+	// The steps the jump found running have leases 10 minutes past, until the reaper releases
+	// them (their outcomes are then stale) or their heartbeat extends them first: either is right.
+	time.Sleep(time.Second) // some more arrivals, on the new clock
+	inserted, refused, _ := r.ins.stop()
+	t.Logf("%d Inserts accepted, %d failed", len(inserted), len(refused))
+	released := db.count(t, `SELECT count(*) FROM {schema}.t_outcome_log
+		WHERE old_status = 'executing' AND new_status = 'available' AND new_step = old_step`)
+	t.Logf("claims handed back with their step unchanged (the reaper's releases among them): %d", released)
+	r.judge(t, db, settle(t, db, r.n, inserted, refused, jumped))
+}
+
 // libfaketime returns the path of libfaketime's preload library (Debian's package libfaketime,
 // which the faketime package brings). Without it the test skips, except under CI=true, where
 // .ci/run must have installed it and its absence fails the test.

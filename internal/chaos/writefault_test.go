@@ -398,9 +398,9 @@ type writeFaultRun struct {
 	ins     *inserter
 }
 
-// startWriteFaultRun inserts the run's instances and starts its workers and inserter; it
-// returns at 20% of the steps, when the fault begins.
-func startWriteFaultRun(t *testing.T, cluster *devdb.DB, db *chaosDB, test string) *writeFaultRun {
+// startWriteFaultRun inserts the run's instances and starts its workers (steps of 10ms, 8 at
+// once, then set) and inserter; it returns at 20% of the steps, when the fault begins.
+func startWriteFaultRun(t *testing.T, cluster *devdb.DB, db *chaosDB, test string, set ...func(*workerCfg)) *writeFaultRun {
 	t.Helper()
 	seed, _ := oracle.Seed(t)
 	r := &writeFaultRun{test: test, seed: seed, began: time.Now(), n: oracle.Size(1000, 5000),
@@ -409,6 +409,9 @@ func startWriteFaultRun(t *testing.T, cluster *devdb.DB, db *chaosDB, test strin
 	cfg := func(name string) workerCfg {
 		return chaosCfg(cluster.URL, cluster.URL, db.schema, name, func(c *workerCfg) {
 			c.StepMS, c.Conc, c.Seed, c.Quiet, c.App = 10, 8, seed, true, "gd-"+strings.ToLower(test)+"-"+name
+			for _, f := range set {
+				f(c)
+			}
 		})
 	}
 	r.workers = []*worker{startWorker(t, cfg("w0")), startWorker(t, cfg("w1"))}
