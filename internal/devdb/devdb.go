@@ -303,6 +303,23 @@ func (d *DB) Start(ctx context.Context) error {
 	return d.pgctl(ctx, "-o", d.opts, "-l", filepath.Join(d.dir, "postgres.log"), "-w", "-t", "60", "start")
 }
 
+// Program is the path of one of the server's client programs (pg_dump, pg_restore, psql) in a
+// throwaway cluster's binaries folder: the version that matches its server.
+func (d *DB) Program(name string) (string, error) {
+	if d.pgCtl == "" {
+		return "", errors.New("devdb: Program: not a throwaway cluster")
+	}
+	pgCtl, err := filepath.EvalSymlinks(d.pgCtl) // a link on PATH to the binaries folder
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(filepath.Dir(pgCtl), name)
+	if !isExec(path) {
+		return "", fmt.Errorf("devdb: %s is not in %s", name, filepath.Dir(pgCtl))
+	}
+	return path, nil
+}
+
 // Running says whether the postmaster of a throwaway cluster runs (it exits when its startup
 // fails, as after a crash it cannot recover from; it keeps running while it restarts after a
 // backend's PANIC).
