@@ -49,7 +49,8 @@ type CheckupOpts struct {
 	// is reported as not running. Default 1 minute; keep it above the reaper's interval.
 	ReaperGrace time.Duration
 	// Connections is the share of the connections the server accepts (max_connections less the
-	// reserved ones) in use from which the checkup reports them. Default 0.9.
+	// reserved ones), or the client's role or database (their CONNECTION LIMIT), in use from
+	// which the checkup reports them. Default 0.9.
 	Connections float64
 	// SlotWAL is how many bytes of WAL a replication slot nothing is connected to may keep
 	// before it is reported. Default 1 GiB.
@@ -73,13 +74,14 @@ const (
 // Checkup looks for what keeps the engine's tables from staying healthy or its work from moving,
 // in the database as a whole rather than instance by instance (Stuck does that): autovacuum off,
 // dead rows piling up, sessions holding vacuum back with a transaction left open, prepared
-// transactions nobody ended, replication slots nobody reads keeping WAL, the server's
-// connections or its NOTIFY queue running out, indexes left invalid by a failed build, sessions
-// waiting for locks on the schema's tables (or the instances table locked outright), claims and
-// await deadlines the reaper has not seen to, and queues with due rows that no live node works.
-// It returns the findings, problems first; none means nothing was found. It reads catalogs and
-// statistics views, and the instances and nodes tables through their indexes (waiting at most a
-// second for their locks), at a cost of the queues and the rows in flight, never the backlog or
+// transactions nobody ended, replication slots nobody reads keeping WAL, connections running out
+// (the server's, or the client's role's or database's limit), the NOTIFY queue filling up,
+// indexes left invalid by a failed build, sessions waiting for locks on the schema's tables or
+// their rows (or the instances table locked outright), claims and await deadlines the reaper has
+// not seen to, and queues with due rows that no live node works. It returns the findings,
+// problems first; none means nothing was found. It reads catalogs and statistics views, and the
+// instances and nodes tables through their indexes (waiting at most a second for their locks),
+// at a cost of the queues and the rows in flight, never the backlog or
 // the history; a role without pg_read_all_stats sees only its own sessions in pg_stat_activity.
 func (c *Client) Checkup(ctx context.Context, opts *CheckupOpts) ([]Finding, error) {
 	o := CheckupOpts{OldTransaction: 5 * time.Minute, LockWait: 5 * time.Second, ReaperGrace: time.Minute, Connections: 0.9,
@@ -165,6 +167,19 @@ func (c *Client) Checkup(ctx context.Context, opts *CheckupOpts) ([]Finding, err
 		add("connections", SeverityWarning, "Lower the pools' MaxConns, put a pooler in front (PgBouncer in transaction mode), "+
 			"or raise max_connections: past the limit, new connections are refused (the engine waits; your own calls fail).",
 			"%d of the %d client connections the server accepts are in use", f.Connections, f.Accepted)
+	}
+	if !f.Superuser && f.RoleLimit >= 0 && float64(f.RoleConnections) >= o.Connections*float64(f.RoleLimit) {
+		add("connections", SeverityWarning, fmt.Sprintf("Raise it (ALTER ROLE %s CONNECTION LIMIT n;) or lower the pools' "+
+			"MaxConns: past it, the role's new connections are refused (the engine waits; your own calls fail).",
+			pgx.Identifier{f.Role}.Sanitize()),
+			"%d of the %d connections role %s may hold (its CONNECTION LIMIT) are in use", f.RoleConnections, f.RoleLimit, f.Role)
+	}
+	if !f.Superuser && f.DatabaseLimit >= 0 && float64(f.DatabaseConnections) >= o.Connections*float64(f.DatabaseLimit) {
+		add("connections", SeverityWarning, fmt.Sprintf("Raise it (ALTER DATABASE %s CONNECTION LIMIT n;) or lower the "+
+			"pools' MaxConns: past it, new connections to the database are refused (the engine waits; your own calls fail).",
+			pgx.Identifier{f.Database}.Sanitize()),
+			"%d of the %d connections database %s accepts (its CONNECTION LIMIT) are in use", f.DatabaseConnections,
+			f.DatabaseLimit, f.Database)
 	}
 	if f.NotifyQueue >= o.NotifyQueue {
 		sev := SeverityWarning

@@ -398,7 +398,7 @@ func TestCheckupFindsConnectionsRunningOut(t *testing.T) {
 // privateEnv is an env on a Postgres cluster of the test's own, started with settings (the
 // prepared transactions and replication slots a test leaves are the whole server's, which other
 // tests' checkups would see).
-func privateEnv(t *testing.T, settings map[string]string) *env {
+func privateEnv(t *testing.T, settings map[string]string) (*env, *devdb.DB) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -408,7 +408,7 @@ func privateEnv(t *testing.T, settings map[string]string) *env {
 	pool, err := pgxpool.New(ctx, cluster.URL)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	return &env{pool: pool, schema: durabledbtest.Schema(t, pool)}
+	return &env{pool: pool, schema: durabledbtest.Schema(t, pool)}, cluster
 }
 
 // sqlOf is the statement of a fix that reads "… SQL; …", beginning with prefix.
@@ -428,7 +428,7 @@ func sqlOf(t *testing.T, fix, prefix string) string {
 // ROLLBACK PREPARED, quoted as written, ends it.
 func TestCheckupFindsIdleSlotsAndPreparedTransactions(t *testing.T) {
 	t.Parallel()
-	e := privateEnv(t, map[string]string{"max_prepared_transactions": "4", "wal_level": "logical"})
+	e, _ := privateEnv(t, map[string]string{"max_prepared_transactions": "4", "wal_level": "logical"})
 	ctx := context.Background()
 	t.Cleanup(func() {
 		// Before the schema is dropped: a prepared transaction left by a failed check would
@@ -509,7 +509,7 @@ func TestCheckupFindsIdleSlotsAndPreparedTransactions(t *testing.T) {
 // session's transaction ends and it has read them (the next notifications move the queue's tail).
 func TestCheckupFindsAStuckNotifyQueue(t *testing.T) {
 	t.Parallel()
-	e := privateEnv(t, nil)
+	e, _ := privateEnv(t, nil)
 	ctx := context.Background()
 	cl := e.client(t, nil)
 	opts := &gendurable.CheckupOpts{NotifyQueue: 0.001}
@@ -556,4 +556,54 @@ func TestCheckupFindsAStuckNotifyQueue(t *testing.T) {
 		notify(10)
 		return len(mine()) == 0
 	})
+}
+
+// A client whose role has a CONNECTION LIMIT of 4, holding 3 connections while its checkup takes
+// the fourth, is told its role is at its limit; once it lets them go, it is not. A database's
+// limit is reported to a client held to it (Connections lowered to 1%, so that any connection
+// counts), not to a superuser's, which the server lets past both limits.
+func TestCheckupFindsItsRoleOrDatabaseAtItsConnectionLimit(t *testing.T) {
+	t.Parallel()
+	e, cluster := privateEnv(t, nil)
+	ctx := context.Background()
+	e.exec(t, `CREATE ROLE gd_app LOGIN CONNECTION LIMIT 4`)
+	e.exec(t, `GRANT USAGE ON SCHEMA {schema} TO gd_app`)
+	e.exec(t, `GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO gd_app`)
+	cfg, err := pgxpool.ParseConfig(strings.Replace(cluster.URL, "postgres://postgres@", "postgres://gd_app@", 1))
+	require.NoError(t, err)
+	cfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	app, err := gendurable.NewClient(pool, &gendurable.Config{Schema: e.schema})
+	require.NoError(t, err)
+	mine := func(cl *gendurable.Client, opts *gendurable.CheckupOpts, what string) []gendurable.Finding {
+		fs, err := cl.Checkup(ctx, opts)
+		require.NoError(t, err)
+		return slices.DeleteFunc(checks(fs, "connections"), func(f gendurable.Finding) bool {
+			return !strings.Contains(f.Summary, what)
+		})
+	}
+	var held []*pgxpool.Conn
+	for range 3 {
+		c, err := pool.Acquire(ctx)
+		require.NoError(t, err)
+		held = append(held, c)
+	}
+	fs := mine(app, nil, "role gd_app")
+	require.Len(t, fs, 1)
+	require.Equal(t, "4 of the 4 connections role gd_app may hold (its CONNECTION LIMIT) are in use", fs[0].Summary)
+	require.Contains(t, fs[0].Fix, `ALTER ROLE "gd_app" CONNECTION LIMIT n;`)
+	for _, c := range held {
+		require.NoError(t, c.Hijack().Close(ctx)) // gone from the server, not idle in the pool
+	}
+	require.Empty(t, mine(app, nil, "role gd_app"))
+
+	e.exec(t, `ALTER DATABASE postgres CONNECTION LIMIT 100`)
+	one := &gendurable.CheckupOpts{Connections: 0.01}
+	fs = mine(app, one, "database postgres")
+	require.Len(t, fs, 1)
+	require.Regexp(t, `^[0-9]+ of the 100 connections database postgres accepts \(its CONNECTION LIMIT\) are in use$`, fs[0].Summary)
+	require.Contains(t, fs[0].Fix, `ALTER DATABASE "postgres" CONNECTION LIMIT n;`)
+	require.Empty(t, mine(e.client(t, nil), one, "database postgres"), "a superuser is not held to the database's limit")
 }

@@ -24,6 +24,12 @@ type CheckupFacts struct {
 	Connections, Accepted int
 	// NotifyQueue is the share of the server's NOTIFY queue in use.
 	NotifyQueue float64
+	// Role and Database are the checkup's, each with its connections in use and its CONNECTION
+	// LIMIT (-1: none); a Superuser is held to neither.
+	Role, Database                     string
+	Superuser                          bool
+	RoleLimit, RoleConnections         int
+	DatabaseLimit, DatabaseConnections int
 	// Rows is nil when the instances table stayed locked for the checkup's lock timeout.
 	Rows *CheckupRows
 }
@@ -148,7 +154,8 @@ func (s *Store) Checkup(ctx context.Context, db DB, lim CheckupLimits) (CheckupF
 	if err != nil {
 		return f, fmt.Errorf("replication slots: %w", err)
 	}
-	if err := db.QueryRow(ctx, s.sql("checkup_connections")).Scan(&f.Connections, &f.Accepted, &f.NotifyQueue); err != nil {
+	if err := db.QueryRow(ctx, s.sql("checkup_connections")).Scan(&f.Connections, &f.Accepted, &f.NotifyQueue,
+		&f.Role, &f.Superuser, &f.RoleLimit, &f.RoleConnections, &f.Database, &f.DatabaseLimit, &f.DatabaseConnections); err != nil {
 		return f, fmt.Errorf("connections: %w", err)
 	}
 	rows, err = db.Query(ctx, s.sql("checkup_invalid_indexes"), s.Schema)

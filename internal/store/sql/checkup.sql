@@ -74,14 +74,21 @@ ORDER BY w.kept DESC;
 
 -- The server's client connections in use, and how many it accepts (max_connections less the
 -- slots reserved for superusers and, from PostgreSQL 16, for roles with pg_use_reserved_connections);
--- and the share of the server's NOTIFY queue in use: notifications stay queued until every
--- session that listens has read them, and a listening session inside a long transaction reads
--- none, so the queue grows behind it until NOTIFY fails.
+-- the share of the server's NOTIFY queue in use (notifications stay queued until every session
+-- that listens has read them, and a listening session inside a long transaction reads none, so
+-- the queue grows behind it until NOTIFY fails); and the connections of the checkup's role and
+-- database, with their CONNECTION LIMITs (-1: none; the server holds no superuser to either).
 -- name: checkup_connections
 SELECT (SELECT count(*) FROM pg_catalog.pg_stat_activity AS a WHERE a.backend_type = 'client backend'),
        current_setting('max_connections')::int - current_setting('superuser_reserved_connections')::int
          - coalesce(current_setting('reserved_connections', true)::int, 0),
-       pg_catalog.pg_notification_queue_usage();
+       pg_catalog.pg_notification_queue_usage(),
+       r.rolname::text, r.rolsuper, r.rolconnlimit,
+       (SELECT count(*) FROM pg_catalog.pg_stat_activity AS a WHERE a.backend_type = 'client backend' AND a.usesysid = r.oid),
+       d.datname::text, d.datconnlimit,
+       (SELECT count(*) FROM pg_catalog.pg_stat_activity AS a WHERE a.backend_type = 'client backend' AND a.datid = d.oid)
+FROM pg_catalog.pg_roles AS r, pg_catalog.pg_database AS d
+WHERE r.rolname = current_user AND d.datname = current_database();
 
 -- The schema's invalid indexes ($1 the schema's name): a CREATE INDEX CONCURRENTLY or REINDEX
 -- CONCURRENTLY that failed leaves one, which every write still maintains and no read uses.
