@@ -158,10 +158,18 @@ func (c *Client) Checkup(ctx context.Context, opts *CheckupOpts) ([]Finding, err
 		if sl.Database != "" {
 			of = sl.Type + ", database " + sl.Database
 		}
+		var does []string
+		if sl.OverWAL {
+			does = append(does, fmt.Sprintf("keeps %s of WAL: the server keeps every segment after it, until its disk fills",
+				bytesIEC(sl.Kept)))
+		}
+		if sl.HoldsXmin {
+			does = append(does, fmt.Sprintf("holds the xmin horizon %d transactions back (a standby's hot_standby_feedback, "+
+				"kept when it went): vacuum keeps every row version younger than it, in every table", sl.XminAge))
+		}
 		add("slot", SeverityWarning, fmt.Sprintf("Reconnect its consumer, or drop it if none will come back: SELECT "+
 			"pg_drop_replication_slot(%s); and bound what a slot may keep with max_slot_wal_keep_size.", quoteLiteral(sl.Name)),
-			"replication slot %s (%s) has no consumer and keeps %s of WAL: the server keeps every segment after it, until its disk fills",
-			sl.Name, of, bytesIEC(sl.Kept))
+			"replication slot %s (%s) has no consumer and %s", sl.Name, of, strings.Join(does, "; it "))
 	}
 	if f.Accepted > 0 && float64(f.Connections) >= o.Connections*float64(f.Accepted) {
 		add("connections", SeverityWarning, "Lower the pools' MaxConns, put a pooler in front (PgBouncer in transaction mode), "+

@@ -2,6 +2,7 @@ package gendurable_test
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"regexp"
 	"slices"
@@ -13,6 +14,8 @@ import (
 	"github.com/gendurable/gendurable/durabledbtest"
 	"github.com/gendurable/gendurable/internal/devdb"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
@@ -411,6 +414,55 @@ func privateEnv(t *testing.T, settings map[string]string) (*env, *devdb.DB) {
 	return &env{pool: pool, schema: durabledbtest.Schema(t, pool)}, cluster
 }
 
+// standbyFeedback does what a standby with hot_standby_feedback does to its primary, then goes:
+// it streams from slot over a replication connection, reports the oldest transaction its
+// queries still see (the primary's current xmin), and disconnects. The slot keeps that xmin.
+func standbyFeedback(t *testing.T, url, slot string) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	defer func() { _ = conn.Close(ctx) }()
+	var lsn string
+	var xid uint64
+	require.NoError(t, conn.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text,
+		pg_snapshot_xmin(pg_current_snapshot())::text::bigint`).Scan(&lsn, &xid))
+	rc, err := pgconn.Connect(ctx, url+"&replication=true")
+	require.NoError(t, err)
+	rc.Frontend().Send(&pgproto3.Query{String: fmt.Sprintf("START_REPLICATION SLOT %s PHYSICAL %s", slot, lsn)})
+	require.NoError(t, rc.Frontend().Flush())
+	for {
+		m, err := rc.ReceiveMessage(ctx)
+		require.NoError(t, err)
+		if _, ok := m.(*pgproto3.CopyBothResponse); ok {
+			break
+		}
+		if e, ok := m.(*pgproto3.ErrorResponse); ok {
+			t.Fatalf("START_REPLICATION: %s", e.Message)
+		}
+	}
+	// A hot standby feedback message: 'h', the send time (µs since 2000), the xmin and its epoch,
+	// the catalog xmin and its epoch (none).
+	msg := make([]byte, 25)
+	msg[0] = 'h'
+	binary.BigEndian.PutUint64(msg[1:], uint64(time.Since(time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)).Microseconds()))
+	binary.BigEndian.PutUint32(msg[9:], uint32(xid))
+	binary.BigEndian.PutUint32(msg[13:], uint32(xid>>32))
+	rc.Frontend().Send(&pgproto3.CopyData{Data: msg})
+	require.NoError(t, rc.Frontend().Flush())
+	eventually(t, 10*time.Second, "the slot to take the standby's xmin", func() bool {
+		var held bool
+		require.NoError(t, conn.QueryRow(ctx, `SELECT xmin IS NOT NULL FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&held))
+		return held
+	})
+	require.NoError(t, rc.Close(ctx))
+	eventually(t, 10*time.Second, "the standby gone", func() bool {
+		var active bool
+		require.NoError(t, conn.QueryRow(ctx, `SELECT active FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&active))
+		return !active
+	})
+}
+
 // sqlOf is the statement of a fix that reads "… SQL; …", beginning with prefix.
 func sqlOf(t *testing.T, fix, prefix string) string {
 	t.Helper()
@@ -428,7 +480,7 @@ func sqlOf(t *testing.T, fix, prefix string) string {
 // ROLLBACK PREPARED, quoted as written, ends it.
 func TestCheckupFindsIdleSlotsAndPreparedTransactions(t *testing.T) {
 	t.Parallel()
-	e, _ := privateEnv(t, map[string]string{"max_prepared_transactions": "4", "wal_level": "logical"})
+	e, cluster := privateEnv(t, map[string]string{"max_prepared_transactions": "4", "wal_level": "logical"})
 	ctx := context.Background()
 	t.Cleanup(func() {
 		// Before the schema is dropped: a prepared transaction left by a failed check would
@@ -470,6 +522,17 @@ func TestCheckupFindsIdleSlotsAndPreparedTransactions(t *testing.T) {
 	require.True(t, strings.HasPrefix(summaries[1], "replication slot gd_standby (physical) "), summaries[1])
 	require.Zero(t, e.count(t, `SELECT count(*) FROM pg_replication_slots`), "the fixes dropped them")
 	require.Empty(t, mine("slot", &gendurable.CheckupOpts{SlotWAL: 1}))
+
+	// A standby with hot_standby_feedback streams through a slot, then goes: its slot keeps the
+	// xmin the standby last reported, whatever WAL it keeps.
+	e.exec(t, `SELECT pg_create_physical_replication_slot('gd_gone', true)`)
+	standbyFeedback(t, cluster.URL, "gd_gone")
+	slots = mine("slot", nil)
+	require.Len(t, slots, 1, "%+v", slots)
+	require.Regexp(t, `^replication slot gd_gone \(physical\) has no consumer and holds the xmin horizon [0-9]+ transactions back `+
+		`\(a standby's hot_standby_feedback, kept when it went\): vacuum keeps every row version younger than it`, slots[0].Summary)
+	e.exec(t, sqlOf(t, slots[0].Fix, "SELECT pg_drop_replication_slot("))
+	require.Empty(t, mine("slot", nil))
 
 	// An update of an instance, prepared and left; and a transaction that only took an id.
 	r, err := cl.Insert(ctx, linear("linear5", 0, nil).With(path{}), nil)

@@ -15,7 +15,7 @@ type CheckupFacts struct {
 	Tables  []TableVacuum
 	Horizon []HorizonHolder
 	// Prepared are this database's old prepared transactions; Slots the server's idle
-	// replication slots that keep too much WAL.
+	// replication slots that keep too much WAL or hold the horizon.
 	Prepared []PreparedXact
 	Slots    []IdleSlot
 	Invalid  []InvalidIndex
@@ -56,10 +56,14 @@ type PreparedXact struct {
 	Locked     []string      // the schema's tables it holds a lock on
 }
 
-// IdleSlot is a replication slot nothing is connected to, and the WAL it keeps.
+// IdleSlot is a replication slot nothing is connected to, the WAL it keeps and the horizon it
+// holds.
 type IdleSlot struct {
 	Name, Type, Database string // Database is empty for a physical slot
 	Kept                 int64  // bytes of WAL from its restart_lsn on
+	OverWAL              bool   // Kept passes the checkup's limit
+	HoldsXmin            bool   // it holds the xmin horizon back
+	XminAge              int64  // how many transactions old its xmin is
 }
 
 // CheckupLimits are the thresholds of the facts Checkup reads: horizon holders and prepared

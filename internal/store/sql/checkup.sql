@@ -59,18 +59,23 @@ WHERE p.database = current_database() AND p.prepared < now() - $2::float8 * inte
 ORDER BY p.prepared;
 
 -- Replication slots of the server that nothing is connected to (a standby or a logical consumer
--- gone away) and that keep more than $1 bytes of WAL: the server keeps every WAL segment from
--- the slot's restart_lsn on until a consumer reads it or the slot is dropped, and its disk fills.
--- Any slot counts, whatever its database: the WAL is the server's. On a standby, the WAL it has
--- replayed stands for the current position.
+-- gone away) and that keep more than $1 bytes of WAL, or hold the xmin horizon. The server keeps
+-- every WAL segment from the slot's restart_lsn on until a consumer reads it or the slot is
+-- dropped, and its disk fills; a slot's xmin (a standby's hot_standby_feedback, kept when the
+-- standby went) holds back vacuum in every table of every database, and nothing moves it while
+-- nothing is connected. Any slot counts, whatever its database: the WAL and the horizon are the
+-- server's. On a standby, the WAL it has replayed stands for the current position. Returned:
+-- name, type, database, WAL kept, whether that passes $1, whether it holds an xmin and how many
+-- transactions old that is.
 -- name: checkup_slots
-SELECT s.slot_name::text, s.slot_type, coalesce(s.database::text, ''), w.kept
+SELECT s.slot_name::text, s.slot_type, coalesce(s.database::text, ''), coalesce(w.kept, 0),
+       coalesce(w.kept > $1, false), s.xmin IS NOT NULL, coalesce(pg_catalog.age(s.xmin), 0)::bigint
 FROM pg_catalog.pg_replication_slots AS s,
      LATERAL (SELECT pg_catalog.pg_wal_lsn_diff(
                 CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn()
                      ELSE pg_catalog.pg_current_wal_lsn() END, s.restart_lsn)::bigint AS kept) AS w
-WHERE NOT s.active AND w.kept > $1
-ORDER BY w.kept DESC;
+WHERE NOT s.active AND (w.kept > $1 OR s.xmin IS NOT NULL)
+ORDER BY w.kept DESC NULLS LAST, s.slot_name;
 
 -- The server's client connections in use, and how many it accepts (max_connections less the
 -- slots reserved for superusers and, from PostgreSQL 16, for roles with pg_use_reserved_connections);
