@@ -72,12 +72,7 @@ func TestRestoredBackupLosesNothing(t *testing.T) {
 	t.Logf("%d steps the old server ran after the backup are not in it: they run again", lostWork)
 	require.Positive(t, lostWork, "the old server did nothing after the backup: the restore loses no work")
 
-	workers := make([]*worker, 0, len(r.workers))
-	for _, name := range []string{"w0", "w1"} {
-		workers = append(workers, startWorker(t, chaosCfg(url, url, db.schema, name, func(c *workerCfg) {
-			c.StepMS, c.Conc, c.Seed, c.Quiet, c.App = 10, 8, r.seed, true, "gd-t26-"+name
-		})))
-	}
+	workers := []*worker{writeFaultWorker(t, url, db.schema, "T26", "w0", r.seed), writeFaultWorker(t, url, db.schema, "T26", "w1", r.seed)}
 	rdb.waitDone(t, total, 2*time.Minute)
 	t.Logf("all %d done %v after the restore", total, time.Since(restoredAt).Round(time.Millisecond))
 	var reports []workerReport

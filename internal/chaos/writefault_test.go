@@ -406,18 +406,25 @@ func startWriteFaultRun(t *testing.T, cluster *devdb.DB, db *chaosDB, test strin
 	r := &writeFaultRun{test: test, seed: seed, began: time.Now(), n: oracle.Size(1000, 5000),
 		spell: time.Duration(oracle.Size(5, 60)) * time.Second}
 	db.insert(t, r.n, 5)
-	cfg := func(name string) workerCfg {
-		return chaosCfg(cluster.URL, cluster.URL, db.schema, name, func(c *workerCfg) {
-			c.StepMS, c.Conc, c.Seed, c.Quiet, c.App = 10, 8, seed, true, "gd-"+strings.ToLower(test)+"-"+name
-			for _, f := range set {
-				f(c)
-			}
-		})
+	r.workers = []*worker{
+		writeFaultWorker(t, cluster.URL, db.schema, test, "w0", seed, set...),
+		writeFaultWorker(t, cluster.URL, db.schema, test, "w1", seed, set...),
 	}
-	r.workers = []*worker{startWorker(t, cfg("w0")), startWorker(t, cfg("w1"))}
 	r.ins = startInserter(t, db)
 	db.waitProgress(t, r.n, 0.2, 2*time.Minute)
 	return r
+}
+
+// writeFaultWorker starts a worker process of a write fault's run on the database at url: steps
+// of 10ms, 8 at once, then set; its engine pool's application name is gd-<test>-<name>.
+func writeFaultWorker(t *testing.T, url, schema, test, name string, seed uint64, set ...func(*workerCfg)) *worker {
+	t.Helper()
+	return startWorker(t, chaosCfg(url, url, schema, name, func(c *workerCfg) {
+		c.StepMS, c.Conc, c.Seed, c.Quiet, c.App = 10, 8, seed, true, "gd-"+strings.ToLower(test)+"-"+name
+		for _, f := range set {
+			f(c)
+		}
+	}))
 }
 
 // judge ends the run: the workers drain on SIGTERM, and the oracle judges its total instances.
