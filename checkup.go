@@ -87,21 +87,15 @@ func (c *Client) Checkup(ctx context.Context, opts *CheckupOpts) ([]Finding, err
 	o := CheckupOpts{OldTransaction: 5 * time.Minute, LockWait: 5 * time.Second, ReaperGrace: time.Minute, Connections: 0.9,
 		SlotWAL: 1 << 30, NotifyQueue: 0.5}
 	if opts != nil {
-		if opts.Connections > 0 {
-			o.Connections = opts.Connections
-		}
 		if opts.NotifyQueue > 1 {
 			return nil, fmt.Errorf("gendurable: checkup: NotifyQueue %v: a share of the queue, at most 1", opts.NotifyQueue)
 		}
-		if opts.NotifyQueue > 0 {
-			o.NotifyQueue = opts.NotifyQueue
-		}
-		if opts.SlotWAL > 0 {
-			o.SlotWAL = opts.SlotWAL
-		}
-		o.OldTransaction = orDefaultDuration(opts.OldTransaction, o.OldTransaction)
-		o.LockWait = orDefaultDuration(opts.LockWait, o.LockWait)
-		o.ReaperGrace = orDefaultDuration(opts.ReaperGrace, o.ReaperGrace)
+		o.OldTransaction = orPositive(opts.OldTransaction, o.OldTransaction)
+		o.LockWait = orPositive(opts.LockWait, o.LockWait)
+		o.ReaperGrace = orPositive(opts.ReaperGrace, o.ReaperGrace)
+		o.Connections = orPositive(opts.Connections, o.Connections)
+		o.SlotWAL = orPositive(opts.SlotWAL, o.SlotWAL)
+		o.NotifyQueue = orPositive(opts.NotifyQueue, o.NotifyQueue)
 	}
 	f, err := c.store.Checkup(ctx, c.pool, store.CheckupLimits{Old: o.OldTransaction, Wait: o.LockWait,
 		Grace: o.ReaperGrace, Live: engine.NodeLive, SlotWAL: o.SlotWAL})
@@ -295,12 +289,4 @@ func bytesIEC(n int64) string {
 		i++
 	}
 	return fmt.Sprintf("%.1f %s", v, units[i])
-}
-
-// orDefaultDuration returns v, or def when v is not positive (orDefault, for durations).
-func orDefaultDuration(v, def time.Duration) time.Duration {
-	if v > 0 {
-		return v
-	}
-	return def
 }

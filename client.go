@@ -399,7 +399,7 @@ func buildRow(input Input, opts *InsertOpts, index, maxPayload int, machine func
 	if prio < 1 || prio > 9 {
 		return bad("Priority", "%d: must be 1 (most urgent) to 9, or 0 for the default 5", opts.Priority)
 	}
-	maxAtt := orDefaultInt(opts.MaxAttempts, orDefaultInt(in.maxAttempts, DefaultMaxAttempts))
+	maxAtt := orDefault(opts.MaxAttempts, orDefault(in.maxAttempts, DefaultMaxAttempts))
 	if maxAtt < 1 || maxAtt > maxCount {
 		return bad("MaxAttempts", "%d: must be 1 to %d", opts.MaxAttempts, maxCount)
 	}

@@ -116,7 +116,7 @@ func (m FSM[S]) def() (*engine.MachineDef, error) {
 	version := max(m.Version, 1)
 	return &engine.MachineDef{
 		Name: m.Name, Start: m.Start, Steps: steps,
-		Queue: orDefault(m.Queue, DefaultQueue), MaxAttempts: orDefaultInt(m.MaxAttempts, DefaultMaxAttempts),
+		Queue: orDefault(m.Queue, DefaultQueue), MaxAttempts: orDefault(m.MaxAttempts, DefaultMaxAttempts),
 		Version: version, Upgrade: upgradeChain(m.Name, version, m.Upgrades), Upgrades: upgradeSteps(m.Upgrades),
 		Retention: m.Retention, Run: m.run, Fail: m.fail,
 	}, nil
@@ -418,7 +418,7 @@ func (j Job[A]) def() (*engine.MachineDef, error) {
 	}
 	return &engine.MachineDef{
 		Name: j.Name, Start: JobStep, Steps: map[string]bool{JobStep: true},
-		Queue: orDefault(j.Queue, DefaultQueue), MaxAttempts: orDefaultInt(j.MaxAttempts, DefaultMaxAttempts),
+		Queue: orDefault(j.Queue, DefaultQueue), MaxAttempts: orDefault(j.MaxAttempts, DefaultMaxAttempts),
 		Retention: j.Retention, Run: j.run, Fail: j.fail,
 	}, nil
 }
@@ -659,16 +659,19 @@ func DefaultBackoff(attempt int) time.Duration {
 	return time.Duration(float64(d) * jitter)
 }
 
-func orDefault(s, def string) string {
-	if s == "" {
+// orDefault returns v, or def when v is its type's zero value.
+func orDefault[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
 		return def
 	}
-	return s
+	return v
 }
 
-func orDefaultInt(n, def int) int {
-	if n == 0 {
-		return def
+// orPositive returns v, or def when v is not positive.
+func orPositive[T ~int64 | ~float64](v, def T) T {
+	if v > 0 {
+		return v
 	}
-	return n
+	return def
 }

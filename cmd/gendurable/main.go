@@ -62,7 +62,7 @@ func commands() []command {
 		{"pauses", "pauses [--json]", "list the paused queues and machines", runPauses},
 		{"upgrade", "upgrade --machine M [--no-wait] [--timeout 10m]", "bring a machine's parked instances forward to its newest version, in bulk", runUpgrade},
 		{"schedules", "schedules [list] [--json] | schedules pause|resume|trigger|remove NAME", "list the schedules (next fire, last fire and its instance), or act on one", runSchedules},
-		{"doctor", "doctor [--json] [--old-transaction 5m] [--lock-wait 5s] [--reaper-grace 1m] [--connections 0.9]", "check the database for what keeps the engine's tables healthy and its work moving (exit status 1 on a problem, 3 when it could not check)", runDoctor},
+		{"doctor", "doctor [--json] [--old-transaction 5m] [--lock-wait 5s] [--reaper-grace 1m] [--connections 0.9] [--notify-queue 0.5] [--slot-wal 1GB]", "check the database for what keeps the engine's tables healthy and its work moving (exit status 1 on a problem, 3 when it could not check)", runDoctor},
 		{"ui", "ui [--addr 127.0.0.1:8080] [--read-only] [--token T]", "serve the web dashboard of a schema", runUI},
 	}
 }

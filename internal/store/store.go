@@ -10,7 +10,8 @@
 // reconciliation, buckets), inspect and list (the operator's reads), ops (cancel, retry), poke
 // (LISTEN/NOTIFY), await (the await bridge's probe), session (the checks Start runs on its
 // session: the search_path, the default isolation), checkup (the database's health: vacuum, the
-// horizon, invalid indexes, lock waits, the reaper's and the workers' backlog).
+// horizon, prepared transactions, replication slots, connections, the NOTIFY queue, invalid
+// indexes, lock waits, the reaper's and the workers' backlog).
 package store
 
 import (
