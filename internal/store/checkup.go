@@ -102,90 +102,83 @@ const CheckupCap = 10_000
 // checkupLockTimeout bounds the checkup's wait for the instances table.
 const checkupLockTimeout = "1s"
 
-// Checkup reads the facts the checkup judges, within lim.
+// Checkup reads the facts the checkup judges, within lim, in two round trips: the statistics and
+// catalog reads as one batch, then checkup_rows in a transaction of its own with a lock_timeout.
 func (s *Store) Checkup(ctx context.Context, db DB, lim CheckupLimits) (CheckupFacts, error) {
 	var f CheckupFacts
-	rows, err := db.Query(ctx, s.sql("checkup_vacuum"), s.Schema)
-	if err != nil {
-		return f, fmt.Errorf("vacuum: %w", err)
+	b := &pgx.Batch{}
+	// rowsOf queues a statement whose rows fill *dst, wrapping its error in what.
+	rowsOf := func(what, name string, collect func(pgx.Rows) error, args ...any) {
+		b.Queue(s.sql(name), args...).Query(func(rows pgx.Rows) error {
+			if err := collect(rows); err != nil {
+				return fmt.Errorf("%s: %w", what, err)
+			}
+			return nil
+		})
 	}
-	f.Tables, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (TableVacuum, error) {
-		var t TableVacuum
-		var since *float64
-		err := r.Scan(&t.Table, &t.ServerAutovacuum, &t.TableAutovacuum, &t.Live, &t.Dead, &since)
-		if since != nil {
-			d := time.Duration(*since * float64(time.Second))
-			t.SinceVacuum = &d
+	rowsOf("vacuum", "checkup_vacuum", func(rows pgx.Rows) (err error) {
+		f.Tables, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (TableVacuum, error) {
+			var t TableVacuum
+			var since *float64
+			err := r.Scan(&t.Table, &t.ServerAutovacuum, &t.TableAutovacuum, &t.Live, &t.Dead, &since)
+			if since != nil {
+				d := seconds(*since)
+				t.SinceVacuum = &d
+			}
+			return t, err
+		})
+		return err
+	}, s.Schema)
+	rowsOf("horizon", "checkup_horizon", func(rows pgx.Rows) (err error) {
+		f.Horizon, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (HorizonHolder, error) {
+			var h HorizonHolder
+			var age float64
+			err := r.Scan(&h.PID, &h.App, &h.State, &age)
+			h.Age = seconds(age)
+			return h, err
+		})
+		return err
+	}, lim.Old.Seconds())
+	rowsOf("prepared transactions", "checkup_prepared", func(rows pgx.Rows) (err error) {
+		f.Prepared, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (PreparedXact, error) {
+			var p PreparedXact
+			var age float64
+			err := r.Scan(&p.GID, &p.Owner, &age, &p.Locked)
+			p.Age = seconds(age)
+			return p, err
+		})
+		return err
+	}, s.Schema, lim.Old.Seconds())
+	rowsOf("replication slots", "checkup_slots", func(rows pgx.Rows) (err error) {
+		f.Slots, err = pgx.CollectRows(rows, pgx.RowToStructByPos[IdleSlot])
+		return err
+	}, lim.SlotWAL)
+	b.Queue(s.sql("checkup_connections")).QueryRow(func(row pgx.Row) error {
+		if err := row.Scan(&f.Connections, &f.Accepted, &f.NotifyQueue, &f.Role, &f.Superuser, &f.RoleLimit,
+			&f.RoleConnections, &f.Database, &f.DatabaseLimit, &f.DatabaseConnections); err != nil {
+			return fmt.Errorf("connections: %w", err)
 		}
-		return t, err
+		return nil
 	})
-	if err != nil {
-		return f, fmt.Errorf("vacuum: %w", err)
-	}
-	rows, err = db.Query(ctx, s.sql("checkup_horizon"), lim.Old.Seconds())
-	if err != nil {
-		return f, fmt.Errorf("horizon: %w", err)
-	}
-	f.Horizon, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (HorizonHolder, error) {
-		var h HorizonHolder
-		var age float64
-		err := r.Scan(&h.PID, &h.App, &h.State, &age)
-		h.Age = time.Duration(age * float64(time.Second))
-		return h, err
-	})
-	if err != nil {
-		return f, fmt.Errorf("horizon: %w", err)
-	}
-	rows, err = db.Query(ctx, s.sql("checkup_prepared"), s.Schema, lim.Old.Seconds())
-	if err != nil {
-		return f, fmt.Errorf("prepared transactions: %w", err)
-	}
-	f.Prepared, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (PreparedXact, error) {
-		var p PreparedXact
-		var age float64
-		err := r.Scan(&p.GID, &p.Owner, &age, &p.Locked)
-		p.Age = time.Duration(age * float64(time.Second))
-		return p, err
-	})
-	if err != nil {
-		return f, fmt.Errorf("prepared transactions: %w", err)
-	}
-	rows, err = db.Query(ctx, s.sql("checkup_slots"), lim.SlotWAL)
-	if err != nil {
-		return f, fmt.Errorf("replication slots: %w", err)
-	}
-	f.Slots, err = pgx.CollectRows(rows, pgx.RowToStructByPos[IdleSlot])
-	if err != nil {
-		return f, fmt.Errorf("replication slots: %w", err)
-	}
-	if err := db.QueryRow(ctx, s.sql("checkup_connections")).Scan(&f.Connections, &f.Accepted, &f.NotifyQueue,
-		&f.Role, &f.Superuser, &f.RoleLimit, &f.RoleConnections, &f.Database, &f.DatabaseLimit, &f.DatabaseConnections); err != nil {
-		return f, fmt.Errorf("connections: %w", err)
-	}
-	rows, err = db.Query(ctx, s.sql("checkup_invalid_indexes"), s.Schema)
-	if err != nil {
-		return f, fmt.Errorf("indexes: %w", err)
-	}
-	f.Invalid, err = pgx.CollectRows(rows, pgx.RowToStructByPos[InvalidIndex])
-	if err != nil {
-		return f, fmt.Errorf("indexes: %w", err)
-	}
-	rows, err = db.Query(ctx, s.sql("checkup_lock_waits"), s.Schema, lim.Wait.Seconds())
-	if err != nil {
-		return f, fmt.Errorf("lock waits: %w", err)
-	}
-	f.Waits, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (LockWait, error) {
-		var w LockWait
-		var waited float64
-		err := r.Scan(&w.PID, &w.App, &w.Table, &w.Mode, &w.Row, &waited, &w.BlockedBy)
-		w.Waited = time.Duration(waited * float64(time.Second))
-		return w, err
-	})
-	if err != nil {
-		return f, fmt.Errorf("lock waits: %w", err)
+	rowsOf("indexes", "checkup_invalid_indexes", func(rows pgx.Rows) (err error) {
+		f.Invalid, err = pgx.CollectRows(rows, pgx.RowToStructByPos[InvalidIndex])
+		return err
+	}, s.Schema)
+	rowsOf("lock waits", "checkup_lock_waits", func(rows pgx.Rows) (err error) {
+		f.Waits, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (LockWait, error) {
+			var w LockWait
+			var waited float64
+			err := r.Scan(&w.PID, &w.App, &w.Table, &w.Mode, &w.Row, &waited, &w.BlockedBy)
+			w.Waited = seconds(waited)
+			return w, err
+		})
+		return err
+	}, s.Schema, lim.Wait.Seconds())
+	if err := db.SendBatch(ctx, b).Close(); err != nil {
+		return f, err
 	}
 	var cr CheckupRows
-	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_catalog.set_config('lock_timeout', $1, true)", checkupLockTimeout); err != nil {
 			return err
 		}
@@ -201,3 +194,6 @@ func (s *Store) Checkup(ctx context.Context, db DB, lim CheckupLimits) (CheckupF
 	f.Rows = &cr
 	return f, nil
 }
+
+// seconds is a count of seconds the database computed, as a Duration.
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
