@@ -16,6 +16,7 @@ import (
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/durabledbtest"
+	"github.com/gendurable/gendurable/internal/logrecord"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
@@ -209,30 +210,14 @@ func (r *redisServer) kill() {
 	}
 }
 
-// logRecorder is a slog handler that keeps the messages logged through it.
-type logRecorder struct {
-	mu      sync.Mutex
-	records []slog.Record
-}
-
-func (l *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
-
-func (l *logRecorder) Handle(_ context.Context, r slog.Record) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.records = append(l.records, r)
-	return nil
-}
-
-func (l *logRecorder) WithAttrs([]slog.Attr) slog.Handler { return l }
-func (l *logRecorder) WithGroup(string) slog.Handler      { return l }
+// logRecorder keeps the records logged through it (a logrecord.Recorder), with the lookups these
+// tests make.
+type logRecorder struct{ logrecord.Recorder }
 
 // count is how many records at level whose message contains text were logged.
 func (l *logRecorder) count(level slog.Level, text string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	n := 0
-	for _, r := range l.records {
+	for _, r := range l.Records() {
 		if r.Level == level && strings.Contains(r.Message, text) {
 			n++
 		}
@@ -242,17 +227,12 @@ func (l *logRecorder) count(level slog.Level, text string) int {
 
 // errors are the "error" attributes of the records whose message contains text.
 func (l *logRecorder) errors(text string) []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	var out []string
-	for _, r := range l.records {
+	for _, r := range l.Records() {
 		if strings.Contains(r.Message, text) {
-			r.Attrs(func(a slog.Attr) bool {
-				if a.Key == "error" {
-					out = append(out, a.Value.String())
-				}
-				return true
-			})
+			if v := logrecord.Attr(r, "error"); v.Kind() != slog.KindAny || v.Any() != nil {
+				out = append(out, v.String())
+			}
 		}
 	}
 	return out
