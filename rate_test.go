@@ -36,6 +36,31 @@ func logGrants(t *testing.T, e *env) {
 		EXECUTE FUNCTION {schema}.t_log_grant()`)
 }
 
+// checkGrants checks the grants logged since since (logGrants), each stamped with its pick's
+// transaction time (the clock the bucket counts in; a step's own start can lag its grant by a
+// loaded machine's scheduling delay, which made this check see overdraws that were not there):
+// for every grant, the grants up to it never exceed burst + rate × elapsed since the first. It
+// returns how many there were and the seconds from the first to the last.
+func checkGrants(t *testing.T, e *env, since time.Time, burst, rate float64) (n int64, last float64) {
+	t.Helper()
+	// The rows are read in full before any check, so that a failed check cannot leave their
+	// connection busy (the pool's Close would wait for it forever).
+	rows, err := e.pool.Query(context.Background(), expand(`SELECT extract(epoch FROM tx_at - min(tx_at) OVER ())::float8,
+		row_number() OVER (ORDER BY tx_at) FROM {schema}.t_grants WHERE tx_at >= $1 ORDER BY tx_at`, e.schema), since)
+	require.NoError(t, err)
+	type grant struct {
+		Since float64
+		N     int64
+	}
+	grants, err := pgx.CollectRows(rows, pgx.RowToStructByPos[grant])
+	require.NoError(t, err)
+	for _, g := range grants {
+		require.LessOrEqual(t, float64(g.N), burst+rate*g.Since+1e-6, "grant %d at +%.3fs overdraws the bucket", g.N, g.Since)
+		last, n = g.Since, g.N
+	}
+	return n, last
+}
+
 func TestRateLimitConservesTokensAcrossEightClients(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -57,31 +82,52 @@ func TestRateLimitConservesTokensAcrossEightClients(t *testing.T) {
 		start(t, cl)
 	}
 	time.Sleep(3 * time.Second)
-	// From the grants, each stamped with its pick's transaction time (the clock the bucket counts
-	// in; a step's own start can lag its grant by a loaded machine's scheduling delay, which made
-	// this check see overdraws that were not there): for every grant, the grants up to it never
-	// exceed burst + rate × elapsed since the first, and by the end the limit was used in full.
-	// The rows are read in full before any check, so that a failed check cannot leave their
-	// connection busy (the pool's Close would wait for it forever).
-	rows, err := e.pool.Query(context.Background(), expand(`SELECT extract(epoch FROM tx_at - min(tx_at) OVER ())::float8,
-		row_number() OVER (ORDER BY tx_at) FROM {schema}.t_grants ORDER BY tx_at`, e.schema))
-	require.NoError(t, err)
-	type grant struct {
-		Since float64
-		N     int64
-	}
-	grants, err := pgx.CollectRows(rows, pgx.RowToStructByPos[grant])
-	require.NoError(t, err)
-	defer rows.Close() // a failed check inside the loop must not leave the pool's Close waiting
-	var last float64
-	var n int64
-	for _, g := range grants {
-		require.LessOrEqual(t, float64(g.N), burst+allowed*g.Since+1e-6, "grant %d at +%.3fs overdraws the bucket", g.N, g.Since)
-		last, n = g.Since, g.N
-	}
+	n, last := checkGrants(t, e, time.Time{}, burst, allowed)
 	t.Logf("%d grants in %.2fs: burst %d + %d/s", n, last, burst, allowed)
 	require.GreaterOrEqual(t, float64(n), burst+allowed*last-allowed*0.15, "the limit was not used in full")
 	require.Less(t, n, int64(300), "the backlog outlasted the run")
+}
+
+// A database clock that steps back (time sync correcting a clock that ran ahead) leaves each
+// bucket's last write ahead of now(). The limit goes on at its rate from the new clock: it does
+// not refuse every grant until the clock has caught up with the write, which counting the step
+// as negative refill would (for as long as the clock went back). The step is made on the bucket
+// row, 10 minutes ahead, under its row lock: a pick racing it recomputes its writeback on the
+// stepped row.
+func TestRateLimitGoesOnAfterTheClockStepsBack(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	createStarts(t, e)
+	logGrants(t, e)
+	job := rateJob(e, "rated", "r")
+	const allowed, burst, jobs = 20, 5, 60
+	limits := map[string]gendurable.Rate{"api": {Allowed: allowed, Period: time.Second, Burst: burst}}
+	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{job}, RateLimits: limits,
+		PollInterval: 20 * time.Millisecond, Queues: map[string]gendurable.QueueConfig{"r": {Concurrency: 10}}})
+	params := make([]gendurable.InsertManyParams, jobs)
+	for i := range params {
+		params[i] = gendurable.InsertManyParams{Input: job.With("x"), Opts: &gendurable.InsertOpts{RateLimit: "api"}}
+	}
+	ctx := context.Background()
+	_, err := cl.InsertMany(ctx, params)
+	require.NoError(t, err)
+	start(t, cl)
+	eventually(t, 30*time.Second, "the first grants", func() bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.t_grants`) >= 10
+	})
+	var stepped time.Time
+	require.NoError(t, e.pool.QueryRow(ctx, expand(`UPDATE {schema}.buckets SET updated_at = updated_at + interval '10 minutes'
+		WHERE key = 'api' RETURNING clock_timestamp()`, e.schema)).Scan(&stepped))
+	before := e.count(t, `SELECT count(*) FROM {schema}.t_grants`)
+	// Granted at the rate, the rest take (jobs - before - burst) / allowed seconds: under 3.
+	eventually(t, 60*time.Second, "every job to start after the clock stepped back", func() bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.t_starts`) == jobs
+	})
+	n, last := checkGrants(t, e, stepped, burst, allowed)
+	t.Logf("%d grants before the step, %d after it in %.2fs", before, n, last)
+	require.Equal(t, jobs, e.count(t, `SELECT count(*) FROM {schema}.t_grants`), "one grant a job")
+	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM {schema}.buckets WHERE key = 'api' AND updated_at <= now()`),
+		"the bucket's last write is dated by the clock again")
 }
 
 func TestRateLimitPartitionsDoNotShareTokens(t *testing.T) {

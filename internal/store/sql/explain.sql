@@ -33,8 +33,8 @@ SELECT coalesce((SELECT sum(held) FROM {schema}.gates WHERE key = @key), 0),
 -- A rate limit's bucket as of now (refilled since its last write, up to its burst); no row: the
 -- bucket was never used, or was pruned full.
 -- name: explain_bucket
-SELECT least(burst, tokens + rate * extract(epoch FROM now() - updated_at)), rate, burst
-FROM {schema}.buckets WHERE key = @key;
+SELECT least(b.burst, b.tokens + b.rate * {{bucket_refill(b)}}), b.rate, b.burst
+FROM {schema}.buckets AS b WHERE b.key = @key;
 
 -- The due rows of a queue ahead of a row in the pick's order, up to 10,000, and how many of them
 -- are of another fairness key than the row's: the due rows of more urgent priorities, and at its

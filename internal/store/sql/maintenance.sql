@@ -373,7 +373,7 @@ WITH stale AS (
   FROM {schema}.buckets AS b
   LEFT JOIN unnest(@r_names::text[], @r_rates::double precision[], @r_bursts::double precision[]) AS rc(name, rate, burst)
     ON rc.name = split_part(b.key, ':', 1)
-  WHERE b.tokens + least(b.rate, coalesce(rc.rate, b.rate)) * (extract(epoch FROM now() - b.updated_at) - @full_ms::bigint / 1000.0)
+  WHERE b.tokens + least(b.rate, coalesce(rc.rate, b.rate)) * ({{bucket_refill(b)}} - @full_ms::bigint / 1000.0)
         >= greatest(b.burst, coalesce(rc.burst, b.burst))
   ORDER BY b.key
   LIMIT 1000

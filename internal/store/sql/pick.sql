@@ -328,6 +328,18 @@ NOT EXISTS (SELECT 1 FROM {{rel}} AS d
                        {{key_idle}})
     END)
 
+-- The seconds of refill bucket {{b}} has earned by now(): the time since its last write. Negative
+-- when a pick that began before that write (its now() is its transaction's start) reads it after:
+-- the balance is then the one the bucket had at the pick's own time, so that no window of pick
+-- times is granted more than the burst and the rate allow. A write more than a minute ahead of
+-- now() comes from no pick (each statement of a pick is cut at 30 s): the database's clock has
+-- stepped back since. The bucket then counts as full, as it does after a step forward (a bucket
+-- refills up to its burst), and its next write dates it by the new clock. Counted backwards, it
+-- would refuse every grant until the clock caught up again, for as long as it went back.
+-- fragment: bucket_refill(b)
+(CASE WHEN {{b}}.updated_at > now() + interval '1 minute' THEN 'Infinity'::float8
+      ELSE extract(epoch FROM now() - {{b}}.updated_at)::float8 END)
+
 -- Filter: a row with a rate limit only while its bucket holds a token (rows of a limit no
 -- configuration here names are not candidates at all).
 
@@ -337,7 +349,7 @@ NOT EXISTS (SELECT 1 FROM {{rel}} AS d
  OR CASE WHEN i.rate_limit = ANY (CAST((SELECT known FROM rhint) AS text[]))
          THEN i.rate_limit = ANY (CAST((SELECT affordable FROM rhint) AS text[]))
          -- Any other: its bucket holds a token. (NULL: an unknown limit: not a candidate.)
-         ELSE (SELECT coalesce((SELECT least(rc.burst, b.tokens + rc.rate * extract(epoch FROM now() - b.updated_at))
+         ELSE (SELECT coalesce((SELECT least(rc.burst, b.tokens + rc.rate * {{bucket_refill(b)}})
                                 FROM {schema}.buckets AS b WHERE b.key = i.rate_limit), rc.burst) >= 1
                FROM rcfg AS rc WHERE rc.name = split_part(i.rate_limit, ':', 1))
     END)
@@ -415,7 +427,7 @@ rcfg AS (
          AS r(name, rate, burst)
 ), rhint AS (
   SELECT coalesce(array_agg(h.key), '{}') AS known,
-         coalesce(array_agg(h.key) FILTER (WHERE coalesce((SELECT least(rc.burst, b.tokens + rc.rate * extract(epoch FROM now() - b.updated_at))
+         coalesce(array_agg(h.key) FILTER (WHERE coalesce((SELECT least(rc.burst, b.tokens + rc.rate * {{bucket_refill(b)}})
                                                            FROM {schema}.buckets AS b WHERE b.key = h.key), rc.burst) >= 1),
                   '{}') AS affordable
   FROM (SELECT DISTINCT key FROM unnest(@r_hint::text[]) AS u(key)) AS h
@@ -452,7 +464,7 @@ limited AS MATERIALIZED (
   -- Each limited key of the window: the weight of its rows, and its bucket's balance now (read
   -- once per key, by key: a join could hash the whole buckets table).
   SELECT k.rkey, k.w, rc.rate, rc.burst,
-         coalesce((SELECT least(rc.burst, b.tokens + rc.rate * extract(epoch FROM now() - b.updated_at))
+         coalesce((SELECT least(rc.burst, b.tokens + rc.rate * {{bucket_refill(b)}})
                    FROM {schema}.buckets AS b WHERE b.key = k.rkey), rc.burst) AS balance
   FROM (SELECT rkey, sum(weight) AS w FROM eligible WHERE rkey IS NOT NULL GROUP BY rkey) AS k
   JOIN rcfg AS rc ON rc.name = split_part(k.rkey, ':', 1)
@@ -507,10 +519,10 @@ rdebit AS (
   FROM granted AS g
   ORDER BY g.rkey
   ON CONFLICT (key) DO UPDATE
-    SET tokens = greatest(least(EXCLUDED.burst, buckets.tokens + EXCLUDED.rate * extract(epoch FROM now() - buckets.updated_at))
+    SET tokens = greatest(least(EXCLUDED.burst, buckets.tokens + EXCLUDED.rate * {{bucket_refill(buckets)}})
                           - (SELECT g.weight FROM granted AS g WHERE g.rkey = EXCLUDED.key), 0),
         rate = EXCLUDED.rate, burst = EXCLUDED.burst, updated_at = now()
-    WHERE least(EXCLUDED.burst, buckets.tokens + EXCLUDED.rate * extract(epoch FROM now() - buckets.updated_at))
+    WHERE least(EXCLUDED.burst, buckets.tokens + EXCLUDED.rate * {{bucket_refill(buckets)}})
           - (SELECT g.weight FROM granted AS g WHERE g.rkey = EXCLUDED.key) >= -1e-9
   RETURNING key
 )
