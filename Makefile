@@ -26,7 +26,7 @@ TESTFLAGS ?=
 # server's too) and run out of the server's 100 connections. LATENCY and CLUSTER are go test -run
 # regexps over the root package's and internal/chaos's tests; every other run skips them.
 LATENCY := ^(TestAwait.*|TestFairShareBurstDoesNotStarveSmallTenants|TestFairKeyAloneUsesEverySlot|TestSecurity.*|TestSaturatedKeyDoesNotStarveTheWorkBehindIt|TestRateLimitConservesTokensAcrossEightClients|TestPoke.*|TestLostPokesCostAtMostAPoll|TestSignalPokesTheParkedInstancesNode|TestFanOutRoundTripWithoutPolling|TestBadInput|TestPostgresRestartMidRun|TestSmokeSuite.*|TestPartitionedWorkerIsFencedOut|TestConnectionResetsLoseCommitAcks)$$
-CLUSTER := ^(TestBloatSoak|TestLongSnapshotDuringSoak|TestSessionKills|TestStatementCancelsLoseNothing|TestWorkersOffTheDatabaseClockKeepLeasesHonest|TestDatabaseClockJumpsAheadLosesNothing|TestDiskFullLosesNothing|TestWALDiskFullLosesNothing|TestConnectionsRunOutLosesNothing|TestRestoredBackupLosesNothing|TestReadOnlyServerLosesNothing|TestTableLockedPastTheLeaseLosesNothing|TestFailoverLosesNothing)$$
+CLUSTER := ^(TestBloatSoak|TestLongSnapshotDuringSoak|TestSessionKills|TestStatementCancelsLoseNothing|TestWorkersOffTheDatabaseClockKeepLeasesHonest|TestDatabaseClockJumpsAheadLosesNothing|TestDatabaseClockStepsBackLosesNothing|TestDiskFullLosesNothing|TestWALDiskFullLosesNothing|TestConnectionsRunOutLosesNothing|TestRestoredBackupLosesNothing|TestReadOnlyServerLosesNothing|TestTableLockedPastTheLeaseLosesNothing|TestFailoverLosesNothing)$$
 # FAILOVER: the cluster test that is no light neighbour (a pg_auto_failover formation of three
 # servers and three busy workers); test/cluster runs it after the others, not beside them.
 FAILOVER := ^TestFailoverLosesNothing$$

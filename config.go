@@ -42,8 +42,9 @@ type Config struct {
 	// of discovery latency for rows made due by time (scheduled, backoff) or by other nodes.
 	// Default 1s. Queues can override it.
 	PollInterval time.Duration
-	// Reaper configures the sweep that releases expired claims and fires await deadlines. Nil:
-	// enabled with defaults.
+	// Reaper configures the sweep that releases expired claims, fires await deadlines and, after
+	// the database's clock steps back, re-dates the rows written ahead of it. Nil: enabled with
+	// defaults.
 	Reaper *ReaperConfig
 	// GC configures the sweep that deletes finished instances past their retention, prunes idle
 	// rate-limit buckets and reconciles gate counters. Nil: enabled with defaults.

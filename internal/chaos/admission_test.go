@@ -13,6 +13,7 @@ import (
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/internal/chaos/oracle"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
@@ -199,13 +200,7 @@ func TestRateLimitConservationAcrossProcesses(t *testing.T) {
 	machines := stubMachines(e, "rate", 1, 2, seed)
 	job := machines[1].(gendurable.Job[string])
 	ins := e.client(t, &gendurable.Config{Name: "ins", Machines: machines, RateLimits: rates})
-	// Every grant, with its pick's transaction time (now()), logged by a trigger of the test's.
-	e.exec(t, `CREATE TABLE {schema}.t_grants (id bigint, tx_at timestamptz NOT NULL DEFAULT now());
-		CREATE FUNCTION {schema}.t_log_grant() RETURNS trigger LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
-		BEGIN INSERT INTO `+e.q("{schema}")+`.t_grants (id) VALUES (NEW.id); RETURN NULL; END $fn$;
-		CREATE TRIGGER t_log_grant AFTER UPDATE ON {schema}.instances FOR EACH ROW
-		WHEN (OLD.status = 'available' AND NEW.status = 'executing' AND NEW.rate_limit IS NOT NULL)
-		EXECUTE FUNCTION {schema}.t_log_grant()`)
+	logRateGrants(t, e)
 	var workers []*worker
 	for i := range 4 {
 		workers = append(workers, startWorker(t, workerCfg{Machines: machinesRaces, Conns: 5, FxConns: 3,
@@ -236,37 +231,11 @@ func TestRateLimitConservationAcrossProcesses(t *testing.T) {
 	for _, stop := range stops {
 		stop()
 	}
-	// Grants: claims of rate-limited rows, at the time of their pick's transaction: the clock the
-	// bucket counts in (its refill is rate × (now() - updated_at)).
-	// In whole microseconds since the first grant (the database's resolution), so that the bound
-	// below is computed exactly: in float seconds since the epoch, rate × time carries a rounding
-	// of about 1e-5 tokens, as large as the excess it must find.
-	rows, err := e.side.Query(ctx, e.q(`SELECT ((extract(epoch FROM tx_at - min(tx_at) OVER ()) * 1000000))::bigint
-		FROM {schema}.t_grants ORDER BY tx_at`))
-	require.NoError(t, err)
-	var at []int64
-	for rows.Next() {
-		var x int64
-		require.NoError(t, rows.Scan(&x))
-		at = append(at, x)
-	}
-	require.NoError(t, rows.Err())
-	require.NotEmpty(t, at)
-	// For every window [at[i], at[j]]: j - i + 1 ≤ burst + allowed × (at[j] - at[i]) / P, with P
-	// the period in microseconds; in integers: (j + 1 - burst)·P - allowed·at[j] ≤ i·P - allowed·at[i].
-	// The worst window ending at j starts where the right side is smallest: a running minimum.
-	// (Grants of one pick share its time; the window over all of them is the one that counts.)
-	p := int64(periodMS) * 1000
-	least, worst := int64(math.MaxInt64), int64(math.MinInt64)
-	for j := range at {
-		least = min(least, int64(j)*p-int64(allowed)*at[j])
-		excess := (int64(j+1)-int64(burst))*p - int64(allowed)*at[j] - least
-		worst = max(worst, excess)
-		require.LessOrEqual(t, excess, int64(0), "grants up to %d overdraw the bucket by %.6f tokens", j, float64(excess)/float64(p))
-	}
+	at := grantTimes(t, e, "true")
+	worst := checkRateWindows(t, at, allowed, periodMS, burst)
 	span := float64(at[len(at)-1]-at[0]) / 1e6
 	allowedGrants := float64(burst) + rate*span
-	t.Logf("%d grants in %.2fs (allowed %.0f); worst window excess %.2f tokens", len(at), span, allowedGrants, float64(worst)/float64(p))
+	t.Logf("%d grants in %.2fs (allowed %.0f); worst window excess %.2f tokens", len(at), span, allowedGrants, worst)
 	require.GreaterOrEqual(t, float64(len(at)), 0.9*allowedGrants-1, "the limit was not used")
 	require.Less(t, len(at), backlog, "the backlog outlasted the run")
 
@@ -284,4 +253,52 @@ func TestRateLimitConservationAcrossProcesses(t *testing.T) {
 	})
 	stopKit()
 	e.check(t, oracle.Opts{}, oracle.Summary{Seed: seed, Instances: len(at)})
+}
+
+// logRateGrants logs every grant of a rate-limited row in e's schema, with its pick's
+// transaction time (now(), the clock the bucket counts in; the oracle's log stamps the moment
+// of the row's update, up to a statement's run later), in t_grants, by a trigger of the test's.
+func logRateGrants(t *testing.T, e *env) {
+	t.Helper()
+	e.exec(t, `CREATE TABLE {schema}.t_grants (id bigint, tx_at timestamptz NOT NULL DEFAULT now());
+		CREATE FUNCTION {schema}.t_log_grant() RETURNS trigger LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+		BEGIN INSERT INTO `+e.q("{schema}")+`.t_grants (id) VALUES (NEW.id); RETURN NULL; END $fn$;
+		CREATE TRIGGER t_log_grant AFTER UPDATE ON {schema}.instances FOR EACH ROW
+		WHEN (OLD.status = 'available' AND NEW.status = 'executing' AND NEW.rate_limit IS NOT NULL)
+		EXECUTE FUNCTION {schema}.t_log_grant()`)
+}
+
+// grantTimes returns the times of the grants logRateGrants logged that match where (SQL on
+// t_grants), in order, in whole microseconds since the first of them (the database's
+// resolution), so that checkRateWindows computes its bound exactly: in float seconds since the
+// epoch, rate × time carries a rounding of about 1e-5 tokens, as large as the excess it must find.
+func grantTimes(t *testing.T, e *env, where string) []int64 {
+	t.Helper()
+	rows, err := e.side.Query(context.Background(), e.q(`SELECT ((extract(epoch FROM tx_at - min(tx_at) OVER ()) * 1000000))::bigint
+		FROM {schema}.t_grants WHERE `+where+` ORDER BY tx_at`))
+	require.NoError(t, err)
+	at, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	require.NotEmpty(t, at, "no grants")
+	return at
+}
+
+// checkRateWindows checks the grants at times at (grantTimes) against a bucket of allowed tokens
+// a period of periodMS and burst: every window [at[i], at[j]] holds at most burst + allowed ×
+// its length / period grants. It returns the worst window's excess, in tokens (at most 0).
+func checkRateWindows(t *testing.T, at []int64, allowed, periodMS, burst int) float64 {
+	t.Helper()
+	// With P the period in microseconds: j - i + 1 ≤ burst + allowed × (at[j] - at[i]) / P; in
+	// integers: (j + 1 - burst)·P - allowed·at[j] ≤ i·P - allowed·at[i]. The worst window ending at
+	// j starts where the right side is smallest: a running minimum. (Grants of one pick share
+	// its time; the window over all of them is the one that counts.)
+	p := int64(periodMS) * 1000
+	least, worst := int64(math.MaxInt64), int64(math.MinInt64)
+	for j := range at {
+		least = min(least, int64(j)*p-int64(allowed)*at[j])
+		excess := (int64(j+1)-int64(burst))*p - int64(allowed)*at[j] - least
+		worst = max(worst, excess)
+		require.LessOrEqual(t, excess, int64(0), "grants up to %d overdraw the bucket by %.6f tokens", j, float64(excess)/float64(p))
+	}
+	return float64(worst) / float64(p)
 }

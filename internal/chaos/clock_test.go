@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/durabledbtest"
 	"github.com/gendurable/gendurable/internal/chaos/oracle"
 	"github.com/gendurable/gendurable/internal/devdb"
 	"github.com/jackc/pgx/v5"
@@ -440,36 +441,9 @@ func TestWorkersOffTheDatabaseClockKeepLeasesHonest(t *testing.T) {
 func TestDatabaseClockJumpsAheadLosesNothing(t *testing.T) {
 	// A cluster of its own, offered a fixed load: it runs beside the other cluster tests.
 	t.Parallel()
-	lib := libfaketime(t)
-	// Readable by the server, which may run as another user (t.TempDir's parent is not).
-	dir, err := os.MkdirTemp("", "gd-faketime-")
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, os.RemoveAll(dir)) })
-	require.NoError(t, os.Chmod(dir, 0o755))
-	offset := filepath.Join(dir, "offset")
-	require.NoError(t, os.WriteFile(offset, []byte("+0\n"), 0o644))
-	cluster, db := privateClusterWith(t, devdb.ClusterOptions{Env: []string{"LD_PRELOAD=" + lib,
-		"FAKETIME_TIMESTAMP_FILE=" + offset, "FAKETIME_NO_CACHE=1", "FAKETIME_DONT_FAKE_MONOTONIC=1"}})
-	ctx := context.Background()
-	skew := func() time.Duration {
-		var dbNow time.Time
-		before := time.Now()
-		require.NoError(t, db.pool.QueryRow(ctx, `SELECT now()`).Scan(&dbNow))
-		return dbNow.Sub(before)
-	}
-	require.InDelta(t, 0, skew().Seconds(), 30, "the database's clock is off before the jump")
-
+	cluster, db, step := clockFileCluster(t, "+0", 0)
 	r := startWriteFaultRun(t, cluster, db, "T25", func(c *workerCfg) { c.StepMS, c.Conc = 1000, 250 })
-	require.NoError(t, os.WriteFile(offset, []byte("+10m\n"), 0o644))
-	eventually(t, 30*time.Second, "the database's clock to jump ahead", func() bool {
-		// Every backend rereads the file within a second; a new connection's now() tells.
-		conn, err := pgx.Connect(ctx, cluster.URL)
-		require.NoError(t, err)
-		defer func() { _ = conn.Close(ctx) }()
-		var ahead float64
-		require.NoError(t, conn.QueryRow(ctx, `SELECT extract(epoch FROM now() - $1::timestamptz)`, time.Now()).Scan(&ahead))
-		return ahead > 9*60
-	})
+	step("+10m", 10*time.Minute)
 	jumped := time.Now()
 	t.Logf("20%%: the database's clock jumped 10 minutes ahead")
 
@@ -482,6 +456,114 @@ func TestDatabaseClockJumpsAheadLosesNothing(t *testing.T) {
 		WHERE old_status = 'executing' AND new_status = 'available' AND new_step = old_step`)
 	t.Logf("claims handed back with their step unchanged (the reaper's releases among them): %d", released)
 	r.judge(t, db, settle(t, db, r.n, inserted, refused, jumped))
+}
+
+// T27 of the reliability plan: the database server's clock steps back, as a host's does when time
+// sync corrects a clock that ran ahead. A private cluster's clock runs 10 minutes ahead (as in
+// T25, the offset read from a file at every clock read) through T21's run and a rate-limited
+// backlog in a schema of its own, worked by two clients of the test's through one bucket (50 a
+// second, burst 20); at 20% of the steps the offset goes back to +0. Every due time, bucket and
+// lease written until then is 10 minutes ahead of the clock: the backlog's rows would wait 10
+// minutes, and the bucket would refuse every grant for as long, but the workers' reapers notice
+// the step and re-date the rows, and the bucket counts as full once. Pass: the database's clock
+// stepped back; everything is done within 60s of the step, with no worker process restarted;
+// the rate limit goes on from the new clock: its grants after the step come to at least half of
+// the rate times the time since the step, and every window of them holds at most burst + rate
+// × its length; I1-I8.
+func TestDatabaseClockStepsBackLosesNothing(t *testing.T) {
+	// A cluster of its own, offered a fixed load: it runs beside the other cluster tests.
+	t.Parallel()
+	cluster, db, step := clockFileCluster(t, "+10m", 10*time.Minute)
+	ctx := context.Background()
+	const allowed, periodMS, burst = 50, 1000, 20
+	rated := &env{url: db.url, pool: openPool(t, db.url, 8), side: openPool(t, db.url, 2), started: time.Now()}
+	rated.schema = durabledbtest.Schema(t, rated.pool)
+	logRateGrants(t, rated)
+	job := gendurable.Job[string]{Name: "rated", Queue: "rate", Perform: func(*gendurable.Ctx, string) error { return nil }}
+	rates := map[string]gendurable.Rate{"api": {Allowed: allowed, Period: periodMS * time.Millisecond, Burst: burst}}
+	ins := rated.client(t, &gendurable.Config{Name: "ins", Machines: []gendurable.Machine{job}, RateLimits: rates})
+	params := make([]gendurable.InsertManyParams, 5000)
+	for i := range params {
+		params[i] = gendurable.InsertManyParams{Input: job.With("x"), Opts: &gendurable.InsertOpts{RateLimit: "api"}}
+	}
+	_, err := ins.InsertMany(ctx, params)
+	require.NoError(t, err)
+	var stops []func()
+	for i := range 2 {
+		cl := rated.client(t, &gendurable.Config{Name: fmt.Sprint("rated", i), Machines: []gendurable.Machine{job},
+			RateLimits: rates, PollInterval: 20 * time.Millisecond, Queues: map[string]gendurable.QueueConfig{"rate": {Concurrency: 8}},
+			Reaper: &gendurable.ReaperConfig{Interval: 200 * time.Millisecond}})
+		stops = append(stops, start(t, cl))
+	}
+
+	r := startWriteFaultRun(t, cluster, db, "T27")
+	step("+0", 0)
+	stepped := time.Now()
+	var since time.Time // the step, by the new clock
+	require.NoError(t, db.pool.QueryRow(ctx, `SELECT now()`).Scan(&since))
+	t.Logf("20%%: the database's clock stepped 10 minutes back")
+
+	time.Sleep(oracle.Size(5*time.Second, 30*time.Second)) // arrivals and grants on the new clock
+	inserted, refused, _ := r.ins.stop()
+	for _, stop := range stops {
+		stop()
+	}
+	var until time.Time
+	require.NoError(t, db.pool.QueryRow(ctx, `SELECT now()`).Scan(&until))
+	t.Logf("%d Inserts accepted, %d failed", len(inserted), len(refused))
+	r.judge(t, db, settle(t, db, r.n, inserted, refused, stepped))
+	var backlog int
+	var doneAfter float64
+	require.NoError(t, db.pool.QueryRow(ctx, expand(`SELECT count(*), extract(epoch FROM max(finalized_at) - $1)::float8
+		FROM {schema}.instances WHERE inserted_at > now() + interval '5 minutes'`, db.schema), since).Scan(&backlog, &doneAfter))
+	t.Logf("the %d instances inserted before the step were all done %.1fs after it", backlog, doneAfter)
+	// The grants after the step: those stamped by the new clock (the earlier ones are 10 minutes
+	// ahead of it).
+	at := grantTimes(t, rated, `tx_at < now() + interval '5 minutes'`)
+	rate := float64(allowed) / (float64(periodMS) / 1000)
+	want := rate * until.Sub(since).Seconds()
+	t.Logf("%d grants in the %.1fs since the step (the rate allows %.0f, and the burst %d more)", len(at),
+		until.Sub(since).Seconds(), want, burst)
+	// Stalled, it would grant none: half of what the rate allows leaves a busy machine room.
+	require.GreaterOrEqual(t, float64(len(at)), 0.5*want, "the rate limit did not go on after the step")
+	checkRateWindows(t, at, allowed, periodMS, burst)
+}
+
+// clockFileCluster starts a private cluster whose clock runs offset (libfaketime's form: "+0",
+// "+10m") from this machine's, read from a file at every clock read so that every backend steps
+// at once when it changes, as on a real host, and checks that its now() is want from this
+// machine's clock. step changes the offset and waits until a new connection's now() is want off.
+func clockFileCluster(t *testing.T, offset string, want time.Duration) (cluster *devdb.DB, db *chaosDB, step func(offset string, want time.Duration)) {
+	t.Helper()
+	lib := libfaketime(t)
+	// Readable by the server, which may run as another user (t.TempDir's parent is not).
+	dir, err := os.MkdirTemp("", "gd-faketime-")
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, os.RemoveAll(dir)) })
+	require.NoError(t, os.Chmod(dir, 0o755))
+	file := filepath.Join(dir, "offset")
+	require.NoError(t, os.WriteFile(file, []byte(offset+"\n"), 0o644))
+	cluster, db = privateClusterWith(t, devdb.ClusterOptions{Env: []string{"LD_PRELOAD=" + lib,
+		"FAKETIME_TIMESTAMP_FILE=" + file, "FAKETIME_NO_CACHE=1", "FAKETIME_DONT_FAKE_MONOTONIC=1"}})
+	ctx := context.Background()
+	skew := func() time.Duration {
+		// Every backend rereads the file within a second; a new connection's now() tells.
+		conn, err := pgx.Connect(ctx, cluster.URL)
+		require.NoError(t, err)
+		defer func() { _ = conn.Close(ctx) }()
+		var dbNow time.Time
+		before := time.Now()
+		require.NoError(t, conn.QueryRow(ctx, `SELECT now()`).Scan(&dbNow))
+		return dbNow.Sub(before)
+	}
+	require.InDelta(t, want.Seconds(), skew().Seconds(), 30, "the database's clock is not %s off: libfaketime did not take", offset)
+	step = func(offset string, want time.Duration) {
+		require.NoError(t, os.WriteFile(file, []byte(offset+"\n"), 0o644))
+		eventually(t, 30*time.Second, "the database's clock to step to "+offset, func() bool {
+			return (skew() - want).Abs() < 30*time.Second
+		})
+	}
+	return cluster, db, step
 }
 
 // libfaketime returns the path of libfaketime's preload library (Debian's package libfaketime,

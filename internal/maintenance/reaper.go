@@ -1,5 +1,5 @@
 // Package maintenance holds the sweepers every cluster needs at least one node to run: the
-// reaper (expired leases, await deadlines) and GC (finished instances, idle rate-limit buckets,
+// reaper (expired leases, await deadlines, rows written ahead of a clock that stepped back) and GC (finished instances, idle rate-limit buckets,
 // gate reconciliation). Duplicates are safe: every sweep claims its rows with ordered
 // SKIP LOCKED, so concurrent sweepers never wait on, deadlock with or double-process each other.
 //
@@ -24,6 +24,17 @@ import (
 
 // reapBatch is how many expired claims one statement releases.
 const reapBatch = 1000
+
+const (
+	// stepBack is how far the database's clock must fall behind its last reading, plus the time
+	// passed since, for the reaper to take it for a step back: two readings a sweep apart
+	// disagree by a round trip's jitter, never by this.
+	stepBack = time.Minute
+	// redateSpan is how many instance ids one re-dating statement reads, and redateBudget how
+	// long a sweep spends re-dating before it leaves the rest of the walk to the next sweep.
+	redateSpan   = 10000
+	redateBudget = 2 * time.Second
+)
 
 // Reaper releases claims whose lease has expired: their worker died, hung or lost the database.
 // A released row is available again (the lost try counts as an attempt) or, with no attempts
@@ -53,6 +64,12 @@ type Reaper struct {
 	batch, deadlines shrinking
 	// failing keeps the log of sweeps failing one after another short.
 	failing spell.Log
+	// dbNow is the database's clock at the last sweep, and read when this process read it (for
+	// time.Since): a later reading far behind their sum is the clock stepping back.
+	dbNow, read time.Time
+	// redateHi is where the re-dating walk after a step back goes on, down from the highest id
+	// (the newest rows, those most likely written ahead of the clock, first); 0: no walk.
+	redateHi int64
 }
 
 // Run sweeps every Interval until stop is closed.
@@ -90,10 +107,16 @@ func (r *Reaper) Run(stop <-chan struct{}) {
 	}
 }
 
-// Sweep releases every expired claim and fires every due await deadline, a batch per
-// statement, reports rows stalled on unknown rate limits, and returns how many rows it changed.
+// Sweep re-dates rows after a step back of the database's clock (redate), releases every expired
+// claim and fires every due await deadline, a batch per statement, reports rows stalled on
+// unknown rate limits, and returns how many rows it changed.
 func (r *Reaper) Sweep(ctx context.Context) (int, error) {
+	redated, err := r.redate(ctx)
+	if err != nil {
+		return redated, err
+	}
 	n, err := r.releaseExpired(ctx)
+	n += redated
 	if err != nil {
 		return n, err
 	}
@@ -118,6 +141,43 @@ func (r *Reaper) Sweep(ctx context.Context) (int, error) {
 		r.Emit(durabletype.Event{Name: durabletype.EventRateLimitUnknown, Key: name, Count: count})
 	}
 	return n + fired, nil
+}
+
+// redate reads the database's clock and, once it has stepped back by more than stepBack since
+// the last sweep (time sync correcting a clock that ran ahead), walks the instances table to
+// re-date the runnable and parked rows written ahead of the new clock (Store.RedateFuture):
+// without it, a row that was due at once would wait for as long as the clock went back. The walk
+// spends at most redateBudget a sweep and goes on at the next. A node that starts after the
+// step has no earlier reading and does not notice it.
+func (r *Reaper) redate(ctx context.Context) (int, error) {
+	now, maxID, err := r.Store.ReaperClock(ctx, r.DB)
+	if err != nil {
+		return 0, err
+	}
+	if !r.dbNow.IsZero() {
+		if back := r.dbNow.Add(time.Since(r.read)).Sub(now); back > stepBack {
+			r.Logger.Warn("gendurable: the database's clock stepped back; re-dating the rows written ahead of it",
+				"by", back.Round(time.Second), "instances_up_to", maxID)
+			r.redateHi = maxID
+		}
+	}
+	r.dbNow, r.read = now, time.Now()
+	n := 0
+	for began := time.Now(); r.redateHi > 0 && time.Since(began) < redateBudget; {
+		lo := max(r.redateHi-redateSpan, 0)
+		m, queues, err := r.Store.RedateFuture(ctx, r.DB, lo, r.redateHi)
+		if err != nil {
+			return n, err
+		}
+		n += m
+		for _, q := range queues {
+			if r.Wake != nil {
+				r.Wake(q)
+			}
+		}
+		r.redateHi = lo
+	}
+	return n, nil
 }
 
 // FireAwaitDeadlines wakes every parked instance whose await deadline is within horizon of now

@@ -303,3 +303,33 @@ func (s *Store) SetRetentions(ctx context.Context, db DB, retentions map[string]
 	_, err := db.Exec(ctx, s.sql("retention_set"), pgx.NamedArgs{"set": set, "ms": ms, "unset": unset, "by": by})
 	return err
 }
+
+// ReaperClock returns the database's clock and the highest instance id (reaper_clock).
+func (s *Store) ReaperClock(ctx context.Context, db DB) (now time.Time, maxID int64, err error) {
+	err = db.QueryRow(ctx, s.sql("reaper_clock")).Scan(&now, &maxID)
+	return now, maxID, err
+}
+
+// RedateFuture re-dates the available and awaiting rows with ids in (after, upto] that were
+// written more than a minute ahead of the database's clock, which has stepped back since
+// (redate_future). It returns how many it re-dated and the queues of those it made due.
+func (s *Store) RedateFuture(ctx context.Context, db DB, after, upto int64) (int, []string, error) {
+	rows, err := db.Query(ctx, s.sql("redate_future"), pgx.NamedArgs{"after": after, "upto": upto})
+	if err != nil {
+		return 0, nil, err
+	}
+	n := 0
+	seen := map[string]bool{}
+	var queues []string
+	var queue string
+	var due bool
+	_, err = pgx.ForEachRow(rows, []any{&queue, &due}, func() error {
+		n++
+		if due && !seen[queue] {
+			seen[queue] = true
+			queues = append(queues, queue)
+		}
+		return nil
+	})
+	return n, queues, err
+}

@@ -127,6 +127,47 @@ WHERE i.id = due.id
   AND i.status = 'awaiting'
 RETURNING i.id, i.queue, i.machine, i.step;
 
+-- Rows written in the database's future: the server's clock stepped back since (time sync
+-- correcting a clock that ran ahead), so the due times and await deadlines it gave them lie
+-- ahead of the new clock by as much as it went back, and a row that was due at once would wait
+-- that long. The reaper that sees the clock go back re-dates them by the new clock: a row keeps
+-- the delay its last write gave it (due time or deadline less the write's time), counted from
+-- now(); a row due at its write is due now. A write less than a minute ahead is left as it is
+-- (two transactions' now() are that far apart at most; see bucket_refill). Executing rows are
+-- not touched: their heartbeats date their leases by the new clock.
+--
+-- Reads the ids in (@after, @upto] by primary key (the caller walks the table range by range);
+-- updates at most the rows of that range. Locks: those written ahead, FOR NO KEY UPDATE SKIP
+-- LOCKED in id order (a row a pick, a signal or a cancel is writing is left: that write dates
+-- it by the new clock), re-checked on their newest version, so a row written meanwhile is not
+-- touched. Returns the queues of the rows it made due.
+
+-- name: redate_future
+WITH ahead AS (
+  SELECT id
+  FROM {schema}.instances
+  WHERE id > @after AND id <= @upto
+    AND status IN ('available', 'awaiting')
+    AND updated_at > now() + interval '1 minute'
+  ORDER BY id
+  FOR NO KEY UPDATE SKIP LOCKED
+)
+UPDATE {schema}.instances AS i
+SET scheduled_at   = now() + greatest(i.scheduled_at - i.updated_at, interval '0'),
+    await_deadline = CASE WHEN i.await_deadline IS NOT NULL
+                          THEN now() + greatest(i.await_deadline - i.updated_at, interval '0') END,
+    updated_at     = now()
+FROM ahead
+WHERE i.id = ahead.id
+  AND i.status IN ('available', 'awaiting')
+  AND i.updated_at > now() + interval '1 minute'
+RETURNING i.queue, i.status = 'available' AND i.scheduled_at <= now();
+
+-- The database's clock, as the reaper reads it at each sweep to notice a step back, and the
+-- highest instance id (where a re-dating walk ends; one descent of the primary key). No locks.
+-- name: reaper_clock
+SELECT now(), coalesce((SELECT max(id) FROM {schema}.instances), 0);
+
 -- Gate reconciliation (the GC sweep).
 --
 -- Gate counters are exact as long as every execution that debited a slot is credited back, which
