@@ -36,6 +36,27 @@ func logGrants(t *testing.T, e *env) {
 		EXECUTE FUNCTION {schema}.t_log_grant()`)
 }
 
+// ratedEnv is a test's env with its starts and grants logged (createStarts, logGrants), and a
+// job of queue "r" that records its start.
+func ratedEnv(t *testing.T) (*env, gendurable.Job[string]) {
+	t.Helper()
+	e := newEnv(t)
+	createStarts(t, e)
+	logGrants(t, e)
+	return e, rateJob(e, "rated", "r")
+}
+
+// insertRated inserts n instances of job under rate limit "api" through cl.
+func insertRated(t *testing.T, cl *gendurable.Client, job gendurable.Job[string], n int) {
+	t.Helper()
+	params := make([]gendurable.InsertManyParams, n)
+	for i := range params {
+		params[i] = gendurable.InsertManyParams{Input: job.With("x"), Opts: &gendurable.InsertOpts{RateLimit: "api"}}
+	}
+	_, err := cl.InsertMany(context.Background(), params)
+	require.NoError(t, err)
+}
+
 // checkGrants checks the grants logged since since (logGrants), each stamped with its pick's
 // transaction time (the clock the bucket counts in; a step's own start can lag its grant by a
 // loaded machine's scheduling delay, which made this check see overdraws that were not there):
@@ -63,19 +84,11 @@ func checkGrants(t *testing.T, e *env, since time.Time, burst, rate float64) (n 
 
 func TestRateLimitConservesTokensAcrossEightClients(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	createStarts(t, e)
-	logGrants(t, e)
-	job := rateJob(e, "rated", "r")
+	e, job := ratedEnv(t)
 	const allowed, burst = 20, 10 // 20 per second, 10 at once
 	limits := map[string]gendurable.Rate{"api": {Allowed: allowed, Period: time.Second, Burst: burst}}
 	ins := e.client(t, &gendurable.Config{Name: "ins", Machines: []gendurable.Machine{job}, RateLimits: limits})
-	params := make([]gendurable.InsertManyParams, 300)
-	for i := range params {
-		params[i] = gendurable.InsertManyParams{Input: job.With("x"), Opts: &gendurable.InsertOpts{RateLimit: "api"}}
-	}
-	_, err := ins.InsertMany(context.Background(), params)
-	require.NoError(t, err)
+	insertRated(t, ins, job, 300)
 	for i := range 8 {
 		cl := e.client(t, &gendurable.Config{Name: fmt.Sprint("c", i), Machines: []gendurable.Machine{job}, RateLimits: limits,
 			PollInterval: 20 * time.Millisecond, Queues: map[string]gendurable.QueueConfig{"r": {Concurrency: 10}}})
@@ -96,21 +109,13 @@ func TestRateLimitConservesTokensAcrossEightClients(t *testing.T) {
 // stepped row.
 func TestRateLimitGoesOnAfterTheClockStepsBack(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	createStarts(t, e)
-	logGrants(t, e)
-	job := rateJob(e, "rated", "r")
+	e, job := ratedEnv(t)
 	const allowed, burst, jobs = 20, 5, 60
 	limits := map[string]gendurable.Rate{"api": {Allowed: allowed, Period: time.Second, Burst: burst}}
 	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{job}, RateLimits: limits,
 		PollInterval: 20 * time.Millisecond, Queues: map[string]gendurable.QueueConfig{"r": {Concurrency: 10}}})
-	params := make([]gendurable.InsertManyParams, jobs)
-	for i := range params {
-		params[i] = gendurable.InsertManyParams{Input: job.With("x"), Opts: &gendurable.InsertOpts{RateLimit: "api"}}
-	}
+	insertRated(t, cl, job, jobs)
 	ctx := context.Background()
-	_, err := cl.InsertMany(ctx, params)
-	require.NoError(t, err)
 	start(t, cl)
 	eventually(t, 30*time.Second, "the first grants", func() bool {
 		return e.count(t, `SELECT count(*) FROM {schema}.t_grants`) >= 10

@@ -1,7 +1,8 @@
 // Package maintenance holds the sweepers every cluster needs at least one node to run: the
-// reaper (expired leases, await deadlines, rows written ahead of a clock that stepped back) and GC (finished instances, idle rate-limit buckets,
-// gate reconciliation). Duplicates are safe: every sweep claims its rows with ordered
-// SKIP LOCKED, so concurrent sweepers never wait on, deadlock with or double-process each other.
+// reaper (expired leases, await deadlines, rows written ahead of a clock that stepped back) and
+// GC (finished instances, idle rate-limit buckets, gate reconciliation). Duplicates are safe:
+// every sweep claims its rows with ordered SKIP LOCKED, so concurrent sweepers never wait on,
+// deadlock with or double-process each other.
 //
 // The split follows what each needs from its cadence. The reaper's work is latency: a crashed
 // worker's rows, and timed awaits, wait for it (default every 5s). GC's work is housekeeping
@@ -171,9 +172,7 @@ func (r *Reaper) redate(ctx context.Context) (int, error) {
 		}
 		n += m
 		for _, q := range queues {
-			if r.Wake != nil {
-				r.Wake(q)
-			}
+			r.Wake(q)
 		}
 		r.redateHi = lo
 	}
