@@ -45,7 +45,8 @@ const (
 	EventHeartbeatFailed EventName = "heartbeat.failed"
 	// EventReaperSwept: a reaper sweep ran to its end (every sweep, also one that found
 	// nothing). Count = rows it changed (claims released, parked rows woken at their await
-	// deadline), Duration = the sweep's time.
+	// deadline, runnable rows made due after the database's clock stepped back), Duration = the
+	// sweep's time.
 	EventReaperSwept EventName = "reaper.swept"
 	// EventReaperFailed: a reaper sweep failed; the next sweep is at the reaper's interval.
 	// Err, Duration = the time until it failed.

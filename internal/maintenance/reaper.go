@@ -69,8 +69,13 @@ type Reaper struct {
 	// time.Since): a later reading far behind their sum is the clock stepping back.
 	dbNow, read time.Time
 	// redateHi is where the re-dating walk after a step back goes on, down from the highest id
-	// (the newest rows, those most likely written ahead of the clock, first); 0: no walk.
+	// (the newest rows, those most likely written ahead of the clock, first); 0: no walk. rewalk:
+	// the second walk, due stepBack after stepped (when this process saw the step), is to come;
+	// span: the ids a re-dating statement reads.
 	redateHi int64
+	rewalk   bool
+	stepped  time.Time
+	span     shrinking
 }
 
 // Run sweeps every Interval until stop is closed.
@@ -108,48 +113,46 @@ func (r *Reaper) Run(stop <-chan struct{}) {
 	}
 }
 
-// Sweep re-dates rows after a step back of the database's clock (redate), releases every expired
-// claim and fires every due await deadline, a batch per statement, reports rows stalled on
-// unknown rate limits, and returns how many rows it changed.
+// Sweep releases every expired claim and fires every due await deadline, a batch per
+// statement, reports rows stalled on unknown rate limits, re-dates rows after a step back of the
+// database's clock (redate), and returns how many rows it changed.
 func (r *Reaper) Sweep(ctx context.Context) (int, error) {
-	redated, err := r.redate(ctx)
-	if err != nil {
-		return redated, err
-	}
 	n, err := r.releaseExpired(ctx)
-	n += redated
 	if err != nil {
 		return n, err
 	}
 	fired, err := fireAwaitDeadlines(ctx, r.Store, r.DB, 0, r.Emit, r.Wake, &r.deadlines, r.Logger)
+	n += fired
 	if err != nil {
-		return n + fired, err
+		return n, err
 	}
-	if !r.ReportStalls {
-		return n + fired, nil
+	if r.ReportStalls {
+		rates := r.Rates
+		if rates == nil {
+			rates = &store.Rates{}
+		}
+		unknown, err := r.Store.RateUnknown(ctx, r.DB, rates)
+		if err != nil {
+			return n, err
+		}
+		for name, count := range unknown {
+			r.Logger.Warn("gendurable: runnable rows name a rate limit this node does not configure; they stall",
+				"limit", name, "rows", count)
+			r.Emit(durabletype.Event{Name: durabletype.EventRateLimitUnknown, Key: name, Count: count})
+		}
 	}
-	rates := r.Rates
-	if rates == nil {
-		rates = &store.Rates{}
-	}
-	unknown, err := r.Store.RateUnknown(ctx, r.DB, rates)
-	if err != nil {
-		return n + fired, err
-	}
-	for name, count := range unknown {
-		r.Logger.Warn("gendurable: runnable rows name a rate limit this node does not configure; they stall",
-			"limit", name, "rows", count)
-		r.Emit(durabletype.Event{Name: durabletype.EventRateLimitUnknown, Key: name, Count: count})
-	}
-	return n + fired, nil
+	redated, err := r.redate(ctx)
+	return n + redated, err
 }
 
 // redate reads the database's clock and, once it has stepped back by more than stepBack since
-// the last sweep (time sync correcting a clock that ran ahead), walks the instances table to
-// re-date the runnable and parked rows written ahead of the new clock (Store.RedateFuture):
-// without it, a row that was due at once would wait for as long as the clock went back. The walk
-// spends at most redateBudget a sweep and goes on at the next. A node that starts after the
-// step has no earlier reading and does not notice it.
+// the last sweep (time sync correcting a clock that ran ahead), walks the instances table to make
+// due now the runnable rows that were due when written ahead of the new clock
+// (Store.RedateFuture): without it, a row that was due at once would wait for as long as the
+// clock went back. The walk spends at most redateBudget a sweep and goes on at the next; it runs
+// once more stepBack after the step, for the rows of transactions that began before the step
+// and committed after the walk had passed them. A node that starts after the step has no
+// earlier reading and does not notice it.
 func (r *Reaper) redate(ctx context.Context) (int, error) {
 	now, maxID, err := r.Store.ReaperClock(ctx, r.DB)
 	if err != nil {
@@ -157,19 +160,27 @@ func (r *Reaper) redate(ctx context.Context) (int, error) {
 	}
 	if !r.dbNow.IsZero() {
 		if back := r.dbNow.Add(time.Since(r.read)).Sub(now); back > stepBack {
-			r.Logger.Warn("gendurable: the database's clock stepped back; re-dating the rows written ahead of it",
+			r.Logger.Warn("gendurable: the database's clock stepped back; making due the runnable rows written ahead of it",
 				"by", back.Round(time.Second), "instances_up_to", maxID)
-			r.redateHi = maxID
+			r.redateHi, r.rewalk, r.stepped = maxID, true, time.Now()
 		}
 	}
 	r.dbNow, r.read = now, time.Now()
+	if r.redateHi == 0 && r.rewalk && time.Since(r.stepped) > stepBack {
+		r.redateHi, r.rewalk = maxID, false
+	}
 	n := 0
 	for began := time.Now(); r.redateHi > 0 && time.Since(began) < redateBudget; {
-		lo := max(r.redateHi-redateSpan, 0)
+		span := int64(r.span.size(redateSpan))
+		lo := max(r.redateHi-span, 0)
 		m, queues, err := r.Store.RedateFuture(ctx, r.DB, lo, r.redateHi)
+		if r.span.shrunk(ctx, err, r.Logger, "re-dating after a clock step") {
+			continue
+		}
 		if err != nil {
 			return n, err
 		}
+		r.span.ran(int(span), r.Logger, "re-dating after a clock step")
 		n += m
 		for _, q := range queues {
 			r.Wake(q)

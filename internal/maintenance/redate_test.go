@@ -13,31 +13,36 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// After the database's clock steps back, the reaper re-dates the runnable and parked rows that
-// were written ahead of the new clock: each keeps the delay its last write gave it, counted from
-// now; the others are left as they are. The step is played on the rows: written 10 minutes ahead
-// of the clock (what a clock that ran 10 minutes ahead leaves once time sync has corrected it),
-// and a reaper whose last reading of the clock was 10 minutes ahead. Written more than 200,000
-// ids apart, they check that the walk reads the table range by range down to its first id.
+// After the database's clock steps back, the reaper makes due now the runnable rows that were
+// due when written ahead of the new clock, as overdue as they were then; the others are left as
+// they are (a row not yet due at its write, a parked row's deadline: a time the caller may have
+// named, which must not come early). The step is played on the rows: written 10 minutes ahead of
+// the clock (what a clock that ran 10 minutes ahead leaves once time sync has corrected it), and
+// a reaper whose last reading of the clock was 10 minutes ahead. Written 200,000 ids apart, they
+// check that the walk reads the table range by range down to its first id; a row written ahead
+// after the walk (a transaction begun before the step that commits late) is made due by the
+// second walk, a minute after the step.
 func TestReaperRedatesRowsWrittenAheadOfTheClock(t *testing.T) {
 	e := newGCEnv(t)
 	ctx := context.Background()
 	e.exec(t, `INSERT INTO {schema}.instances (machine, step, queue, status, max_attempts, state, await_names, await_deadline,
 		locked_by, locked_until)
 		VALUES ('m', 'due', 'q1', 'available', 1, '{}', NULL, NULL, NULL, NULL),
-		       ('m', 'later', 'q1', 'available', 1, '{}', NULL, NULL, NULL, NULL),
+		       ('m', 'overdue', 'q1', 'available', 1, '{}', NULL, NULL, NULL, NULL),
+		       ('m', 'later', 'q2', 'available', 1, '{}', NULL, NULL, NULL, NULL),
 		       ('m', 'deadline', 'q2', 'awaiting', 1, '{}', '{go}', now() + interval '5 minutes', NULL, NULL),
-		       ('m', 'parked', 'q2', 'awaiting', 1, '{}', '{go}', NULL, NULL, NULL),
 		       ('m', 'running', 'q3', 'executing', 1, '{}', NULL, NULL, 'w#1', now() + interval '30 seconds')`)
 	e.exec(t, `UPDATE {schema}.instances SET scheduled_at = scheduled_at + interval '30 minutes' WHERE step = 'later'`)
-	// 200,000 ids further on: rows written ahead, and one written by the clock as it is now.
+	e.exec(t, `UPDATE {schema}.instances SET scheduled_at = scheduled_at - interval '5 minutes' WHERE step = 'overdue'`)
+	// 200,000 ids further on: a row written ahead, and one written by the clock as it is now.
 	e.exec(t, `SELECT setval(pg_get_serial_sequence('{schema}.instances', 'id'), 200000)`)
 	e.exec(t, `INSERT INTO {schema}.instances (machine, step, queue, status, max_attempts, state)
 		VALUES ('m', 'due-far', 'q4', 'available', 1, '{}'), ('m', 'current', 'q5', 'available', 1, '{}')`)
-	e.exec(t, `UPDATE {schema}.instances
+	ahead := `UPDATE {schema}.instances
 		SET updated_at = updated_at + interval '10 minutes', scheduled_at = scheduled_at + interval '10 minutes',
 		    await_deadline = await_deadline + interval '10 minutes', locked_until = locked_until + interval '10 minutes'
-		WHERE step <> 'current'`)
+		WHERE step = ANY($1)`
+	e.exec(t, ahead, []string{"due", "overdue", "later", "deadline", "running", "due-far"})
 	type row struct {
 		Sched, Updated   time.Time
 		Deadline, Locked *time.Time
@@ -84,17 +89,34 @@ func TestReaperRedatesRowsWrittenAheadOfTheClock(t *testing.T) {
 		}
 	}
 	after, now := read()
-	require.Equal(t, 5, redated, "the runnable and parked rows written ahead are re-dated")
-	require.False(t, after["due"].Sched.After(now), "a row due at its write is due now")
-	require.False(t, after["due-far"].Sched.After(now), "a row due at its write is due now")
-	require.InDelta(t, (30 * time.Minute).Seconds(), after["later"].Sched.Sub(now).Seconds(), 10, "a delayed row keeps its delay")
-	require.InDelta(t, (5 * time.Minute).Seconds(), after["deadline"].Deadline.Sub(now).Seconds(), 10, "a parked row keeps its deadline")
-	require.Nil(t, after["parked"].Deadline, "a parked row without a deadline gets none")
-	for _, s := range []string{"due", "due-far", "later", "deadline", "parked"} {
+	require.Equal(t, 3, redated, "the runnable rows due when written ahead are re-dated")
+	for _, s := range []string{"due", "due-far"} {
+		require.InDelta(t, 0, after[s].Sched.Sub(now).Seconds(), 10, "%s was due at its write: it is due now", s)
+	}
+	require.InDelta(t, -(5 * time.Minute).Seconds(), after["overdue"].Sched.Sub(now).Seconds(), 10,
+		"a row overdue at its write stays as overdue")
+	for _, s := range []string{"due", "due-far", "overdue"} {
 		require.False(t, after[s].Updated.After(now), "%s is dated by the clock", s)
 	}
-	require.Equal(t, before["running"], after["running"], "an executing row is its heartbeat's to date")
-	require.Equal(t, before["current"], after["current"], "a row written by the clock as it is is left as it is")
+	for _, s := range []string{"later", "deadline", "running", "current"} {
+		require.Equal(t, before[s], after[s], "%s is left as it is", s)
+	}
 	slices.Sort(woken)
 	require.Equal(t, []string{"q1", "q4"}, slices.Compact(woken), "the queues of the rows made due are woken")
+
+	// A row written ahead after the walk: the second walk, a minute after the step, makes it due.
+	e.exec(t, `INSERT INTO {schema}.instances (machine, step, queue, status, max_attempts, state)
+		VALUES ('m', 'late', 'q6', 'available', 1, '{}')`)
+	e.exec(t, ahead, []string{"late"})
+	_, err = r.Sweep(ctx)
+	require.NoError(t, err)
+	late, _ := read()
+	require.True(t, late["late"].Updated.After(now), "the second walk waits a minute after the step")
+	r.stepped = time.Now().Add(-2 * stepBack)
+	n, err := r.Sweep(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "the second walk re-dates the late row")
+	late, now = read()
+	require.False(t, late["late"].Sched.After(now), "the late row is due")
+	require.False(t, r.rewalk, "no third walk")
 }

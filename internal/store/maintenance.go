@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -310,23 +311,20 @@ func (s *Store) ReaperClock(ctx context.Context, db DB) (now time.Time, maxID in
 	return now, maxID, err
 }
 
-// RedateFuture re-dates the available and awaiting rows with ids in (after, upto] that were
-// written more than a minute ahead of the database's clock, which has stepped back since
-// (redate_future). It returns how many it re-dated and the queues of those it made due.
+// RedateFuture makes due now the runnable rows with ids in (after, upto] that were due when
+// last written and were written more than a minute ahead of the database's clock, which has
+// stepped back since (redate_future). It returns how many it re-dated and their queues.
 func (s *Store) RedateFuture(ctx context.Context, db DB, after, upto int64) (int, []string, error) {
 	rows, err := db.Query(ctx, s.sql("redate_future"), pgx.NamedArgs{"after": after, "upto": upto})
 	if err != nil {
 		return 0, nil, err
 	}
 	n := 0
-	seen := map[string]bool{}
 	var queues []string
 	var queue string
-	var due bool
-	_, err = pgx.ForEachRow(rows, []any{&queue, &due}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&queue}, func() error {
 		n++
-		if due && !seen[queue] {
-			seen[queue] = true
+		if !slices.Contains(queues, queue) {
 			queues = append(queues, queue)
 		}
 		return nil

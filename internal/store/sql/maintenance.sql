@@ -127,41 +127,39 @@ WHERE i.id = due.id
   AND i.status = 'awaiting'
 RETURNING i.id, i.queue, i.machine, i.step;
 
--- Rows written in the database's future: the server's clock stepped back since (time sync
--- correcting a clock that ran ahead), so the due times and await deadlines it gave them lie
--- ahead of the new clock by as much as it went back, and a row that was due at once would wait
--- that long. The reaper that sees the clock go back re-dates them by the new clock: a row keeps
--- the delay its last write gave it (due time or deadline less the write's time), counted from
--- now(); a row due at its write is due now. A write less than a minute ahead is left as it is
--- (two transactions' now() are that far apart at most; see bucket_refill). Executing rows are
--- not touched: their heartbeats date their leases by the new clock.
+-- Runnable rows written in the database's future: the server's clock stepped back since (time
+-- sync correcting a clock that ran ahead), so the due times it gave them lie ahead of the new
+-- clock by as much as it went back, and a row that was due at once would wait that long. The
+-- reaper that sees the clock go back makes the rows that were due when last written due now,
+-- as overdue as they were then (due time less the write's time, counted back from now()). A row
+-- not yet due at its write is left as it is: its due time may be one the caller named, which
+-- counted back would come early, so it comes late instead, by as much as the clock went back;
+-- so do parked rows' await deadlines. Ahead means more than a minute past the clock as it reads
+-- now (clock_timestamp(): no row that committed can have been written after it).
 --
--- Reads the ids in (@after, @upto] by primary key (the caller walks the table range by range);
--- updates at most the rows of that range. Locks: those written ahead, FOR NO KEY UPDATE SKIP
--- LOCKED in id order (a row a pick, a signal or a cancel is writing is left: that write dates
--- it by the new clock), re-checked on their newest version, so a row written meanwhile is not
--- touched. Returns the queues of the rows it made due.
+-- Reads the ids in (@after, @upto] by primary key (the caller walks the table range by range).
+-- Locks: the rows it re-dates, FOR NO KEY UPDATE SKIP LOCKED in id order, re-checked on their
+-- newest version (a row a pick claims or a cancel ends meanwhile is not touched; sweepers never
+-- re-date a row twice). Returns the queue of each row it re-dated.
 
 -- name: redate_future
 WITH ahead AS (
   SELECT id
   FROM {schema}.instances
   WHERE id > @after AND id <= @upto
-    AND status IN ('available', 'awaiting')
-    AND updated_at > now() + interval '1 minute'
+    AND status = 'available' AND scheduled_at <= updated_at
+    AND updated_at > clock_timestamp() + interval '1 minute'
   ORDER BY id
   FOR NO KEY UPDATE SKIP LOCKED
 )
 UPDATE {schema}.instances AS i
-SET scheduled_at   = now() + greatest(i.scheduled_at - i.updated_at, interval '0'),
-    await_deadline = CASE WHEN i.await_deadline IS NOT NULL
-                          THEN now() + greatest(i.await_deadline - i.updated_at, interval '0') END,
-    updated_at     = now()
+SET scheduled_at = now() - (i.updated_at - i.scheduled_at),
+    updated_at   = now()
 FROM ahead
 WHERE i.id = ahead.id
-  AND i.status IN ('available', 'awaiting')
-  AND i.updated_at > now() + interval '1 minute'
-RETURNING i.queue, i.status = 'available' AND i.scheduled_at <= now();
+  AND i.status = 'available' AND i.scheduled_at <= i.updated_at
+  AND i.updated_at > clock_timestamp() + interval '1 minute'
+RETURNING i.queue;
 
 -- The database's clock, as the reaper reads it at each sweep to notice a step back, and the
 -- highest instance id (where a re-dating walk ends; one descent of the primary key). No locks.
@@ -414,7 +412,7 @@ WITH stale AS (
   FROM {schema}.buckets AS b
   LEFT JOIN unnest(@r_names::text[], @r_rates::double precision[], @r_bursts::double precision[]) AS rc(name, rate, burst)
     ON rc.name = split_part(b.key, ':', 1)
-  WHERE b.tokens + least(b.rate, coalesce(rc.rate, b.rate)) * ({{bucket_refill(b)}} - @full_ms::bigint / 1000.0)
+  WHERE b.tokens + least(b.rate, coalesce(rc.rate, b.rate)) * (extract(epoch FROM now() - b.updated_at) - @full_ms::bigint / 1000.0)
         >= greatest(b.burst, coalesce(rc.burst, b.burst))
   ORDER BY b.key
   LIMIT 1000

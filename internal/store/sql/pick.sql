@@ -331,13 +331,14 @@ NOT EXISTS (SELECT 1 FROM {{rel}} AS d
 -- The seconds of refill bucket {{b}} has earned by now(): the time since its last write. Negative
 -- when a pick that began before that write (its now() is its transaction's start) reads it after:
 -- the balance is then the one the bucket had at the pick's own time, so that no window of pick
--- times is granted more than the burst and the rate allow. A write more than a minute ahead of
--- now() comes from no pick (each statement of a pick is cut at 30 s): the database's clock has
--- stepped back since. The bucket then counts as full, as it does after a step forward (a bucket
--- refills up to its burst), and its next write dates it by the new clock. Counted backwards, it
--- would refuse every grant until the clock caught up again, for as long as it went back.
+-- times is granted more than the burst and the rate allow. A write dated more than a minute
+-- ahead of the clock as it reads now (clock_timestamp(), not the transaction's start: no write
+-- that committed can be dated after it) was made by a clock that has stepped back since. The
+-- bucket then counts as full, as it does after a step forward (a bucket refills up to its
+-- burst), and its next write dates it by the new clock (bucket_debit). Counted backwards, it would
+-- refuse every grant until the clock caught up again, for as long as it went back.
 -- fragment: bucket_refill(b)
-(CASE WHEN {{b}}.updated_at > now() + interval '1 minute' THEN 'Infinity'::float8
+(CASE WHEN {{b}}.updated_at > clock_timestamp() + interval '1 minute' THEN 'Infinity'::float8
       ELSE extract(epoch FROM now() - {{b}}.updated_at)::float8 END)
 
 -- Filter: a row with a rate limit only while its bucket holds a token (rows of a limit no
@@ -511,17 +512,21 @@ granted AS (
 -- now(): exact whether the bucket was missing when the pick read it (a full one) or was deleted
 -- by the GC sweep since (a bucket the pick read half empty must not come back full less the
 -- grant: that would credit again the refill up to the sweep).
+--
+-- A write is dated by the pick's now(), or by the clock as it reads now when that is earlier:
+-- only when the clock stepped back while the pick ran. Dated by its old clock, the bucket would
+-- be ahead of the new one, and the next pick would count it full again.
 
 -- fragment: bucket_debit
 rdebit AS (
   INSERT INTO {schema}.buckets (key, tokens, rate, burst, updated_at)
-  SELECT g.rkey, greatest(g.balance - g.weight, 0), g.rate, g.burst, now()
+  SELECT g.rkey, greatest(g.balance - g.weight, 0), g.rate, g.burst, least(now(), clock_timestamp())
   FROM granted AS g
   ORDER BY g.rkey
   ON CONFLICT (key) DO UPDATE
     SET tokens = greatest(least(EXCLUDED.burst, buckets.tokens + EXCLUDED.rate * {{bucket_refill(buckets)}})
                           - (SELECT g.weight FROM granted AS g WHERE g.rkey = EXCLUDED.key), 0),
-        rate = EXCLUDED.rate, burst = EXCLUDED.burst, updated_at = now()
+        rate = EXCLUDED.rate, burst = EXCLUDED.burst, updated_at = least(now(), clock_timestamp())
     WHERE least(EXCLUDED.burst, buckets.tokens + EXCLUDED.rate * {{bucket_refill(buckets)}})
           - (SELECT g.weight FROM granted AS g WHERE g.rkey = EXCLUDED.key) >= -1e-9
   RETURNING key
