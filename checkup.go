@@ -61,14 +61,14 @@ type CheckupOpts struct {
 	NotifyQueue float64
 }
 
-// checkupNotifyProblem is the share of the NOTIFY queue in use from which it is a problem.
-// checkupDeadRows is the dead-row count of a table, and its share of the live rows, from which
-// dead rows are reported when no vacuum ended within checkupVacuumAge.
 const (
+	// checkupNotifyProblem is the share of the NOTIFY queue in use from which it is a problem.
 	checkupNotifyProblem = 0.9
-	checkupDeadRows      = 100_000
-	checkupDeadShare     = 0.2
-	checkupVacuumAge     = 10 * time.Minute
+	// checkupDeadRows is the dead-row count of a table, and checkupDeadShare its share of the
+	// live rows, from which dead rows are reported when no vacuum ended within checkupVacuumAge.
+	checkupDeadRows  = 100_000
+	checkupDeadShare = 0.2
+	checkupVacuumAge = 10 * time.Minute
 )
 
 // Checkup looks for what keeps the engine's tables from staying healthy or its work from moving,
@@ -81,8 +81,8 @@ const (
 // not seen to, and queues with due rows that no live node works. It returns the findings,
 // problems first; none means nothing was found. It reads catalogs and statistics views, and the
 // instances and nodes tables through their indexes (waiting at most a second for their locks),
-// at a cost of the queues and the rows in flight, never the backlog or
-// the history; a role without pg_read_all_stats sees only its own sessions in pg_stat_activity.
+// at a cost of the queues and the rows in flight, never the backlog or the history; a role
+// without pg_read_all_stats sees only its own sessions in pg_stat_activity.
 func (c *Client) Checkup(ctx context.Context, opts *CheckupOpts) ([]Finding, error) {
 	o := CheckupOpts{OldTransaction: 5 * time.Minute, LockWait: 5 * time.Second, ReaperGrace: time.Minute, Connections: 0.9,
 		SlotWAL: 1 << 30, NotifyQueue: 0.5}
@@ -170,18 +170,21 @@ func (c *Client) Checkup(ctx context.Context, opts *CheckupOpts) ([]Finding, err
 			"or raise max_connections: past the limit, new connections are refused (the engine waits; your own calls fail).",
 			"%d of the %d client connections the server accepts are in use", f.Connections, f.Accepted)
 	}
-	if !f.Superuser && f.RoleLimit >= 0 && float64(f.RoleConnections) >= o.Connections*float64(f.RoleLimit) {
-		add("connections", SeverityWarning, fmt.Sprintf("Raise it (ALTER ROLE %s CONNECTION LIMIT n;) or lower the pools' "+
-			"MaxConns: past it, the role's new connections are refused (the engine waits; your own calls fail).",
-			pgx.Identifier{f.Role}.Sanitize()),
-			"%d of the %d connections role %s may hold (its CONNECTION LIMIT) are in use", f.RoleConnections, f.RoleLimit, f.Role)
-	}
-	if !f.Superuser && f.DatabaseLimit >= 0 && float64(f.DatabaseConnections) >= o.Connections*float64(f.DatabaseLimit) {
-		add("connections", SeverityWarning, fmt.Sprintf("Raise it (ALTER DATABASE %s CONNECTION LIMIT n;) or lower the "+
-			"pools' MaxConns: past it, new connections to the database are refused (the engine waits; your own calls fail).",
-			pgx.Identifier{f.Database}.Sanitize()),
-			"%d of the %d connections database %s accepts (its CONNECTION LIMIT) are in use", f.DatabaseConnections,
-			f.DatabaseLimit, f.Database)
+	// The role's and the database's CONNECTION LIMIT (-1: none), to which no superuser is held.
+	for _, l := range []struct {
+		kind, name, may, refused string
+		inUse, limit             int
+	}{
+		{"ROLE", f.Role, "role %s may hold", "the role's new connections", f.RoleConnections, f.RoleLimit},
+		{"DATABASE", f.Database, "database %s accepts", "new connections to the database", f.DatabaseConnections, f.DatabaseLimit},
+	} {
+		if f.Superuser || l.limit < 0 || float64(l.inUse) < o.Connections*float64(l.limit) {
+			continue
+		}
+		add("connections", SeverityWarning, fmt.Sprintf("Raise it (ALTER %s %s CONNECTION LIMIT n;) or lower the pools' "+
+			"MaxConns: past it, %s are refused (the engine waits; your own calls fail).", l.kind,
+			pgx.Identifier{l.name}.Sanitize(), l.refused),
+			"%d of the %d connections "+l.may+" (its CONNECTION LIMIT) are in use", l.inUse, l.limit, l.name)
 	}
 	if f.NotifyQueue >= o.NotifyQueue {
 		sev := SeverityWarning

@@ -170,11 +170,7 @@ func TestCheckupFindsASnapshotLeftOpen(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	cl := e.client(t, nil)
-	conn, err := e.pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	var pid int32
-	require.NoError(t, conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
+	conn, pid := session(t, e)
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 	require.NoError(t, err)
 	_, err = tx.Exec(ctx, "SELECT 1")
@@ -217,22 +213,14 @@ func TestCheckupFindsALockedTable(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	cl := e.client(t, nil)
-	holder, err := e.pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer holder.Release()
-	var holderPID int32
-	require.NoError(t, holder.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&holderPID))
+	holder, holderPID := session(t, e)
 	tx, err := holder.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	_, err = tx.Exec(ctx, expand(`LOCK TABLE {schema}.instances IN ACCESS EXCLUSIVE MODE`, e.schema))
 	require.NoError(t, err)
 
-	waiter, err := e.pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer waiter.Release()
-	var waiterPID int32
-	require.NoError(t, waiter.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&waiterPID))
+	waiter, waiterPID := session(t, e)
 	waited := make(chan error, 1)
 	go func() {
 		_, err := waiter.Exec(ctx, expand(`SELECT count(*) FROM {schema}.instances`, e.schema))
@@ -274,15 +262,7 @@ func TestCheckupFindsWaitsForARow(t *testing.T) {
 	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{m}})
 	r, err := cl.Insert(ctx, m.With(path{}), nil)
 	require.NoError(t, err)
-	pid := func(c *pgxpool.Conn) int32 {
-		var p int32
-		require.NoError(t, c.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&p))
-		return p
-	}
-	holder, err := e.pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer holder.Release()
-	holderPID := pid(holder)
+	holder, holderPID := session(t, e)
 	tx, err := holder.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
@@ -293,10 +273,7 @@ func TestCheckupFindsWaitsForARow(t *testing.T) {
 	var writers []int32
 	done := make(chan error, 2)
 	for range 2 {
-		w, err := e.pool.Acquire(ctx)
-		require.NoError(t, err)
-		defer w.Release()
-		p := pid(w)
+		w, p := session(t, e)
 		writers = append(writers, p)
 		go func() {
 			_, err := w.Exec(ctx, update, r.ID)
@@ -461,6 +438,18 @@ func standbyFeedback(t *testing.T, url, slot string) {
 		require.NoError(t, conn.QueryRow(ctx, `SELECT active FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&active))
 		return !active
 	})
+}
+
+// session acquires a connection of e's pool for the test, released at its end, and its
+// backend's pid.
+func session(t *testing.T, e *env) (*pgxpool.Conn, int32) {
+	t.Helper()
+	c, err := e.pool.Acquire(context.Background())
+	require.NoError(t, err)
+	t.Cleanup(c.Release)
+	var pid int32
+	require.NoError(t, c.QueryRow(context.Background(), "SELECT pg_backend_pid()").Scan(&pid))
+	return c, pid
 }
 
 // sqlOf is the statement of a fix that reads "… SQL; …", beginning with prefix.

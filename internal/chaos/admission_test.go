@@ -269,13 +269,13 @@ func logRateGrants(t *testing.T, e *env) {
 }
 
 // grantTimes returns the times of the grants logRateGrants logged that match where (SQL on
-// t_grants), in order, in whole microseconds since the first of them (the database's
+// t_grants, with args), in order, in whole microseconds since the first of them (the database's
 // resolution), so that checkRateWindows computes its bound exactly: in float seconds since the
 // epoch, rate × time carries a rounding of about 1e-5 tokens, as large as the excess it must find.
-func grantTimes(t *testing.T, e *env, where string) []int64 {
+func grantTimes(t *testing.T, e *env, where string, args ...any) []int64 {
 	t.Helper()
 	rows, err := e.side.Query(context.Background(), e.q(`SELECT ((extract(epoch FROM tx_at - min(tx_at) OVER ()) * 1000000))::bigint
-		FROM {schema}.t_grants WHERE `+where+` ORDER BY tx_at`))
+		FROM {schema}.t_grants WHERE `+where+` ORDER BY tx_at`), args...)
 	require.NoError(t, err)
 	at, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	require.NoError(t, err)

@@ -46,6 +46,14 @@ func (d *chaosDB) count(t *testing.T, query string, args ...any) int {
 	return n
 }
 
+// now is the database's clock.
+func (d *chaosDB) now(t *testing.T) time.Time {
+	t.Helper()
+	var now time.Time
+	require.NoError(t, d.pool.QueryRow(context.Background(), `SELECT now()`).Scan(&now))
+	return now
+}
+
 // insert inserts n chaosMachine instances through a client of its own, priority prio (0: 5).
 func (d *chaosDB) insert(t *testing.T, n, prio int) []int64 {
 	t.Helper()

@@ -509,8 +509,7 @@ func TestDatabaseClockStepsBackLosesNothing(t *testing.T) {
 	backlog(3000) // what the rate grants after the step, and more, however long 20% took
 	step("+0", 0)
 	stepped := time.Now()
-	var since time.Time // the step, by the new clock
-	require.NoError(t, db.pool.QueryRow(ctx, `SELECT now()`).Scan(&since))
+	since := db.now(t) // the step, by the new clock
 	t.Logf("20%%: the database's clock stepped 10 minutes back")
 	// A pick that began before the step and writes the bucket after one that began after it
 	// may grant a burst more; from when no transaction begun before the step is left (their
@@ -518,16 +517,14 @@ func TestDatabaseClockStepsBackLosesNothing(t *testing.T) {
 	eventually(t, 30*time.Second, "every transaction begun before the step to end", func() bool {
 		return db.count(t, `SELECT count(*) FROM pg_stat_activity WHERE xact_start > now() + interval '5 minutes'`) == 0
 	})
-	var settled time.Time
-	require.NoError(t, db.pool.QueryRow(ctx, `SELECT now()`).Scan(&settled))
+	settled := db.now(t)
 
 	time.Sleep(oracle.Size(5*time.Second, 30*time.Second)) // arrivals and grants on the new clock
 	inserted, refused, _ := r.ins.stop()
 	for _, stop := range stops {
 		stop()
 	}
-	var until time.Time
-	require.NoError(t, db.pool.QueryRow(ctx, `SELECT now()`).Scan(&until))
+	until := db.now(t)
 	t.Logf("%d Inserts accepted, %d failed", len(inserted), len(refused))
 	r.judge(t, db, settle(t, db, r.n, inserted, refused, stepped))
 	var before int
@@ -544,8 +541,7 @@ func TestDatabaseClockStepsBackLosesNothing(t *testing.T) {
 		until.Sub(since).Seconds(), want, burst)
 	// Stalled, it would grant none: half of what the rate allows leaves a busy machine room.
 	require.GreaterOrEqual(t, float64(len(at)), 0.5*want, "the rate limit did not go on after the step")
-	settledAt := grantTimes(t, rated, fmt.Sprintf(`tx_at >= '%s'::timestamptz AND tx_at < now() + interval '5 minutes'`,
-		settled.Format(time.RFC3339Nano)))
+	settledAt := grantTimes(t, rated, `tx_at >= $1 AND tx_at < now() + interval '5 minutes'`, settled)
 	worst := checkRateWindows(t, settledAt, allowed, periodMS, burst)
 	t.Logf("%d grants from %.1fs after the step on, when no transaction begun before it was left; worst window excess %.2f tokens",
 		len(settledAt), settled.Sub(since).Seconds(), worst)

@@ -159,8 +159,7 @@ func TestPartitionedWorkerIsFencedOut(t *testing.T) {
 		return db.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'executing' AND starts_with(locked_by, 'A:')`) > 0
 	})
 
-	var dbT0 time.Time
-	require.NoError(t, db.pool.QueryRow(ctx, `SELECT now()`).Scan(&dbT0))
+	dbT0 := db.now(t)
 	t0 := time.Now()
 	proxy.Blackhole(hole)
 	// What A holds: statements it had on the server when the path went dark finish there.

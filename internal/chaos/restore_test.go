@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gendurable/gendurable/internal/chaos/oracle"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
@@ -43,6 +42,7 @@ func TestRestoredBackupLosesNothing(t *testing.T) {
 	for _, w := range r.workers {
 		w.kill()
 	}
+	r.kills = len(r.workers)
 	lostWork := db.count(t, `SELECT count(*) FROM {schema}.t_effects`) // what the old server had done
 	t.Logf("20%%: backup taken while the workers ran; the workers are killed a second later")
 
@@ -72,16 +72,8 @@ func TestRestoredBackupLosesNothing(t *testing.T) {
 	t.Logf("%d steps the old server ran after the backup are not in it: they run again", lostWork)
 	require.Positive(t, lostWork, "the old server did nothing after the backup: the restore loses no work")
 
-	workers := []*worker{writeFaultWorker(t, url, db.schema, "T26", "w0", r.seed), writeFaultWorker(t, url, db.schema, "T26", "w1", r.seed)}
+	r.workers = []*worker{writeFaultWorker(t, url, db.schema, "T26", "w0", r.seed), writeFaultWorker(t, url, db.schema, "T26", "w1", r.seed)}
 	rdb.waitDone(t, total, 2*time.Minute)
 	t.Logf("all %d done %v after the restore", total, time.Since(restoredAt).Round(time.Millisecond))
-	var reports []workerReport
-	for _, w := range workers {
-		reports = append(reports, w.term(t))
-	}
-	st := sum(reports...)
-	violations, dup := rdb.check(t, total)
-	oracle.Report(t, oracle.Summary{Test: "T26", Seed: r.seed, Instances: total, Kills: len(r.workers), Faults: 1,
-		Violations: violations, Lost: total - rdb.done(t), DuplicateTerminal: dup, Deadlocks: rdb.deadlocks(t),
-		Throughput: float64(st.steps()) / time.Since(r.began).Seconds(), Seconds: time.Since(r.began).Seconds()})
+	r.judge(t, rdb, total)
 }

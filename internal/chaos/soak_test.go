@@ -273,8 +273,7 @@ func TestBloatSoak(t *testing.T) {
 	// What the load left unfinished, and how long the engine takes to finish it (CI's
 	// throughput criterion, below).
 	stoppedAt := time.Now()
-	var stoppedDB time.Time // the same, by the database's clock
-	require.NoError(t, db.pool.QueryRow(ctx, `SELECT now()`).Scan(&stoppedDB))
+	stoppedDB := db.now(t) // the same, by the database's clock
 	left := db.count(t, `SELECT count(*) FROM {schema}.instances WHERE status <> 'done'`)
 	eventually(t, 2*time.Minute, "the soak's backlog drained", func() bool {
 		return db.count(t, `SELECT count(*) FROM {schema}.instances WHERE status <> 'done'`) == 0

@@ -260,8 +260,9 @@ func settle(t *testing.T, db *chaosDB, n int, inserted []int64, refused []error,
 }
 
 // T24 of the reliability plan: the server's connections run out. On a private cluster with
-// max_connections 50 (the workers' pools and the test's take up to 40), another application (the hog) takes every free connection at 20% of the
-// run and keeps the server full for 5s (full: 60s): every 100ms it terminates the engine's
+// max_connections 50 (the workers' pools and the test's take up to 40), another application (the
+// hog) takes every free connection at 20% of the run and keeps the server full for 5s (full:
+// 60s): every 100ms it terminates the engine's
 // sessions (found by application_name) and takes the slots they free, so the workers' pools
 // reconnect against a full server and are refused ("sorry, too many clients already", 53300)
 // unless they beat the hog to a slot. Then it lets every connection go. Pass: the server refused
@@ -387,7 +388,7 @@ func (ins *inserter) stop() ([]int64, []error, time.Duration) {
 
 // writeFaultRun is a write fault's run under way: n linear5 instances (CI 1,000; full 5,000)
 // worked by two worker processes while an inserter adds one every 20ms; the fault lasts spell,
-// 5s (full: 60s).
+// 5s (full: 60s). kills counts the worker processes the test killed (judge reports them).
 type writeFaultRun struct {
 	test    string
 	seed    uint64
@@ -396,6 +397,7 @@ type writeFaultRun struct {
 	spell   time.Duration
 	workers []*worker
 	ins     *inserter
+	kills   int
 }
 
 // startWriteFaultRun inserts the run's instances and starts its workers (steps of 10ms, 8 at
@@ -436,7 +438,7 @@ func (r *writeFaultRun) judge(t *testing.T, db *chaosDB, total int) {
 	}
 	st := sum(reports...)
 	violations, dup := db.check(t, total)
-	oracle.Report(t, oracle.Summary{Test: r.test, Seed: r.seed, Instances: total, Faults: 1, Violations: violations,
+	oracle.Report(t, oracle.Summary{Test: r.test, Seed: r.seed, Instances: total, Kills: r.kills, Faults: 1, Violations: violations,
 		Lost: total - db.done(t), DuplicateTerminal: dup, Deadlocks: db.deadlocks(t),
 		Throughput: float64(st.steps()) / time.Since(r.began).Seconds(), Seconds: time.Since(r.began).Seconds()})
 	t.Logf("stale outcomes %d, failed commit tries %d (unknown outcome %d)", st.stale(), st.CommitFailed, st.Unknown)

@@ -107,7 +107,7 @@ const checkupLockTimeout = "1s"
 func (s *Store) Checkup(ctx context.Context, db DB, lim CheckupLimits) (CheckupFacts, error) {
 	var f CheckupFacts
 	b := &pgx.Batch{}
-	// rowsOf queues a statement whose rows fill *dst, wrapping its error in what.
+	// rowsOf queues statement name, whose rows collect reads, wrapping its error in what.
 	rowsOf := func(what, name string, collect func(pgx.Rows) error, args ...any) {
 		b.Queue(s.sql(name), args...).Query(func(rows pgx.Rows) error {
 			if err := collect(rows); err != nil {

@@ -84,15 +84,16 @@ ORDER BY w.kept DESC NULLS LAST, s.slot_name;
 -- the queue grows behind it until NOTIFY fails); and the connections of the checkup's role and
 -- database, with their CONNECTION LIMITs (-1: none; the server holds no superuser to either).
 -- name: checkup_connections
-SELECT (SELECT count(*) FROM pg_catalog.pg_stat_activity AS a WHERE a.backend_type = 'client backend'),
+SELECT a.total,
        current_setting('max_connections')::int - current_setting('superuser_reserved_connections')::int
          - coalesce(current_setting('reserved_connections', true)::int, 0),
        pg_catalog.pg_notification_queue_usage(),
-       r.rolname::text, r.rolsuper, r.rolconnlimit,
-       (SELECT count(*) FROM pg_catalog.pg_stat_activity AS a WHERE a.backend_type = 'client backend' AND a.usesysid = r.oid),
-       d.datname::text, d.datconnlimit,
-       (SELECT count(*) FROM pg_catalog.pg_stat_activity AS a WHERE a.backend_type = 'client backend' AND a.datid = d.oid)
-FROM pg_catalog.pg_roles AS r, pg_catalog.pg_database AS d
+       r.rolname::text, r.rolsuper, r.rolconnlimit, a.role,
+       d.datname::text, d.datconnlimit, a.db
+FROM pg_catalog.pg_roles AS r, pg_catalog.pg_database AS d,
+     LATERAL (SELECT count(*) AS total, count(*) FILTER (WHERE x.usesysid = r.oid) AS role,
+                     count(*) FILTER (WHERE x.datid = d.oid) AS db
+              FROM pg_catalog.pg_stat_activity AS x WHERE x.backend_type = 'client backend') AS a
 WHERE r.rolname = current_user AND d.datname = current_database();
 
 -- The schema's invalid indexes ($1 the schema's name): a CREATE INDEX CONCURRENTLY or REINDEX
