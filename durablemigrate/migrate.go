@@ -393,7 +393,9 @@ func Migrate(ctx context.Context, db DB, schema string) error {
 // MigrateTo migrates the schema up or down to target, one version per transaction: each step
 // takes a transaction-scoped advisory lock keyed by the schema name, reads the schema's version,
 // applies the next step towards target and records the new version, so that concurrent callers
-// serialize and each sees the others' work. A schema newer than this library knows is left alone
+// serialize and each sees the others' work. A schema that does not exist is created at target in
+// one such transaction, its indexes built plainly: it has no rows and no writers, and nothing of
+// it shows before it is whole. A schema newer than this library knows is left alone
 // when target is Version (a fleet migrated ahead of its deploy) and refused otherwise.
 //
 // On a pool or a connection the run turns the session's statement_timeout off (a role's timeout
@@ -574,20 +576,27 @@ func migrateStep(ctx context.Context, db DB, schema string, target int) (done bo
 	if err != nil {
 		return false, fmt.Errorf("gendurable: migrate %s: %w", schema, err)
 	}
-	step := steps[0]
-	sql, err := step.SQL(schema)
-	if err != nil {
-		return false, err
+	// A schema that does not exist yet has no rows and no writers: it is created at the target
+	// in this one transaction, its indexes built plainly, and nothing of it shows until it is
+	// whole. An existing schema takes one step per transaction.
+	if st.Version > 0 {
+		steps = steps[:1]
 	}
-	if _, err := tx.Exec(ctx, sql); err != nil {
-		dir := "up"
-		if step.Down {
-			dir = "down"
+	for _, step := range steps {
+		sql, err := step.SQL(schema)
+		if err != nil {
+			return false, err
 		}
-		return false, fmt.Errorf("gendurable: migrate %s: version %d (%s) %s: %w", schema, step.Version, step.Name, dir, err)
+		if _, err := tx.Exec(ctx, sql); err != nil {
+			dir := "up"
+			if step.Down {
+				dir = "down"
+			}
+			return false, fmt.Errorf("gendurable: migrate %s: version %d (%s) %s: %w", schema, step.Version, step.Name, dir, err)
+		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return false, fmt.Errorf("gendurable: migrate %s: commit version %d: %w", schema, step.Version, err)
+		return false, fmt.Errorf("gendurable: migrate %s: commit version %d: %w", schema, steps[len(steps)-1].Version, err)
 	}
 	return false, nil
 }

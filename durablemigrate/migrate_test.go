@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/gendurable/gendurable/durabledbtest"
 	"github.com/gendurable/gendurable/durablemigrate"
@@ -364,6 +365,39 @@ func TestIndexesOfAnExistingSchemaAreBuiltConcurrently(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, sql, "CREATE INDEX IF NOT EXISTS instances_finished_by_machine")
 	require.NotContains(t, sql, "CONCURRENTLY")
+}
+
+// A schema that does not exist is created at the newest version in one transaction, its indexes
+// built plainly: it does not wait for a snapshot another session of the database holds (a
+// concurrent build would, for as long as the snapshot lasts), and every catalog row of it comes
+// from that one transaction.
+func TestANewSchemaIsCreatedInOneTransaction(t *testing.T) {
+	t.Parallel()
+	pool := durabledbtest.Pool(t, 4)
+	ctx := context.Background()
+	schema := fmt.Sprintf("t_migrate_new_%x", time.Now().UnixNano())
+	t.Cleanup(func() { _ = durablemigrate.Drop(context.Background(), pool, schema) })
+
+	holder, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	_, err = holder.Exec(ctx, "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+	require.NoError(t, err)
+	var n int
+	require.NoError(t, holder.QueryRow(ctx, "SELECT count(*) FROM pg_catalog.pg_class").Scan(&n))
+
+	mctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	require.NoError(t, durablemigrate.Migrate(mctx, pool, schema), "created while another session holds a snapshot")
+	st, err := durablemigrate.Current(ctx, pool, schema)
+	require.NoError(t, err)
+	require.Equal(t, durablemigrate.Version, st.Version)
+	require.NoError(t, holder.QueryRow(ctx, "SELECT 1").Scan(&n), "the snapshot's transaction is still open")
+
+	var xmins int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(DISTINCT c.xmin::text) FROM pg_catalog.pg_class c
+		JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace WHERE ns.nspname = $1`, schema).Scan(&xmins))
+	require.Equal(t, 1, xmins, "every table and index of the new schema was created by one transaction")
 }
 
 // A schema that holds finished rows is brought to version 5 with their counts, by queue and
