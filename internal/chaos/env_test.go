@@ -111,11 +111,11 @@ func start(t testing.TB, cl *gendurable.Client) (stop func()) {
 func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
-	for !cond() {
+	for wait := 5 * time.Millisecond; !cond(); wait = min(2*wait, 50*time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out after %v waiting for %s", timeout, what)
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(wait)
 	}
 }
 
