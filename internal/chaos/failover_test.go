@@ -159,6 +159,9 @@ func TestFailoverLosesNothing(t *testing.T) {
 	require.NoError(t, err, "the pg_auto_failover formation (CI=true: .ci/run must provide postgresql-*-auto-failover)")
 	t.Cleanup(func() { require.NoError(t, h.Close()) })
 	pool := openPool(t, h.URL, 8)
+	var syncNames string
+	require.NoError(t, pool.QueryRow(ctx, "SELECT current_setting('synchronous_standby_names')").Scan(&syncNames))
+	require.NotEmpty(t, syncNames, "the primary replicates synchronously: a commit it acknowledged survives its loss")
 	e := &env{url: h.URL, pool: pool, side: openPool(t, h.URL, 4), schema: durabledbtest.Schema(t, pool), started: began}
 	require.NoError(t, oracle.Install(ctx, pool, e.schema))
 	// Which server committed each transition: the port of the node that was primary then.
@@ -316,6 +319,11 @@ func TestFailoverLosesNothing(t *testing.T) {
 	states, err := h.States(ctx)
 	require.NoError(t, err)
 	t.Logf("after the kill, the killed node rejoined: %+v", states)
+	for _, st := range states {
+		if st.Name == faults[2].from {
+			require.Equal(t, "secondary", st.Reported, "the killed node rejoined as the standby: %+v", states)
+		}
+	}
 
 	eventually(t, 5*time.Minute, "every instance done", func() bool { return done() == n })
 	probe("after the changes")
