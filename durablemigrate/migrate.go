@@ -554,7 +554,8 @@ func buildConcurrently(ctx context.Context, ex sessionDB, schema string, target 
 	return nil
 }
 
-// migrateStep applies the next step towards target in one transaction; done says there was none.
+// migrateStep applies the next step towards target in one transaction (every step, to a schema
+// that does not exist); done says there was none.
 func migrateStep(ctx context.Context, db DB, schema string, target int) (done bool, err error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
