@@ -402,7 +402,9 @@ func standbyFeedback(t *testing.T, url, slot string) {
 	defer func() { _ = conn.Close(ctx) }()
 	var lsn string
 	var xid uint64
-	require.NoError(t, conn.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text,
+	// Streaming starts at the WAL flushed so far: a walsender refuses a start past it (the
+	// current write position may be), after it has answered START_REPLICATION.
+	require.NoError(t, conn.QueryRow(ctx, `SELECT pg_current_wal_flush_lsn()::text,
 		pg_snapshot_xmin(pg_current_snapshot())::text::bigint`).Scan(&lsn, &xid))
 	rc, err := pgconn.Connect(ctx, url+"&replication=true")
 	require.NoError(t, err)
