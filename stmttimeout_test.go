@@ -21,16 +21,16 @@ import (
 func TestSpawnOutlastsTheRolesStatementTimeout(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, checks, schema := slowSpawns(t)
+	pool, e := slowSpawns(t)
 	kid := gendurable.Job[int]{Name: "kid", Queue: "kids", Perform: func(*gendurable.Ctx, int) error { return nil }}
 	other := gendurable.Job[int]{Name: "other", Perform: func(*gendurable.Ctx, int) error { return nil }}
 	parent := bigSpawner(kid, nil)
 	machines := []gendurable.Machine{kid, other, parent}
-	cl, err := gendurable.NewClient(pool, &gendurable.Config{Schema: schema, Machines: machines,
+	cl, err := gendurable.NewClient(pool, &gendurable.Config{Schema: e.schema, Machines: machines,
 		Queues: map[string]gendurable.QueueConfig{gendurable.DefaultQueue: {Concurrency: 4}}})
 	require.NoError(t, err)
 	start(t, cl)
-	side := sideClient(t, checks, schema, machines)
+	side := e.client(t, &gendurable.Config{Machines: machines})
 	p, err := side.Insert(ctx, parent.With(0), nil)
 	require.NoError(t, err)
 	var ids []int64
@@ -39,14 +39,10 @@ func TestSpawnOutlastsTheRolesStatementTimeout(t *testing.T) {
 		require.NoError(t, err)
 		ids = append(ids, r.ID)
 	}
-	for _, id := range ids {
-		eventually(t, 20*time.Second, "the other jobs done", func() bool {
-			in, err := side.Get(ctx, id)
-			require.NoError(t, err)
-			return in.Status == gendurable.StatusDone
-		})
-	}
-	spawned(t, side, checks, schema, p.ID)
+	eventually(t, 20*time.Second, "the other jobs done", func() bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE id = ANY($1) AND status = 'done'`, ids) == len(ids)
+	})
+	spawned(t, side, e, p.ID)
 }
 
 // The same spawn from a step that also wrote through Ctx.Tx: its outcome commits in the step's
@@ -55,45 +51,32 @@ func TestSpawnOutlastsTheRolesStatementTimeout(t *testing.T) {
 func TestSpawnInStepTxOutlastsTheRolesStatementTimeout(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, checks, schema := slowSpawns(t)
-	_, err := checks.Exec(ctx, expand(`CREATE TABLE {schema}.spawn_effects (at timestamptz NOT NULL DEFAULT now())`, schema))
-	require.NoError(t, err)
+	pool, e := slowSpawns(t)
+	e.exec(t, `CREATE TABLE {schema}.spawn_effects (at timestamptz NOT NULL DEFAULT now())`)
 	kid := gendurable.Job[int]{Name: "kid", Queue: "kids", Perform: func(*gendurable.Ctx, int) error { return nil }}
 	parent := bigSpawner(kid, func(c *gendurable.Ctx) error {
 		tx, err := c.Tx()
 		if err != nil {
 			return err
 		}
-		_, err = tx.Exec(c, expand(`INSERT INTO {schema}.spawn_effects DEFAULT VALUES`, schema))
+		_, err = tx.Exec(c, expand(`INSERT INTO {schema}.spawn_effects DEFAULT VALUES`, e.schema))
 		return err
 	})
 	machines := []gendurable.Machine{kid, parent}
-	cl, err := gendurable.NewClient(pool, &gendurable.Config{Schema: schema, Machines: machines,
+	cl, err := gendurable.NewClient(pool, &gendurable.Config{Schema: e.schema, Machines: machines,
 		Queues: map[string]gendurable.QueueConfig{gendurable.DefaultQueue: {Concurrency: 4}}})
 	require.NoError(t, err)
 	start(t, cl)
-	side := sideClient(t, checks, schema, machines)
+	side := e.client(t, &gendurable.Config{Machines: machines})
 	p, err := side.Insert(ctx, parent.With(0), nil)
 	require.NoError(t, err)
-	spawned(t, side, checks, schema, p.ID)
-	var effects int
-	require.NoError(t, checks.QueryRow(ctx, expand(`SELECT count(*) FROM {schema}.spawn_effects`, schema)).Scan(&effects))
-	require.Equal(t, 1, effects, "the step's write committed once, with its spawn")
-}
-
-// sideClient is a client on checks, which works no queue: the test's own inserts and reads go
-// through it, so that the role's timeout bounds only the working client's statements (a caller's
-// insert or read is the caller's to bound, and on a busy machine one may take 300ms).
-func sideClient(t *testing.T, checks *pgxpool.Pool, schema string, machines []gendurable.Machine) *gendurable.Client {
-	t.Helper()
-	cl, err := gendurable.NewClient(checks, &gendurable.Config{Schema: schema, Machines: machines})
-	require.NoError(t, err)
-	return cl
+	spawned(t, side, e, p.ID)
+	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM {schema}.spawn_effects`), "the step's write committed once, with its spawn")
 }
 
 // spawned waits for the parent id to leave executing (30 s at most) and requires that it went to
-// joining, its spawn committed at the first try, with its 30,000 children (counted on checks).
-func spawned(t *testing.T, cl *gendurable.Client, checks *pgxpool.Pool, schema string, id int64) {
+// joining, its spawn committed at the first try, with its 30,000 children.
+func spawned(t *testing.T, cl *gendurable.Client, e *env, id int64) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -102,10 +85,7 @@ func spawned(t *testing.T, cl *gendurable.Client, checks *pgxpool.Pool, schema s
 		if in.Status != gendurable.StatusExecuting && in.Status != gendurable.StatusAvailable {
 			require.Equal(t, gendurable.StatusJoining, in.Status)
 			require.Empty(t, in.Errors)
-			var kids int
-			require.NoError(t, checks.QueryRow(context.Background(), expand(`SELECT count(*) FROM {schema}.instances
-				WHERE parent_id = $1`, schema), id).Scan(&kids))
-			require.Equal(t, 30000, kids)
+			require.Equal(t, 30000, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE parent_id = $1`, id))
 			return
 		}
 		require.True(t, time.Now().Before(deadline), "parent still %s, errors %v", in.Status, in.Errors)
@@ -135,23 +115,24 @@ func bigSpawner(kid gendurable.Job[int], before func(*gendurable.Ctx) error) gen
 	}}
 }
 
-// slowSpawns returns a pool whose sessions cancel statements after 300ms, for the client; a
-// pool without that timeout, for the test's own statements (a count of 30,000 rows can take
-// longer on a loaded machine); and a schema in which every statement that inserts children lasts
-// at least 500ms (a trigger of the test's), however fast the machine.
-func slowSpawns(t *testing.T) (pool, checks *pgxpool.Pool, schema string) {
+// slowSpawns returns a pool whose sessions cancel statements after 300ms, for the working
+// client; and an env whose pool has no such timeout, for the test's own inserts, reads and counts
+// (the role's timeout is to bound only the working client's statements: a caller's are the
+// caller's to bound, and on a loaded machine an insert or a count of 30,000 rows can take
+// longer), with a schema in which every statement that inserts children lasts at least 500ms (a
+// trigger of the test's), however fast the machine.
+func slowSpawns(t *testing.T) (pool *pgxpool.Pool, e *env) {
 	t.Helper()
-	checks = durabledbtest.Pool(t, 2)
-	schema = durabledbtest.Schema(t, checks)
+	checks := durabledbtest.Pool(t, 2)
+	e = &env{pool: checks, schema: durabledbtest.Schema(t, checks)}
 	pool = durabledbtest.Pool(t, 8, func(cfg *pgxpool.Config) { cfg.ConnConfig.RuntimeParams["statement_timeout"] = "300ms" })
-	_, err := checks.Exec(context.Background(), expand(`
+	e.exec(t, `
 		CREATE FUNCTION {schema}.t_slow_children() RETURNS trigger LANGUAGE plpgsql AS $fn$
 		BEGIN
 		  IF EXISTS (SELECT 1 FROM new_rows WHERE parent_id IS NOT NULL) THEN PERFORM pg_sleep(0.5); END IF;
 		  RETURN NULL;
 		END $fn$;
 		CREATE TRIGGER t_slow_children AFTER INSERT ON {schema}.instances REFERENCING NEW TABLE AS new_rows
-		FOR EACH STATEMENT EXECUTE FUNCTION {schema}.t_slow_children()`, schema))
-	require.NoError(t, err)
-	return pool, checks, schema
+		FOR EACH STATEMENT EXECUTE FUNCTION {schema}.t_slow_children()`)
+	return pool, e
 }

@@ -577,9 +577,7 @@ func migrateStep(ctx context.Context, db DB, schema string, target int) (done bo
 	if err != nil {
 		return false, fmt.Errorf("gendurable: migrate %s: %w", schema, err)
 	}
-	// A schema that does not exist yet has no rows and no writers: it is created at the target
-	// in this one transaction, its indexes built plainly, and nothing of it shows until it is
-	// whole. An existing schema takes one step per transaction.
+	// A schema that does not exist yet is created whole in this transaction (see MigrateTo).
 	if st.Version > 0 {
 		steps = steps[:1]
 	}

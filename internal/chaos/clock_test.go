@@ -635,10 +635,8 @@ func skewedEnv(t *testing.T, lib, offset string, want time.Duration) (*env, *cha
 	t.Helper()
 	_, db := privateClusterWith(t, devdb.ClusterOptions{Env: []string{
 		"LD_PRELOAD=" + lib, "FAKETIME=" + offset, "FAKETIME_DONT_FAKE_MONOTONIC=1"}})
-	var dbNow time.Time
 	before := time.Now()
-	require.NoError(t, db.pool.QueryRow(context.Background(), `SELECT now()`).Scan(&dbNow))
-	skew := dbNow.Sub(before)
+	skew := db.now(t).Sub(before)
 	t.Logf("the database's clock runs %v from this machine's (FAKETIME=%s)", skew.Round(time.Millisecond), offset)
 	require.InDelta(t, want.Seconds(), skew.Seconds(), 30, "the database's clock is not skewed as asked: libfaketime did not take")
 	e := &env{url: db.url, pool: db.pool, side: openPool(t, db.url, 6), schema: db.schema, started: time.Now()}

@@ -261,14 +261,13 @@ func settle(t *testing.T, db *chaosDB, n int, inserted []int64, refused []error,
 
 // T24 of the reliability plan: the server's connections run out. On a private cluster with
 // max_connections 50 (the workers' pools and the test's take up to 40), another application (the
-// hog) takes every free connection at 20% of the run and keeps the server full for 5s (full:
-// 60s): every 100ms it terminates the engine's
-// sessions (found by application_name) and takes the slots they free, so the workers' pools
-// reconnect against a full server and are refused ("sorry, too many clients already", 53300)
-// unless they beat the hog to a slot. Then it lets every connection go. Pass: the server refused
-// connections besides the hog's own last tries; the table holds every accepted Insert and at
-// most the failed ones besides; everything is done within 60s of the spell's end, with no worker
-// process restarted (each drains on SIGTERM); I1-I8.
+// hog) takes every free connection at 20% of the run and keeps the server full for 5s (full: 60s):
+// every 100ms it terminates the engine's sessions (found by application_name) and takes the slots
+// they free, so the workers' pools reconnect against a full server and are refused ("sorry, too
+// many clients already", 53300) unless they beat the hog to a slot. Then it lets every connection
+// go. Pass: the server refused connections besides the hog's own last tries; the table holds every
+// accepted Insert and at most the failed ones besides; everything is done within 60s of the spell's
+// end, with no worker process restarted (each drains on SIGTERM); I1-I8.
 func TestConnectionsRunOutLosesNothing(t *testing.T) {
 	// A cluster of its own, offered a fixed load: it runs beside the other cluster tests.
 	t.Parallel()
