@@ -134,12 +134,13 @@ func (c *crew) killLoop(rng *rand.Rand, deadline time.Duration, interval func() 
 	}
 }
 
-// claimEnds sorts the claims taken by owners LIKE ownerLike, each as (instance, attempt), by how
-// the database shows them ended: lost, when the instance's next committed transition was not
-// that claim's outcome (a machine whose every outcome moves the step on or finishes, like linear5
-// and fan) but a release by the reaper or startup reclaim, or there was none; or ended by the
-// claim's own outcome (any other next transition).
-func claimEnds(t *testing.T, e *env, ownerLike string) (lost, ended map[staleClaim]bool) {
+// claimEnds sorts the claims taken by owners LIKE ownerLike, each as (instance, step, attempt),
+// by how the database shows them ended: lost, when the instance's next committed transition was
+// not that claim's outcome (a machine whose every outcome moves the step on or finishes, like
+// linear5 and fan) but a release by the reaper or startup reclaim, or there was none; or ended by
+// the claim's own outcome (any other next transition). It counts the claims of each key: a
+// release gives the attempt back, so the same owner may claim the same key again.
+func claimEnds(t *testing.T, e *env, ownerLike string) (lost, ended map[staleClaim]int) {
 	t.Helper()
 	rows, err := e.pool.Query(context.Background(), expand(`SELECT id, new_step, attempt,
 		       next_seq IS NULL OR (next_status = 'available' AND next_step = new_step)
@@ -149,7 +150,7 @@ func claimEnds(t *testing.T, e *env, ownerLike string) (lost, ended map[staleCla
 		WHERE new_status = 'executing' AND old_status IS DISTINCT FROM 'executing' AND locked_by LIKE $1`, e.schema), ownerLike)
 	require.NoError(t, err)
 	defer rows.Close()
-	lost, ended = map[staleClaim]bool{}, map[staleClaim]bool{}
+	lost, ended = map[staleClaim]int{}, map[staleClaim]int{}
 	for rows.Next() {
 		var id int64
 		var step string
@@ -157,9 +158,9 @@ func claimEnds(t *testing.T, e *env, ownerLike string) (lost, ended map[staleCla
 		var isLost bool
 		require.NoError(t, rows.Scan(&id, &step, &attempt, &isLost))
 		if isLost {
-			lost[staleClaim{id, step, int64(attempt)}] = true
+			lost[staleClaim{id, step, int64(attempt)}]++
 		} else {
-			ended[staleClaim{id, step, int64(attempt)}] = true
+			ended[staleClaim{id, step, int64(attempt)}]++
 		}
 	}
 	require.NoError(t, rows.Err())
