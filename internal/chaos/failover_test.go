@@ -319,11 +319,14 @@ func TestFailoverLosesNothing(t *testing.T) {
 	states, err := h.States(ctx)
 	require.NoError(t, err)
 	t.Logf("after the kill, the killed node rejoined: %+v", states)
+	rejoined := false
 	for _, st := range states {
 		if st.Name == faults[2].from {
 			require.Equal(t, "secondary", st.Reported, "the killed node rejoined as the standby: %+v", states)
+			rejoined = true
 		}
 	}
+	require.True(t, rejoined, "the killed node %s is in the formation's states: %+v", faults[2].from, states)
 
 	eventually(t, 5*time.Minute, "every instance done", func() bool { return done() == n })
 	probe("after the changes")
