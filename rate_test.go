@@ -9,7 +9,7 @@ import (
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/durabletest"
-	"github.com/jackc/pgx/v5"
+	"github.com/gendurable/gendurable/internal/chaos/oracle"
 	"github.com/stretchr/testify/require"
 )
 
@@ -25,15 +25,11 @@ func createStarts(t *testing.T, e *env) {
 	e.exec(t, `CREATE TABLE {schema}.t_starts (id bigint, tag text, at timestamptz)`)
 }
 
-// logGrants logs every grant of a rate-limited row, with its pick's transaction time (now()), in
-// t_grants, by a trigger of the test's.
+// logGrants logs every grant of a rate-limited row, with its pick's transaction time
+// (oracle.LogGrants).
 func logGrants(t *testing.T, e *env) {
-	e.exec(t, `CREATE TABLE {schema}.t_grants (id bigint, tx_at timestamptz NOT NULL DEFAULT now());
-		CREATE FUNCTION {schema}.t_log_grant() RETURNS trigger LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
-		BEGIN INSERT INTO {schema}.t_grants (id) VALUES (NEW.id); RETURN NULL; END $fn$;
-		CREATE TRIGGER t_log_grant AFTER UPDATE ON {schema}.instances FOR EACH ROW
-		WHEN (OLD.status = 'available' AND NEW.status = 'executing' AND NEW.rate_limit IS NOT NULL)
-		EXECUTE FUNCTION {schema}.t_log_grant()`)
+	t.Helper()
+	require.NoError(t, oracle.LogGrants(context.Background(), e.pool, e.schema))
 }
 
 // ratedEnv is a test's env with its starts and grants logged (createStarts, logGrants), and a
@@ -58,28 +54,19 @@ func insertRated(t *testing.T, cl *gendurable.Client, job gendurable.Job[string]
 }
 
 // checkGrants checks the grants logged since since (logGrants), each stamped with its pick's
-// transaction time (the clock the bucket counts in; a step's own start can lag its grant by a
-// loaded machine's scheduling delay, which made this check see overdraws that were not there):
-// for every grant, the grants up to it never exceed burst + rate × elapsed since the first. It
-// returns how many there were and the seconds from the first to the last.
-func checkGrants(t *testing.T, e *env, since time.Time, burst, rate float64) (n int64, last float64) {
+// transaction time, the clock the bucket counts in: no window of them holds more than burst +
+// allowed × its length in seconds (oracle.RateExcess). It returns how many there were and the
+// seconds from the first to the last.
+func checkGrants(t *testing.T, e *env, since time.Time, burst, allowed int) (n int, last float64) {
 	t.Helper()
-	// The rows are read in full before any check, so that a failed check cannot leave their
-	// connection busy (the pool's Close would wait for it forever).
-	rows, err := e.pool.Query(context.Background(), expand(`SELECT extract(epoch FROM tx_at - min(tx_at) OVER ())::float8,
-		row_number() OVER (ORDER BY tx_at) FROM {schema}.t_grants WHERE tx_at >= $1 ORDER BY tx_at`, e.schema), since)
+	at, err := oracle.GrantTimes(context.Background(), e.pool, e.schema, "tx_at >= $1", since)
 	require.NoError(t, err)
-	type grant struct {
-		Since float64
-		N     int64
+	if len(at) == 0 {
+		return 0, 0
 	}
-	grants, err := pgx.CollectRows(rows, pgx.RowToStructByPos[grant])
-	require.NoError(t, err)
-	for _, g := range grants {
-		require.LessOrEqual(t, float64(g.N), burst+rate*g.Since+1e-6, "grant %d at +%.3fs overdraws the bucket", g.N, g.Since)
-		last, n = g.Since, g.N
-	}
-	return n, last
+	worst, end := oracle.RateExcess(at, allowed, 1000, burst)
+	require.LessOrEqual(t, worst, 0.0, "grants up to %d overdraw the bucket by %.6f tokens", end, worst)
+	return len(at), float64(at[len(at)-1]) / 1e6
 }
 
 func TestRateLimitConservesTokensAcrossEightClients(t *testing.T) {
@@ -98,7 +85,7 @@ func TestRateLimitConservesTokensAcrossEightClients(t *testing.T) {
 	n, last := checkGrants(t, e, time.Time{}, burst, allowed)
 	t.Logf("%d grants in %.2fs: burst %d + %d/s", n, last, burst, allowed)
 	require.GreaterOrEqual(t, float64(n), burst+allowed*last-allowed*0.15, "the limit was not used in full")
-	require.Less(t, n, int64(300), "the backlog outlasted the run")
+	require.Less(t, n, 300, "the backlog outlasted the run")
 }
 
 // A database clock that steps back (time sync correcting a clock that ran ahead) leaves each

@@ -3,7 +3,6 @@ package chaos
 import (
 	"context"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/internal/chaos/oracle"
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
@@ -255,50 +253,28 @@ func TestRateLimitConservationAcrossProcesses(t *testing.T) {
 	e.check(t, oracle.Opts{}, oracle.Summary{Seed: seed, Instances: len(at)})
 }
 
-// logRateGrants logs every grant of a rate-limited row in e's schema, with its pick's
-// transaction time (now(), the clock the bucket counts in; the oracle's log stamps the moment
-// of the row's update, up to a statement's run later), in t_grants, by a trigger of the test's.
+// logRateGrants logs every grant of a rate-limited row in e's schema (oracle.LogGrants).
 func logRateGrants(t *testing.T, e *env) {
 	t.Helper()
-	e.exec(t, `CREATE TABLE {schema}.t_grants (id bigint, tx_at timestamptz NOT NULL DEFAULT now());
-		CREATE FUNCTION {schema}.t_log_grant() RETURNS trigger LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
-		BEGIN INSERT INTO `+e.q("{schema}")+`.t_grants (id) VALUES (NEW.id); RETURN NULL; END $fn$;
-		CREATE TRIGGER t_log_grant AFTER UPDATE ON {schema}.instances FOR EACH ROW
-		WHEN (OLD.status = 'available' AND NEW.status = 'executing' AND NEW.rate_limit IS NOT NULL)
-		EXECUTE FUNCTION {schema}.t_log_grant()`)
+	require.NoError(t, oracle.LogGrants(context.Background(), e.pool, e.schema))
 }
 
-// grantTimes returns the times of the grants logRateGrants logged that match where (SQL on
-// t_grants, with args), in order, in whole microseconds since the first of them (the database's
-// resolution), so that checkRateWindows computes its bound exactly: in float seconds since the
-// epoch, rate × time carries a rounding of about 1e-5 tokens, as large as the excess it must find.
+// grantTimes returns the times of the grants logged that match where (oracle.GrantTimes); there
+// must be some.
 func grantTimes(t *testing.T, e *env, where string, args ...any) []int64 {
 	t.Helper()
-	rows, err := e.side.Query(context.Background(), e.q(`SELECT ((extract(epoch FROM tx_at - min(tx_at) OVER ()) * 1000000))::bigint
-		FROM {schema}.t_grants WHERE `+where+` ORDER BY tx_at`), args...)
-	require.NoError(t, err)
-	at, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	at, err := oracle.GrantTimes(context.Background(), e.side, e.schema, where, args...)
 	require.NoError(t, err)
 	require.NotEmpty(t, at, "no grants")
 	return at
 }
 
-// checkRateWindows checks the grants at times at (grantTimes) against a bucket of allowed tokens
-// a period of periodMS and burst: every window [at[i], at[j]] holds at most burst + allowed ×
-// its length / period grants. It returns the worst window's excess, in tokens (at most 0).
+// checkRateWindows requires that no window of the grants at times at overdraws a bucket of
+// allowed tokens a period of periodMS and burst (oracle.RateExcess), and returns the worst
+// window's excess, in tokens (at most 0).
 func checkRateWindows(t *testing.T, at []int64, allowed, periodMS, burst int) float64 {
 	t.Helper()
-	// With P the period in microseconds: j - i + 1 ≤ burst + allowed × (at[j] - at[i]) / P; in
-	// integers: (j + 1 - burst)·P - allowed·at[j] ≤ i·P - allowed·at[i]. The worst window ending at
-	// j starts where the right side is smallest: a running minimum. (Grants of one pick share
-	// its time; the window over all of them is the one that counts.)
-	p := int64(periodMS) * 1000
-	least, worst := int64(math.MaxInt64), int64(math.MinInt64)
-	for j := range at {
-		least = min(least, int64(j)*p-int64(allowed)*at[j])
-		excess := (int64(j+1)-int64(burst))*p - int64(allowed)*at[j] - least
-		worst = max(worst, excess)
-		require.LessOrEqual(t, excess, int64(0), "grants up to %d overdraw the bucket by %.6f tokens", j, float64(excess)/float64(p))
-	}
-	return float64(worst) / float64(p)
+	worst, end := oracle.RateExcess(at, allowed, periodMS, burst)
+	require.LessOrEqual(t, worst, 0.0, "grants up to %d overdraw the bucket by %.6f tokens", end, worst)
+	return worst
 }
