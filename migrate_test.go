@@ -2,10 +2,14 @@ package gendurable_test
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/durabledbtest"
+	"github.com/gendurable/gendurable/durablemigrate"
 	"github.com/gendurable/gendurable/durabletest"
 	"github.com/stretchr/testify/require"
 )
@@ -141,4 +145,137 @@ func TestASchemaFullOfLiveRowsIsMigratedAndEveryInstanceRunsToItsEnd(t *testing.
 	require.Zero(t, e.count(t, `SELECT count(*) FROM {schema}.signals`))
 	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE id = $1 AND jsonb_array_length(errors) = 1
 		AND errors -> 0 ->> 'kind' = 'lease'`, executing))
+}
+
+// Contract migrations run while the fleet works, as a deploy and its rollback run them: two
+// clients of this library work a stream of two-step instances (half of them under fairness keys)
+// against a schema at durablemigrate.Required, and the contract migration that follows it is
+// applied, undone (its down builds the dropped indexes again, plainly, in its transaction) and
+// applied again; before the last, a third node joins the fleet the way a process starts, calling
+// Migrate first (which leaves a contract migration alone). The first is asked for while another
+// session holds its locks off (a transaction that read the table stays open): the fleet goes on
+// working while it waits (a lock request that queued would stop every statement on the table
+// behind it), and it applies once the session ends. Every migration succeeds, no statement of the
+// fleet fails for them (no pick, commit, heartbeat or step error: plans that used a dropped index
+// are planned again), and every instance runs each of its steps once, in order, under claims
+// none of which was lost.
+func TestContractMigrationsRunUnderAWorkingFleet(t *testing.T) {
+	t.Parallel()
+	require.Greater(t, durablemigrate.Version, durablemigrate.Required, "the library ends with a contract migration")
+	e := newEnv(t)
+	side := durabledbtest.Pool(t, 6) // the steps' records and the migrations, beside the fleet's pool
+	ctx := context.Background()
+	require.NoError(t, durablemigrate.MigrateTo(ctx, side, e.schema, durablemigrate.Required))
+	e.exec(t, `CREATE TABLE {schema}.t_steps (id bigint, step text)`)
+	record := expand(`INSERT INTO {schema}.t_steps (id, step) VALUES ($1, $2)`, e.schema)
+	step := func(next string) gendurable.StepFunc[hop] {
+		return func(ctx *gendurable.Ctx, h hop) (gendurable.Outcome, error) {
+			if _, err := side.Exec(ctx, record, ctx.ID, ctx.Step); err != nil {
+				return gendurable.Outcome{}, err
+			}
+			if next == "" {
+				return gendurable.Done(h.at(ctx.Step)), nil
+			}
+			return gendurable.Next(next, h.at(ctx.Step)), nil
+		}
+	}
+	line := gendurable.FSM[hop]{Name: "line", Start: "a", Queue: "work",
+		Steps: map[string]gendurable.StepFunc[hop]{"a": step("b"), "b": step("")}}
+	var mu sync.Mutex
+	failures := map[gendurable.EventName]int{}
+	failed := func(ev gendurable.Event) {
+		switch ev.Name {
+		case gendurable.EventSchedulerFailed, gendurable.EventCommitFailed, gendurable.EventHeartbeatFailed,
+			gendurable.EventReaperFailed, gendurable.EventStepError:
+			mu.Lock()
+			failures[ev.Name]++
+			mu.Unlock()
+			t.Logf("%s: %v", ev.Name, ev.Err)
+		}
+	}
+	node := func(name string) *gendurable.Client {
+		cl := e.client(t, &gendurable.Config{Name: name, Machines: []gendurable.Machine{line}, PollInterval: 20 * time.Millisecond,
+			Queues: map[string]gendurable.QueueConfig{"work": {Concurrency: 8}}, Hooks: []func(gendurable.Event){failed}})
+		start(t, cl)
+		return cl
+	}
+	ins := node("a")
+	node("b")
+
+	// The stream: 20 instances every 10 ms, every other one under one of three fairness keys.
+	stop, streamed := make(chan struct{}), make(chan error, 1)
+	total := 0
+	go func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				streamed <- nil
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			params := make([]gendurable.InsertManyParams, 20)
+			for j := range params {
+				params[j] = gendurable.InsertManyParams{Input: line.With(hop{})}
+				if j%2 == 0 {
+					params[j].Opts = &gendurable.InsertOpts{FairnessKey: fmt.Sprint("k", j%3)}
+				}
+			}
+			if _, err := ins.InsertMany(ctx, params); err != nil {
+				streamed <- err
+				return
+			}
+			total += len(params)
+		}
+	}()
+	done := func() int { return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'done'`) }
+	migrate := func(target int) {
+		t.Helper()
+		before := done()
+		eventually(t, 30*time.Second, "the fleet working", func() bool { return done() >= before+100 })
+		require.Positive(t, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status IN ('available', 'executing')`),
+			"rows in flight as the migration begins")
+		mctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		require.NoError(t, durablemigrate.MigrateTo(mctx, side, e.schema, target), "migrating to %d under the fleet", target)
+		st, err := durablemigrate.Current(ctx, side, e.schema)
+		require.NoError(t, err)
+		require.Equal(t, target, st.Version)
+	}
+	// The first with a session in the way: a transaction that read the table and stays open
+	// holds the migration's locks off, and the fleet works on while the migration waits.
+	holder, err := side.Begin(ctx)
+	require.NoError(t, err)
+	_, err = holder.Exec(ctx, expand(`SELECT count(*) FROM {schema}.instances`, e.schema))
+	require.NoError(t, err)
+	held := make(chan error, 1)
+	go func() { held <- durablemigrate.MigrateTo(ctx, side, e.schema, durablemigrate.Version) }()
+	before := done()
+	eventually(t, 30*time.Second, "the fleet working while the migration waits for its locks", func() bool { return done() >= before+100 })
+	require.Equal(t, durablemigrate.Required, e.count(t, `SELECT value::int FROM {schema}.meta WHERE key = 'version'`),
+		"the migration applied while its locks were held")
+	require.NoError(t, holder.Rollback(ctx))
+	require.NoError(t, <-held, "the migration once the session ended")
+	migrate(durablemigrate.Required)
+	// A process starting now migrates first, as every process may: at Required, that changes
+	// nothing (a contract migration waits to be named).
+	require.NoError(t, gendurable.Migrate(ctx, side, &gendurable.MigrateOpts{Schema: e.schema}))
+	node("c")
+	migrate(durablemigrate.Version)
+	before = done()
+	eventually(t, 30*time.Second, "the fleet working after the last migration", func() bool { return done() >= before+100 })
+	close(stop)
+	require.NoError(t, <-streamed)
+	eventually(t, time.Minute, "every instance done", func() bool { return done() == total })
+
+	require.Equal(t, 2*total, e.count(t, `SELECT count(*) FROM {schema}.t_steps`), "two steps an instance")
+	require.Zero(t, e.count(t, `SELECT count(*) FROM (SELECT 1 FROM {schema}.t_steps GROUP BY id, step HAVING count(*) > 1) d`),
+		"a step that ran twice")
+	require.Equal(t, total, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE result -> 'path' = '["a", "b"]'`),
+		"every instance ran a, then b")
+	require.Zero(t, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE errors IS NOT NULL AND errors <> '[]'`),
+		"an instance with an error (a lost claim, a failed step)")
+	mu.Lock()
+	defer mu.Unlock()
+	require.Empty(t, failures, "the fleet's failures while the schema migrated")
+	t.Logf("%d instances through three migrations", total)
 }

@@ -9,8 +9,10 @@ package durablemigrate
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"regexp"
 	"slices"
 	"strconv"
@@ -398,6 +400,10 @@ func Migrate(ctx context.Context, db DB, schema string) error {
 // it shows before it is whole. A schema newer than this library knows is left alone
 // when target is Version (a fleet migrated ahead of its deploy) and refused otherwise.
 //
+// A step on an existing schema locks the tables it changes first, a short try at a time, so that
+// the statements of a running fleet never queue behind a lock request another session holds
+// off; it gives up after a minute of tries, naming the sessions in the way.
+//
 // On a pool or a connection the run turns the session's statement_timeout off (a role's timeout
 // would cancel an index build on a large table) and sets it back after: ctx bounds the run. In a
 // caller's transaction the caller's settings apply.
@@ -586,6 +592,11 @@ func migrateStep(ctx context.Context, db DB, schema string, target int) (done bo
 		if err != nil {
 			return false, err
 		}
+		if st.Version > 0 {
+			if err := lockTables(ctx, tx, schema, sql, step); err != nil {
+				return false, err
+			}
+		}
 		if _, err := tx.Exec(ctx, sql); err != nil {
 			dir := "up"
 			if step.Down {
@@ -598,6 +609,141 @@ func migrateStep(ctx context.Context, db DB, schema string, target int) (done bo
 		return false, fmt.Errorf("gendurable: migrate %s: commit version %d: %w", schema, steps[len(steps)-1].Version, err)
 	}
 	return false, nil
+}
+
+// How a step waits for its tables' locks (lockTables): lockTry is the first wait, each later
+// one doubles up to lockTryMax, between two the migrator steps aside for as long again, and it
+// gives up after lockTryFor (a variable for the tests).
+const (
+	lockTry    = 100 * time.Millisecond
+	lockTryMax = time.Second
+)
+
+var lockTryFor = time.Minute
+
+// SQLSTATEs a lock try may end in: lock_not_available (its lock_timeout ran out) and
+// deadlock_detected.
+const (
+	pgLockNotAvailable = "55P03"
+	pgDeadlock         = "40P01"
+)
+
+// lockTables takes ACCESS EXCLUSIVE locks on the existing tables of schema that a step's sql
+// names (directly, or through one of their indexes), in name order, before the step's DDL runs.
+//
+// Locks: the step's DDL needs such locks (ALTER TABLE, DROP INDEX) or weaker ones (CREATE
+// TRIGGER, a CREATE INDEX IF NOT EXISTS the concurrent build made a no-op), and a lock request
+// that waits makes every later statement on the table wait behind it: a step that waited for a
+// long transaction, say a report reading the instances table, would stop the whole fleet for as
+// long. So the locks are asked for with a short lock_timeout, in a savepoint, and while a
+// session holds them off the migrator steps aside between tries (the fleet's statements go
+// through), for up to lockTryFor; then it fails, naming the sessions that held the locks.
+func lockTables(ctx context.Context, tx pgx.Tx, schema, sql string, step Step) error {
+	names := map[string]bool{}
+	for _, m := range relRE(schema).FindAllStringSubmatch(sql, -1) {
+		names[m[1]] = true
+	}
+	rows, err := tx.Query(ctx, `SELECT DISTINCT t.relname FROM pg_catalog.pg_class c
+		JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+		LEFT JOIN pg_catalog.pg_index i ON i.indexrelid = c.oid
+		JOIN pg_catalog.pg_class t ON t.oid = coalesce(i.indrelid, c.oid)
+		WHERE n.nspname = $1 AND c.relname = ANY($2) AND t.relkind IN ('r', 'p') ORDER BY 1`, schema, slices.Collect(maps.Keys(names)))
+	if err != nil {
+		return fmt.Errorf("gendurable: migrate %s: version %d (%s): find its tables: %w", schema, step.Version, step.Name, err)
+	}
+	tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(tables) == 0 {
+		return err
+	}
+	quoted := make([]string, len(tables))
+	for i, t := range tables {
+		quoted[i] = ident.Quote(schema) + "." + ident.Quote(t)
+	}
+	lock := "LOCK TABLE " + strings.Join(quoted, ", ") + " IN ACCESS EXCLUSIVE MODE"
+	var prior string
+	var from time.Time // the server's clock as the first try begins
+	if err := tx.QueryRow(ctx, "SELECT pg_catalog.current_setting('lock_timeout'), pg_catalog.clock_timestamp()").Scan(&prior, &from); err != nil {
+		return fmt.Errorf("gendurable: migrate %s: %w", schema, err)
+	}
+	began, wait := time.Now(), lockTry
+	for {
+		err := tryLock(ctx, tx, lock, wait)
+		if err == nil {
+			_, err = tx.Exec(ctx, "SELECT pg_catalog.set_config('lock_timeout', $1, true)", prior)
+			return err
+		}
+		// A wait that ends in a deadlock (a fleet transaction that held one of the tables and
+		// wanted one this try had taken) is tried again too.
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || (pgErr.Code != pgLockNotAvailable && pgErr.Code != pgDeadlock) {
+			return fmt.Errorf("gendurable: migrate %s: version %d (%s): lock %s: %w", schema, step.Version, step.Name,
+				strings.Join(tables, ", "), err)
+		}
+		if time.Since(began) >= lockTryFor {
+			return fmt.Errorf("gendurable: migrate %s: version %d (%s): could not lock %s within %v; held by %s; "+
+				"migrate again once they end (or end them: SELECT pg_terminate_backend(pid)): %w",
+				schema, step.Version, step.Name, strings.Join(tables, ", "), lockTryFor, lockHolders(ctx, tx, schema, tables, from), err)
+		}
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return fmt.Errorf("gendurable: migrate %s: version %d (%s): lock %s: %w", schema, step.Version, step.Name,
+				strings.Join(tables, ", "), ctx.Err())
+		}
+		wait = min(2*wait, lockTryMax)
+	}
+}
+
+// tryLock runs lock in a savepoint under a lock_timeout of wait (one round trip); a try that
+// times out leaves the transaction as it was.
+func tryLock(ctx context.Context, tx pgx.Tx, lock string, wait time.Duration) error {
+	_, err := tx.Exec(ctx, fmt.Sprintf("SAVEPOINT gd_lock; SET LOCAL lock_timeout = %d; %s", wait.Milliseconds(), lock))
+	if err != nil {
+		if _, rerr := tx.Exec(context.WithoutCancel(ctx), "ROLLBACK TO SAVEPOINT gd_lock; RELEASE SAVEPOINT gd_lock"); rerr != nil {
+			return rerr
+		}
+		return err
+	}
+	_, err = tx.Exec(ctx, "RELEASE SAVEPOINT gd_lock")
+	return err
+}
+
+// lockHolders names, for an error, the other sessions that hold locks on tables of schema in
+// transactions begun before from (not those that came and went between the tries), the oldest
+// first.
+func lockHolders(ctx context.Context, tx pgx.Tx, schema string, tables []string, from time.Time) string {
+	rows, err := tx.Query(context.WithoutCancel(ctx), `SELECT a.pid, coalesce(a.state, ''),
+		       extract(epoch FROM pg_catalog.clock_timestamp() - a.xact_start)::float8, left(a.query, 80)
+		FROM pg_catalog.pg_stat_activity a
+		WHERE a.xact_start < $3 AND a.pid <> pg_catalog.pg_backend_pid() AND EXISTS (
+		  SELECT 1 FROM pg_catalog.pg_locks l
+		  JOIN pg_catalog.pg_class c ON c.oid = l.relation JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+		  WHERE l.pid = a.pid AND l.granted AND n.nspname = $1 AND c.relname = ANY($2))
+		ORDER BY a.xact_start LIMIT 5`, schema, tables, from)
+	if err != nil {
+		return "(could not read pg_locks: " + err.Error() + ")"
+	}
+	var held []string
+	var pid int32
+	var state, query string
+	var secs float64
+	_, err = pgx.ForEachRow(rows, []any{&pid, &state, &secs, &query}, func() error {
+		held = append(held, fmt.Sprintf("pid %d (%s, in a transaction for %.0fs: %q)", pid, state, secs, query))
+		return nil
+	})
+	if err != nil {
+		return "(could not read pg_locks: " + err.Error() + ")"
+	}
+	if len(held) == 0 {
+		return "sessions that have since let go"
+	}
+	return strings.Join(held, ", ")
+}
+
+// relRE matches the relations of schema a step's expanded SQL names: the quoted schema, a dot
+// and a name.
+func relRE(schema string) *regexp.Regexp {
+	return regexp.MustCompile(regexp.QuoteMeta(ident.Quote(schema)) + `\.([a-z_][a-z0-9_]*)`)
 }
 
 // Drop removes the schema and everything in it. Tests and the demo use it to clean up.

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -532,4 +533,69 @@ func TestContractMigrationsRunOnlyWhenNamed(t *testing.T) {
 	require.NoError(t, durablemigrate.Drop(ctx, pool, schema))
 	require.NoError(t, durablemigrate.Migrate(ctx, pool, schema))
 	require.Equal(t, durablemigrate.Version, state().Version, "a new schema is built whole")
+}
+
+// A step waits for the locks of its tables a short try at a time: while another session holds
+// them off (here a transaction that read the instances table and stays open), the statements
+// queued behind the step's request go through between its tries instead of waiting behind it,
+// and after lockTryFor it gives up, naming the session; the schema stays at its version. Not
+// parallel: it shortens that wait for the whole package.
+func TestAStepWaitingForItsLocksDoesNotStopTheTable(t *testing.T) {
+	durablemigrate.SetLockTryFor(t.Cleanup, 2*time.Second)
+	pool := durabledbtest.Pool(t, 4)
+	ctx := context.Background()
+	schema := "t_migrate_lock_tries"
+	require.NoError(t, durablemigrate.Drop(ctx, pool, schema))
+	t.Cleanup(func() { _ = durablemigrate.Drop(context.Background(), pool, schema) })
+	require.NoError(t, durablemigrate.MigrateTo(ctx, pool, schema, durablemigrate.Required))
+	insert := fmt.Sprintf(`INSERT INTO %q.instances (machine, step, queue, status, max_attempts, state, finalized_at)
+		VALUES ('m', 's', 'q', 'done', 1, '{}', now())`, schema)
+
+	holder, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	var pid int32
+	require.NoError(t, holder.QueryRow(ctx, fmt.Sprintf(`SELECT pg_backend_pid() FROM (SELECT count(*) FROM %q.instances) AS n`, schema)).Scan(&pid))
+
+	// A writer inserts all along; its inserts that commit while the migration waits are those
+	// that got through between its tries.
+	stop, wrote := make(chan struct{}), make(chan error, 1)
+	var during atomic.Int64
+	var migrating atomic.Bool
+	go func() {
+		for {
+			select {
+			case <-stop:
+				wrote <- nil
+				return
+			default:
+			}
+			if _, err := pool.Exec(ctx, insert); err != nil {
+				wrote <- err
+				return
+			}
+			if migrating.Load() {
+				during.Add(1)
+			}
+		}
+	}()
+	migrating.Store(true)
+	err = durablemigrate.MigrateTo(ctx, pool, schema, durablemigrate.Version)
+	migrating.Store(false)
+	close(stop)
+	require.NoError(t, <-wrote)
+	require.ErrorContains(t, err, "could not lock")
+	require.ErrorContains(t, err, fmt.Sprintf("pid %d (idle in transaction", pid), "the error names the session that held the lock")
+	t.Logf("%d inserts while the step waited: %v", during.Load(), err)
+	require.Positive(t, during.Load(), "inserts that went through while the step waited for its lock")
+	st, err := durablemigrate.Current(ctx, pool, schema)
+	require.NoError(t, err)
+	require.Equal(t, durablemigrate.Required, st.Version)
+
+	// Once the session ends, the step takes its locks and applies.
+	require.NoError(t, holder.Rollback(ctx))
+	require.NoError(t, durablemigrate.MigrateTo(ctx, pool, schema, durablemigrate.Version))
+	st, err = durablemigrate.Current(ctx, pool, schema)
+	require.NoError(t, err)
+	require.Equal(t, durablemigrate.Version, st.Version)
 }
