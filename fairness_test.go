@@ -302,36 +302,16 @@ type gatedTurn struct{ executing, runnable, claims, others int }
 // sampleGatedTurns samples the rows of fairness key key, under concurrency key ckey, every few
 // milliseconds until stop is closed; each sample is one statement, so one snapshot.
 func sampleGatedTurns(t *testing.T, e *env, key, ckey string, stop <-chan struct{}) (func() []gatedTurn, *sync.WaitGroup) {
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var samples []gatedTurn
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			var s gatedTurn
-			err := e.pool.QueryRow(context.Background(), expand(`SELECT
-				count(*) FILTER (WHERE status = 'executing' AND concurrency_key = $2),
-				count(*) FILTER (WHERE status = 'available' AND concurrency_key = $2),
-				(SELECT count(*) FILTER (WHERE fair_key = $1) FROM {schema}.t_claims),
-				(SELECT count(*) FILTER (WHERE fair_key <> $1) FROM {schema}.t_claims)
-				FROM {schema}.instances`, e.schema), key, ckey).Scan(&s.executing, &s.runnable, &s.claims, &s.others)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			mu.Lock()
-			samples = append(samples, s)
-			mu.Unlock()
-			time.Sleep(2 * time.Millisecond)
-		}
-	}()
-	return func() []gatedTurn { mu.Lock(); defer mu.Unlock(); return slices.Clone(samples) }, &wg
+	return sampler(t, stop, func() (gatedTurn, error) {
+		var s gatedTurn
+		err := e.pool.QueryRow(context.Background(), expand(`SELECT
+			count(*) FILTER (WHERE status = 'executing' AND concurrency_key = $2),
+			count(*) FILTER (WHERE status = 'available' AND concurrency_key = $2),
+			(SELECT count(*) FILTER (WHERE fair_key = $1) FROM {schema}.t_claims),
+			(SELECT count(*) FILTER (WHERE fair_key <> $1) FROM {schema}.t_claims)
+			FROM {schema}.instances`, e.schema), key, ckey).Scan(&s.executing, &s.runnable, &s.claims, &s.others)
+		return s, err
+	})
 }
 
 // A fairness key whose rows are also under a gate gets no more than the gate admits, and the

@@ -3,6 +3,7 @@ package gendurable_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,12 +15,12 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// sampleMaxPerKey samples the executing rows per concurrency key every few milliseconds until
-// stop is closed, and returns the largest count seen for any key and how many samples it took.
-func sampleMaxPerKey(t *testing.T, e *env, stop <-chan struct{}) (func() (int, int), *sync.WaitGroup) {
+// sampler calls read every few milliseconds until stop is closed and keeps what it returns; a
+// read that fails fails the test and ends the sampling.
+func sampler[T any](t *testing.T, stop <-chan struct{}, read func() (T, error)) (func() []T, *sync.WaitGroup) {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
-	maxSeen, samples := 0, 0
+	var samples []T
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -29,20 +30,37 @@ func sampleMaxPerKey(t *testing.T, e *env, stop <-chan struct{}) (func() (int, i
 				return
 			default:
 			}
-			var m int
-			err := e.pool.QueryRow(context.Background(), expand(`SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n
-				FROM {schema}.instances WHERE status = 'executing' AND concurrency_key IS NOT NULL GROUP BY concurrency_key) s`, e.schema)).Scan(&m)
+			s, err := read()
 			if err != nil {
 				t.Error(err)
 				return
 			}
 			mu.Lock()
-			maxSeen, samples = max(maxSeen, m), samples+1
+			samples = append(samples, s)
 			mu.Unlock()
 			time.Sleep(2 * time.Millisecond)
 		}
 	}()
-	return func() (int, int) { mu.Lock(); defer mu.Unlock(); return maxSeen, samples }, &wg
+	return func() []T { mu.Lock(); defer mu.Unlock(); return slices.Clone(samples) }, &wg
+}
+
+// sampleMaxPerKey samples the executing rows per concurrency key every few milliseconds until
+// stop is closed, and returns the largest count seen for any key and how many samples it took.
+func sampleMaxPerKey(t *testing.T, e *env, stop <-chan struct{}) (func() (int, int), *sync.WaitGroup) {
+	sampled, wg := sampler(t, stop, func() (int, error) {
+		var m int
+		err := e.pool.QueryRow(context.Background(), expand(`SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n
+			FROM {schema}.instances WHERE status = 'executing' AND concurrency_key IS NOT NULL GROUP BY concurrency_key) s`, e.schema)).Scan(&m)
+		return m, err
+	})
+	return func() (int, int) {
+		samples := sampled()
+		most := 0
+		for _, m := range samples {
+			most = max(most, m)
+		}
+		return most, len(samples)
+	}, wg
 }
 
 // runKeyed inserts n jobs, the i-th under concurrency key key(i) with the key as its argument,

@@ -202,18 +202,18 @@ func TestContractMigrationsRunUnderAWorkingFleet(t *testing.T) {
 	ins := node("a")
 	node("b")
 
-	// The stream: 20 instances every 10 ms, every other one under one of three fairness keys.
+	// The stream: 10 instances every 20 ms, every other one under one of three fairness keys.
 	stop, streamed := make(chan struct{}), make(chan error, 1)
 	total := 0
 	go func() {
-		for i := 0; ; i++ {
+		for {
 			select {
 			case <-stop:
 				streamed <- nil
 				return
-			case <-time.After(10 * time.Millisecond):
+			case <-time.After(20 * time.Millisecond):
 			}
-			params := make([]gendurable.InsertManyParams, 20)
+			params := make([]gendurable.InsertManyParams, 10)
 			for j := range params {
 				params[j] = gendurable.InsertManyParams{Input: line.With(hop{})}
 				if j%2 == 0 {
@@ -249,6 +249,10 @@ func TestContractMigrationsRunUnderAWorkingFleet(t *testing.T) {
 	require.NoError(t, err)
 	held := make(chan error, 1)
 	go func() { held <- durablemigrate.MigrateTo(ctx, side, e.schema, durablemigrate.Version) }()
+	eventually(t, 30*time.Second, "the migration asking for its locks", func() bool {
+		return e.count(t, `SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = $1::regclass`,
+			expand(`{schema}.instances`, e.schema)) > 0
+	})
 	before := done()
 	eventually(t, 30*time.Second, "the fleet working while the migration waits for its locks", func() bool { return done() >= before+100 })
 	require.Equal(t, durablemigrate.Required, e.count(t, `SELECT value::int FROM {schema}.meta WHERE key = 'version'`),
