@@ -56,6 +56,9 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 		ec.OpenPoke = openPoke(cfg.Poke, pool, schema, ec.Name, ec.Logger)
 		st.Codec = cfg.Codec
 	}
+	ec.CheckSchema = func(version, readers int) error {
+		return durablemigrate.State{Version: version, Readers: readers}.Check(schema)
+	}
 	c := &Client{pool: pool, eng: engine.New(pool, st, ec), store: st, maxPayload: ec.MaxPayload}
 	if cfg != nil {
 		if err := c.declare(cfg); err != nil {

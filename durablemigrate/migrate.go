@@ -270,11 +270,17 @@ func Check(ctx context.Context, db DB, schema string) error {
 	if err != nil {
 		return err
 	}
-	if st.Version == 0 {
+	return st.Check(schema)
+}
+
+// Check returns nil if this library can run against schema in state s, as Check does for the
+// schema as it stands (a running client checks the state its registry refreshes read).
+func (s State) Check(schema string) error {
+	if s.Version == 0 {
 		return fmt.Errorf("%w: schema %q (run gendurable.Migrate or `gendurable migrate`)", durabletype.ErrNotMigrated, schema)
 	}
-	if st.Version < Required || st.Readers > Version {
-		return &VersionError{Schema: schema, Have: st.Version, Readers: st.Readers, Library: Version, Required: Required}
+	if s.Version < Required || s.Readers > Version {
+		return &VersionError{Schema: schema, Have: s.Version, Readers: s.Readers, Library: Version, Required: Required}
 	}
 	return nil
 }

@@ -91,6 +91,12 @@ type Config struct {
 	// AwaitTick is how often the await watcher probes for the settled instances its waiters
 	// wait on.
 	AwaitTick time.Duration
+	// CheckSchema says whether this library runs against a schema at version with readers (nil:
+	// not checked); the registry's refreshes read them, so that a migration that leaves a
+	// running client's schema behind is logged as such.
+	CheckSchema func(version, readers int) error
+	// NodeRefresh is how often the registry row is refreshed (0: NodeRefresh).
+	NodeRefresh time.Duration
 }
 
 // StatementTimeout bounds each statement of the engine's background work whose delay holds up

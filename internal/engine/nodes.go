@@ -43,7 +43,10 @@ func (e *Engine) manifest() *store.Node {
 // register writes this client's registry row at Start and forgets the rows of nodes long gone.
 func (e *Engine) register(ctx context.Context) error {
 	node := e.manifest()
-	if err := e.startTry(ctx, func(ctx context.Context) error { return e.store.UpsertNode(ctx, e.pool, node) }); err != nil {
+	if err := e.startTry(ctx, func(ctx context.Context) error {
+		_, _, err := e.store.UpsertNode(ctx, e.pool, node)
+		return err
+	}); err != nil {
 		return fmt.Errorf("gendurable: start: register in the node registry: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, StatementTimeout(e.cfg.Lease))
@@ -78,8 +81,13 @@ func (e *Engine) setRetentions(ctx context.Context) bool {
 func (e *Engine) registryLoop() {
 	defer e.bg.Done()
 	node := e.manifest()
-	t := time.NewTicker(NodeRefresh)
+	every := e.cfg.NodeRefresh
+	if every <= 0 {
+		every = NodeRefresh
+	}
+	t := time.NewTicker(every)
 	defer t.Stop()
+	schemaProblem := "" // the last refresh's finding on the schema's version
 	for {
 		select {
 		case <-e.bgStop:
@@ -91,10 +99,11 @@ func (e *Engine) registryLoop() {
 			return
 		case <-t.C:
 			ctx, cancel := context.WithTimeout(e.baseCtx, StatementTimeout(e.cfg.Lease))
-			if err := e.store.UpsertNode(ctx, e.pool, node); err != nil {
+			if version, readers, err := e.store.UpsertNode(ctx, e.pool, node); err != nil {
 				e.spells.registry.Failed(e.log, "gendurable: node registry refresh failed", "client", e.cfg.Name, "error", err)
 			} else {
 				e.spells.registry.Succeeded(e.log, "gendurable: the node registry is refreshed again", "client", e.cfg.Name)
+				schemaProblem = e.checkSchema(version, readers, schemaProblem)
 			}
 			if !e.retentionsSet {
 				e.retentionsSet = e.setRetentions(ctx)
@@ -108,6 +117,29 @@ func (e *Engine) registryLoop() {
 			}
 		}
 	}
+}
+
+// checkSchema logs, once per change, that the schema's version (read by a registry refresh) is
+// one this library does not run against: a migration under the running client, down below
+// what it reads, or up to a version whose readers it is too old for. Its statements fail, or may
+// misbehave, until the schema or the client is brought back in step; the error says how. It
+// returns the finding, "" when there is none.
+func (e *Engine) checkSchema(version, readers int, last string) string {
+	if e.cfg.CheckSchema == nil || version == 0 {
+		return last
+	}
+	problem := ""
+	if err := e.cfg.CheckSchema(version, readers); err != nil {
+		problem = err.Error()
+	}
+	switch {
+	case problem != "" && problem != last:
+		e.log.Error("gendurable: the schema was migrated under this running client to a version it does not run against",
+			"client", e.cfg.Name, "version", version, "readers", readers, "error", problem)
+	case problem == "" && last != "":
+		e.log.Info("gendurable: the schema is at a version this client runs against again", "client", e.cfg.Name, "version", version)
+	}
+	return problem
 }
 
 // Blocked says why no node in nodes can run the live rows of g ("" if one can): none works the

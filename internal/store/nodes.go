@@ -33,19 +33,31 @@ type UpgradeManifest struct {
 	Steps map[string]string `json:"steps,omitempty"`
 }
 
-// UpsertNode writes or refreshes a node's row (node_upsert).
-func (s *Store) UpsertNode(ctx context.Context, db DB, n *Node) error {
+// UpsertNode writes or refreshes a node's row (node_upsert), and returns the schema's version
+// and readers as they stand.
+func (s *Store) UpsertNode(ctx context.Context, db DB, n *Node) (version, readers int, err error) {
 	machines, err := json.Marshal(n.Machines)
 	if err != nil {
-		return fmt.Errorf("encode the node's machines: %w", err)
+		return 0, 0, fmt.Errorf("encode the node's machines: %w", err)
 	}
 	queues := n.Queues
 	if queues == nil {
 		queues = []string{}
 	}
-	_, err = db.Exec(ctx, s.sql("node_upsert"), pgx.NamedArgs{"id": n.ID, "client": n.Client, "host": n.Host,
-		"queues": queues, "machines": string(machines)})
-	return err
+	var v, r *int
+	err = db.QueryRow(ctx, s.sql("node_upsert"), pgx.NamedArgs{"id": n.ID, "client": n.Client, "host": n.Host,
+		"queues": queues, "machines": string(machines)}).Scan(&v, &r)
+	if err != nil {
+		return 0, 0, err
+	}
+	if v != nil {
+		version = *v
+	}
+	readers = 1 // a schema that records none, as the migrator reads it
+	if r != nil {
+		readers = *r
+	}
+	return version, readers, nil
 }
 
 // DeleteNode removes a node's row (node_delete).

@@ -4,13 +4,17 @@
 
 -- A client's row at Start, or its refresh (seen_at) while it runs; the manifest is rewritten
 -- too, so that a row deleted by mistake comes back whole. @machines is JSON text (a text
--- parameter, so that every exec mode sends it as text). Locks the client's own row.
+-- parameter, so that every exec mode sends it as text). It returns the schema's version and
+-- readers (meta), so that a running client learns of a migration that left its schema behind.
+-- Locks the client's own row; reads meta.
 -- name: node_upsert
 INSERT INTO {schema}.nodes (id, client, host, queues, machines)
 VALUES (@id, @client, @host, @queues::text[], @machines::jsonb)
 ON CONFLICT (id) DO UPDATE
 SET client = excluded.client, host = excluded.host, queues = excluded.queues,
-    machines = excluded.machines, seen_at = now();
+    machines = excluded.machines, seen_at = now()
+RETURNING (SELECT value::int FROM {schema}.meta WHERE key = 'version'),
+          (SELECT value::int FROM {schema}.meta WHERE key = 'readers');
 
 -- A client's row at Stop. Locks that row.
 -- name: node_delete
