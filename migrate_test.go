@@ -247,12 +247,13 @@ func TestContractMigrationsRunUnderAWorkingFleet(t *testing.T) {
 	require.NoError(t, err)
 	held := make(chan error, 1)
 	go func() { held <- durablemigrate.MigrateTo(ctx, side, e.schema, durablemigrate.Version) }()
-	eventually(t, 30*time.Second, "the migration asking for its locks", func() bool {
+	// (Both waits are well short of the minute the migration tries for.)
+	eventually(t, 15*time.Second, "the migration asking for its locks", func() bool {
 		return e.count(t, `SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = $1::regclass`,
 			expand(`{schema}.instances`, e.schema)) > 0
 	})
 	before := done()
-	eventually(t, 30*time.Second, "the fleet working while the migration waits for its locks", func() bool { return done() >= before+100 })
+	eventually(t, 15*time.Second, "the fleet working while the migration waits for its locks", func() bool { return done() >= before+100 })
 	require.Equal(t, durablemigrate.Required, e.count(t, `SELECT value::int FROM {schema}.meta WHERE key = 'version'`),
 		"the migration applied while its locks were held")
 	require.NoError(t, holder.Rollback(ctx))

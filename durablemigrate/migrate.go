@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"maps"
 	"regexp"
 	"slices"
 	"strconv"
@@ -406,9 +405,9 @@ func Migrate(ctx context.Context, db DB, schema string) error {
 // it shows before it is whole. A schema newer than this library knows is left alone
 // when target is Version (a fleet migrated ahead of its deploy) and refused otherwise.
 //
-// A step on an existing schema locks the tables it changes first, a short try at a time, so that
-// the statements of a running fleet never queue behind a lock request another session holds
-// off; it gives up after a minute of tries, naming the sessions in the way.
+// A step on an existing schema runs in tries, each under a short lock_timeout, so that the
+// statements of a running fleet never queue for long behind a lock request another session
+// holds off; it gives up after a minute of tries, naming the sessions in the way.
 //
 // On a pool or a connection the run turns the session's statement_timeout off (a role's timeout
 // would cancel an index build on a large table) and sets it back after: ctx bounds the run. In a
@@ -599,11 +598,11 @@ func migrateStep(ctx context.Context, db DB, schema string, target int) (done bo
 			return false, err
 		}
 		if st.Version > 0 {
-			if err := lockTables(ctx, tx, schema, sql, step); err != nil {
-				return false, err
-			}
+			err = applyInTries(ctx, tx, schema, sql)
+		} else {
+			_, err = tx.Exec(ctx, sql)
 		}
-		if _, err := tx.Exec(ctx, sql); err != nil {
+		if err != nil {
 			dir := "up"
 			if step.Down {
 				dir = "down"
@@ -617,115 +616,82 @@ func migrateStep(ctx context.Context, db DB, schema string, target int) (done bo
 	return false, nil
 }
 
-// How a step waits for its tables' locks (lockTables): lockTry is the first wait, each later
-// one doubles up to lockTryMax, between two the migrator steps aside for as long again, and it
-// gives up after lockTryFor (a variable for the tests).
+// How a step on an existing schema waits for its locks (applyInTries): lockTry is the first
+// try's lock_timeout, each later one doubles up to lockTryMax (above Postgres's default
+// deadlock_timeout of a second, after which a lock wait cancels an autovacuum in its way),
+// between two the migrator steps aside for as long again, and it gives up after lockTryFor (a
+// variable for the tests).
 const (
 	lockTry    = 100 * time.Millisecond
-	lockTryMax = time.Second
+	lockTryMax = 2 * time.Second
 )
 
 var lockTryFor = time.Minute
 
-// SQLSTATEs a lock try may end in: lock_not_available (its lock_timeout ran out) and
-// deadlock_detected.
+// SQLSTATEs a try may end in and be tried again: lock_not_available (its lock_timeout ran out)
+// and deadlock_detected (with a transaction of the fleet, which then goes on).
 const (
 	pgLockNotAvailable = "55P03"
 	pgDeadlock         = "40P01"
 )
 
-// lockTables takes ACCESS EXCLUSIVE locks on the existing tables of schema that a step's sql
-// names (directly, or through one of their indexes), in name order, before the step's DDL runs.
+// fileLockTimeout is the lock_timeout a migration file sets for its step, for the printed SQL
+// (--print, for your own migration tool); applyInTries sets its own instead.
+var fileLockTimeout = regexp.MustCompile(`(?m)^SET LOCAL lock_timeout = '[^']*';$`)
+
+// applyInTries applies a step's sql to an existing schema in tx, in tries.
 //
-// Locks: the step's DDL needs such locks (ALTER TABLE, DROP INDEX) or weaker ones (CREATE
-// TRIGGER, a CREATE INDEX IF NOT EXISTS the concurrent build made a no-op), and a lock request
-// that waits makes every later statement on the table wait behind it: a step that waited for a
-// long transaction, say a report reading the instances table, would stop the whole fleet for as
-// long. So the locks are asked for with a short lock_timeout, in a savepoint, and while a
-// session holds them off the migrator steps aside between tries (the fleet's statements go
-// through), for up to lockTryFor; then it fails, naming the sessions that held the locks.
-func lockTables(ctx context.Context, tx pgx.Tx, schema, sql string, step Step) error {
-	names := map[string]bool{}
-	for _, m := range relRE(schema).FindAllStringSubmatch(sql, -1) {
-		names[m[1]] = true
-	}
-	rows, err := tx.Query(ctx, `SELECT DISTINCT t.relname FROM pg_catalog.pg_class c
-		JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-		LEFT JOIN pg_catalog.pg_index i ON i.indexrelid = c.oid
-		JOIN pg_catalog.pg_class t ON t.oid = coalesce(i.indrelid, c.oid)
-		WHERE n.nspname = $1 AND c.relname = ANY($2) AND t.relkind IN ('r', 'p') ORDER BY 1`, schema, slices.Collect(maps.Keys(names)))
-	if err != nil {
-		return fmt.Errorf("gendurable: migrate %s: version %d (%s): find its tables: %w", schema, step.Version, step.Name, err)
-	}
-	tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil || len(tables) == 0 {
-		return err
-	}
-	quoted := make([]string, len(tables))
-	for i, t := range tables {
-		quoted[i] = ident.Quote(schema) + "." + ident.Quote(t)
-	}
-	lock := "LOCK TABLE " + strings.Join(quoted, ", ") + " IN ACCESS EXCLUSIVE MODE"
-	var prior string
-	var from time.Time // the server's clock as the first try begins
-	if err := tx.QueryRow(ctx, "SELECT pg_catalog.current_setting('lock_timeout'), pg_catalog.clock_timestamp()").Scan(&prior, &from); err != nil {
-		return fmt.Errorf("gendurable: migrate %s: %w", schema, err)
-	}
+// Locks: the step's statements take the locks their DDL needs on the tables they change (ACCESS
+// EXCLUSIVE for ALTER TABLE and DROP INDEX, weaker ones for CREATE TRIGGER and CREATE INDEX). A
+// lock request that waits makes every later statement on its table wait behind it: a step that
+// waited for a long transaction, a report reading the instances table, say, would stop the whole
+// fleet for as long. So each try runs the step in a savepoint under a short lock_timeout; a try
+// that times out (or deadlocks) rolls back to it, the migrator steps aside so that the queued
+// statements go through, and tries again, for up to lockTryFor; then it fails, naming the
+// sessions in the way. A try is one round trip, and so is a failed one's rollback.
+func applyInTries(ctx context.Context, tx pgx.Tx, schema, sql string) error {
+	sql = fileLockTimeout.ReplaceAllString(sql, "")
 	began, wait := time.Now(), lockTry
 	for {
-		err := tryLock(ctx, tx, lock, wait)
+		_, err := tx.Exec(ctx, fmt.Sprintf("SAVEPOINT gd_try; SET LOCAL lock_timeout = %d;\n%s\nRELEASE SAVEPOINT gd_try",
+			wait.Milliseconds(), sql))
 		if err == nil {
-			_, err = tx.Exec(ctx, "SELECT pg_catalog.set_config('lock_timeout', $1, true)", prior)
-			return err
+			return nil
 		}
-		// A wait that ends in a deadlock (a fleet transaction that held one of the tables and
-		// wanted one this try had taken) is tried again too.
 		var pgErr *pgconn.PgError
 		if !errors.As(err, &pgErr) || (pgErr.Code != pgLockNotAvailable && pgErr.Code != pgDeadlock) {
-			return fmt.Errorf("gendurable: migrate %s: version %d (%s): lock %s: %w", schema, step.Version, step.Name,
-				strings.Join(tables, ", "), err)
+			return err
+		}
+		if _, rerr := tx.Exec(context.WithoutCancel(ctx), "ROLLBACK TO SAVEPOINT gd_try; RELEASE SAVEPOINT gd_try"); rerr != nil {
+			return errors.Join(err, rerr)
 		}
 		if time.Since(began) >= lockTryFor {
-			return fmt.Errorf("gendurable: migrate %s: version %d (%s): could not lock %s within %v; held by %s; "+
+			return fmt.Errorf("could not take its locks within %v, a try of at most %v at a time; in the way: %s; "+
 				"migrate again once they end (or end them: SELECT pg_terminate_backend(pid)): %w",
-				schema, step.Version, step.Name, strings.Join(tables, ", "), lockTryFor, lockHolders(ctx, tx, schema, tables, from), err)
+				lockTryFor, lockTryMax, lockHolders(ctx, tx, schema, wait), err)
 		}
 		select {
 		case <-time.After(wait):
 		case <-ctx.Done():
-			return fmt.Errorf("gendurable: migrate %s: version %d (%s): lock %s: %w", schema, step.Version, step.Name,
-				strings.Join(tables, ", "), ctx.Err())
+			return errors.Join(err, ctx.Err())
 		}
 		wait = min(2*wait, lockTryMax)
 	}
 }
 
-// tryLock runs lock in a savepoint under a lock_timeout of wait (one round trip); a try that
-// times out leaves the transaction as it was.
-func tryLock(ctx context.Context, tx pgx.Tx, lock string, wait time.Duration) error {
-	_, err := tx.Exec(ctx, fmt.Sprintf("SAVEPOINT gd_lock; SET LOCAL lock_timeout = %d; %s", wait.Milliseconds(), lock))
-	if err != nil {
-		if _, rerr := tx.Exec(context.WithoutCancel(ctx), "ROLLBACK TO SAVEPOINT gd_lock; RELEASE SAVEPOINT gd_lock"); rerr != nil {
-			return rerr
-		}
-		return err
-	}
-	_, err = tx.Exec(ctx, "RELEASE SAVEPOINT gd_lock")
-	return err
-}
-
-// lockHolders names, for an error, the other sessions that hold locks on tables of schema in
-// transactions begun before from (not those that came and went between the tries), the oldest
-// first.
-func lockHolders(ctx context.Context, tx pgx.Tx, schema string, tables []string, from time.Time) string {
+// lockHolders names, for an error, the other sessions that hold locks on relations of schema in
+// transactions begun before the last try, which waited for wait (not those that came and went),
+// the oldest first.
+func lockHolders(ctx context.Context, tx pgx.Tx, schema string, wait time.Duration) string {
 	rows, err := tx.Query(context.WithoutCancel(ctx), `SELECT a.pid, coalesce(a.state, ''),
 		       extract(epoch FROM pg_catalog.clock_timestamp() - a.xact_start)::float8, left(a.query, 80)
 		FROM pg_catalog.pg_stat_activity a
-		WHERE a.xact_start < $3 AND a.pid <> pg_catalog.pg_backend_pid() AND EXISTS (
+		WHERE a.xact_start < pg_catalog.clock_timestamp() - $2 * interval '1 millisecond'
+		  AND a.pid <> pg_catalog.pg_backend_pid() AND EXISTS (
 		  SELECT 1 FROM pg_catalog.pg_locks l
 		  JOIN pg_catalog.pg_class c ON c.oid = l.relation JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-		  WHERE l.pid = a.pid AND l.granted AND n.nspname = $1 AND c.relname = ANY($2))
-		ORDER BY a.xact_start LIMIT 5`, schema, tables, from)
+		  WHERE l.pid = a.pid AND l.granted AND n.nspname = $1)
+		ORDER BY a.xact_start LIMIT 5`, schema, wait.Milliseconds())
 	if err != nil {
 		return "(could not read pg_locks: " + err.Error() + ")"
 	}
@@ -741,15 +707,9 @@ func lockHolders(ctx context.Context, tx pgx.Tx, schema string, tables []string,
 		return "(could not read pg_locks: " + err.Error() + ")"
 	}
 	if len(held) == 0 {
-		return "sessions that have since let go"
+		return "no session holds the schema's tables now"
 	}
 	return strings.Join(held, ", ")
-}
-
-// relRE matches the relations of schema a step's expanded SQL names: the quoted schema, a dot
-// and a name.
-func relRE(schema string) *regexp.Regexp {
-	return regexp.MustCompile(regexp.QuoteMeta(ident.Quote(schema)) + `\.([a-z_][a-z0-9_]*)`)
 }
 
 // Drop removes the schema and everything in it. Tests and the demo use it to clean up.

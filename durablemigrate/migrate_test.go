@@ -535,13 +535,13 @@ func TestContractMigrationsRunOnlyWhenNamed(t *testing.T) {
 	require.Equal(t, durablemigrate.Version, state().Version, "a new schema is built whole")
 }
 
-// A step waits for the locks of its tables a short try at a time: while another session holds
-// them off (here a transaction that read the instances table and stays open), the statements
-// queued behind the step's request go through between its tries instead of waiting behind it,
-// and after lockTryFor it gives up, naming the session; the schema stays at its version. Not
-// parallel: it shortens that wait for the whole package.
+// A step on an existing schema runs in tries under a short lock_timeout: while another session
+// holds its locks off (here a transaction that read the instances table and stays open), the
+// statements queued behind the step's lock request go through between its tries instead of
+// waiting behind it, and after lockTryFor it gives up, naming the session; the schema stays at
+// its version. Not parallel: it shortens that wait for the whole package.
 func TestAStepWaitingForItsLocksDoesNotStopTheTable(t *testing.T) {
-	durablemigrate.SetLockTryFor(t.Cleanup, 2*time.Second)
+	durablemigrate.SetLockTryFor(t.Cleanup, time.Second)
 	pool := durabledbtest.Pool(t, 4)
 	ctx := context.Background()
 	schema := "t_migrate_lock_tries"
@@ -557,11 +557,11 @@ func TestAStepWaitingForItsLocksDoesNotStopTheTable(t *testing.T) {
 	var pid int32
 	require.NoError(t, holder.QueryRow(ctx, fmt.Sprintf(`SELECT pg_backend_pid() FROM (SELECT count(*) FROM %q.instances) AS n`, schema)).Scan(&pid))
 
-	// A writer inserts all along; its inserts that commit while the migration waits are those
-	// that got through between its tries.
+	// A writer inserts all along; the inserts that commit once the step's lock request has
+	// been seen waiting, and before the step gives up, got through between its tries.
 	stop, wrote := make(chan struct{}), make(chan error, 1)
 	var during atomic.Int64
-	var migrating atomic.Bool
+	var counting atomic.Bool
 	go func() {
 		for {
 			select {
@@ -574,20 +574,27 @@ func TestAStepWaitingForItsLocksDoesNotStopTheTable(t *testing.T) {
 				wrote <- err
 				return
 			}
-			if migrating.Load() {
+			if counting.Load() {
 				during.Add(1)
 			}
 		}
 	}()
-	migrating.Store(true)
-	err = durablemigrate.MigrateTo(ctx, pool, schema, durablemigrate.Version)
-	migrating.Store(false)
+	migrated := make(chan error, 1)
+	go func() { migrated <- durablemigrate.MigrateTo(ctx, pool, schema, durablemigrate.Version) }()
+	for deadline, waiting := time.Now().Add(30*time.Second), 0; waiting == 0; time.Sleep(time.Millisecond) {
+		require.True(t, time.Now().Before(deadline), "the step's lock request never showed in pg_locks")
+		require.NoError(t, holder.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM pg_locks WHERE NOT granted
+			AND relation = '%q.instances'::regclass`, schema)).Scan(&waiting))
+	}
+	counting.Store(true)
+	err = <-migrated
+	counting.Store(false)
 	close(stop)
 	require.NoError(t, <-wrote)
-	require.ErrorContains(t, err, "could not lock")
-	require.ErrorContains(t, err, fmt.Sprintf("pid %d (idle in transaction", pid), "the error names the session that held the lock")
+	require.ErrorContains(t, err, "could not take its locks")
+	require.ErrorContains(t, err, fmt.Sprintf("pid %d (idle in transaction", pid), "the error names the session in the way")
 	t.Logf("%d inserts while the step waited: %v", during.Load(), err)
-	require.Positive(t, during.Load(), "inserts that went through while the step waited for its lock")
+	require.Positive(t, during.Load(), "inserts that went through while the step waited for its locks")
 	st, err := durablemigrate.Current(ctx, pool, schema)
 	require.NoError(t, err)
 	require.Equal(t, durablemigrate.Required, st.Version)
