@@ -61,6 +61,7 @@ func TestMigrateCreatesTheSchema(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "not created yet")
 	require.Contains(t, out, latest)
+	require.NotContains(t, out, "applied ", "a new schema is created at once, not step by step")
 	// Idempotent: a second run finds nothing pending.
 	code, out, errOut = runCLI(t, "migrate", "--database-url", durabledbtest.URL(t), "--schema", schema)
 	require.Equal(t, 0, code, errOut)
@@ -69,8 +70,12 @@ func TestMigrateCreatesTheSchema(t *testing.T) {
 
 	// From a schema the libraries before this one run against, the contract migrations run only
 	// when named by --target.
-	code, _, errOut = runCLI(t, "migrate", "--database-url", durabledbtest.URL(t), "--schema", schema, "--target", "9")
+	code, out, errOut = runCLI(t, "migrate", "--database-url", durabledbtest.URL(t), "--schema", schema, "--target", "9")
 	require.Equal(t, 0, code, errOut)
+	// An existing schema goes a step at a time, each reported as it is applied.
+	for v := durablemigrate.Version; v > 9; v-- {
+		require.Regexp(t, fmt.Sprintf(`(?m)^applied %d \w+ \(down to %d\) in \d`, v, v-1), out)
+	}
 	for range 2 {
 		code, out, errOut = runCLI(t, "migrate", "--database-url", durabledbtest.URL(t), "--schema", schema)
 		require.Equal(t, 0, code, errOut)
@@ -81,6 +86,7 @@ func TestMigrateCreatesTheSchema(t *testing.T) {
 		"--target", fmt.Sprint(durablemigrate.Version))
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, latest)
+	require.Regexp(t, fmt.Sprintf(`(?m)^applied %d \w+ \(up\) in \d`, durablemigrate.Version), out)
 }
 
 // The benchmark in miniature: every available scenario runs and reports the fields it must.

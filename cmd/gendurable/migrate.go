@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/gendurable/gendurable/durablemigrate"
 )
@@ -57,7 +58,7 @@ func runMigrate(ctx context.Context, args []string, out io.Writer) error {
 				contractHint(out, explicit, *target)
 				return nil
 			}
-			if err := durablemigrate.MigrateTo(ctx, pool, db.schema, *target); err != nil {
+			if err := apply(ctx, out, pool, db.schema, current, *target, steps); err != nil {
 				return err
 			}
 			fmt.Fprintf(out, "schema %q is at version %d\n", db.schema, *target)
@@ -82,6 +83,27 @@ func runMigrate(ctx context.Context, args []string, out io.Writer) error {
 			return err
 		}
 		fmt.Fprintf(out, "-- gendurable schema version %d: %s (%s), in one transaction\n%s\n", s.Version, s.Name, direction(s), sql)
+	}
+	return nil
+}
+
+// apply migrates the schema to target. A schema that exists goes one step at a time, each
+// reported as it is applied (a step may wait for its locks, or build an index concurrently, for
+// minutes: the last line printed says how far it got); one that does not is created at once.
+func apply(ctx context.Context, out io.Writer, pool durablemigrate.DB, schema string, current, target int, steps []durablemigrate.Step) error {
+	if current == 0 {
+		return durablemigrate.MigrateTo(ctx, pool, schema, target)
+	}
+	for _, s := range steps {
+		to := s.Version
+		if s.Down {
+			to = s.Version - 1
+		}
+		began := time.Now()
+		if err := durablemigrate.MigrateTo(ctx, pool, schema, to); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "applied %d %s (%s) in %v\n", s.Version, s.Name, direction(s), time.Since(began).Round(time.Millisecond))
 	}
 	return nil
 }
