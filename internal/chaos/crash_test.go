@@ -94,8 +94,9 @@ func TestStartupReclaimTakesOnlyStaleClaims(t *testing.T) {
 	e := newEnv(t, 16)
 	const n = 16
 	insertLinear(t, e, n)
-	// Lease 8s, heartbeat 200ms: a claim is stale for startup reclaim after 4s without a beat.
-	slow := func(c *workerCfg) { c.StepMS, c.LeaseMS, c.HeartbeatMS, c.ReaperMS, c.Conc = 60000, 8000, 200, 0, 16 }
+	// Lease 12s, heartbeat 200ms: a claim is stale for startup reclaim 6s after its last beat,
+	// and its lease runs 6s more.
+	slow := func(c *workerCfg) { c.StepMS, c.LeaseMS, c.HeartbeatMS, c.ReaperMS, c.Conc = 60000, 12000, 200, 0, 16 }
 	p1 := startWorker(t, e.crashCfg("same", slow))
 	eventually(t, 20*time.Second, "p1 holds 16 claims", func() bool {
 		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'executing'`) == n
@@ -109,17 +110,28 @@ func TestStartupReclaimTakesOnlyStaleClaims(t *testing.T) {
 	require.Equal(t, n, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'executing' AND split_part(locked_by, '#', 1) = split_part($1, '#', 1)`, p1Owner))
 
 	// p1 dies. Nobody runs a reaper, so only a restart under the same name can release its
-	// claims: it does, as soon as they are stale (4s), before their lease (8s) runs out.
+	// claims: it does once they are stale (6s without a beat), before their lease (12s) runs out.
 	p1.kill()
-	killed := time.Now()
 	p2.kill()
-	time.Sleep(4500 * time.Millisecond)
+	// The database's clock says when the claims are stale and when their leases end. (A
+	// heartbeat of p1's still in flight could only extend a lease: the bound read here is the
+	// stricter.)
+	eventually(t, 30*time.Second, "p1's claims stale", func() bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'executing'
+			AND locked_until >= now() + interval '6 seconds'`) == 0
+	})
+	var leaseEnd time.Time
+	require.NoError(t, e.pool.QueryRow(context.Background(), expand(`SELECT min(locked_until) FROM {schema}.instances`, e.schema)).Scan(&leaseEnd))
 	p3 := startWorker(t, e.crashCfg("same", slow, func(c *workerCfg) { c.StepMS = 1 }))
 	eventually(t, 30*time.Second, "all done", func() bool {
 		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'done'`) == n
 	})
-	require.Equal(t, 0, e.count(t, `SELECT count(*) FROM {schema}.t_effects WHERE pid = $1 AND at > $2`, p3.pid(), killed.Add(8*time.Second)),
-		"p3 ran the steps before p1's leases ran out: startup reclaim, not expiry, released them")
+	// Each instance's first change out of p1's claim was a release (p1 ran no step to its
+	// outcome), and it came before p1's lease ran out: startup reclaim, not expiry, released it.
+	require.Equal(t, n, e.count(t, `SELECT count(*) FROM (SELECT DISTINCT ON (id) id, new_status, at
+		FROM {schema}.t_outcome_log WHERE old_status = 'executing' ORDER BY id, seq) r
+		WHERE r.new_status = 'available' AND r.at < $1`, leaseEnd),
+		"p3's startup reclaim released p1's stale claims before their lease ran out")
 	requireAllExact(t, e, n)
 	// No step ran in two live processes at once: p1 and p2 never both ran an (id, step, attempt).
 	require.Equal(t, 0, e.count(t, `SELECT count(*) FROM (SELECT id, step, attempt FROM {schema}.t_effects
