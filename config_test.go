@@ -41,6 +41,8 @@ func TestConfigInvalidFieldsFailBeforeAnySideEffect(t *testing.T) {
 		{gendurable.Config{MaxPayloadBytes: -1}, "MaxPayloadBytes"},
 		{gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {Concurrency: -1}}}, "Queues[q].Concurrency"},
 		{gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {Concurrency: 10001}}}, "Queues[q].Concurrency"},
+		{gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {Prefetch: -1}}}, "Queues[q].Prefetch"},
+		{gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {Prefetch: 10001}}}, "Queues[q].Prefetch"},
 		{gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {PollInterval: -1}}}, "Queues[q].PollInterval"},
 		{gendurable.Config{Queues: map[string]gendurable.QueueConfig{"": {}}}, "Queues[]"},
 		{gendurable.Config{Machines: []gendurable.Machine{nil}}, "Machines[0]"},

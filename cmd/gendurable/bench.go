@@ -29,6 +29,7 @@ func runBench(ctx context.Context, args []string, out io.Writer) error {
 	fs.Var(&scenarios, "scenario", "scenario to run (repeatable; default all available)")
 	n := fs.Int("n", 0, "size of each scenario (default: the scenario's own)")
 	conc := fs.Int("concurrency", 100, "queue concurrency of the benchmarked client")
+	prefetch := fs.Int("prefetch", 0, "rows the benchmarked client's picks may claim beyond its free executors (QueueConfig.Prefetch)")
 	clients := fs.Int("clients", 1, "clients (nodes) working the queue together in jobs, chain, gated and rated")
 	processes := fs.Int("processes", 0, "jobs and chain: worker processes (each a client on a pool of its own) instead of in-process clients; adds the database's transactions and statement time per job")
 	worker := fs.String("worker", "", "run as one worker process of --processes for this scenario (internal)")
@@ -91,7 +92,7 @@ func runBench(ctx context.Context, args []string, out io.Writer) error {
 		}
 	}
 	var results []bench.Result
-	err = bench.Run(ctx, pool, bench.Options{Schema: db.schema, Scenarios: scenarios, N: *n, Concurrency: *conc,
+	err = bench.Run(ctx, pool, bench.Options{Schema: db.schema, Scenarios: scenarios, N: *n, Concurrency: *conc, Prefetch: *prefetch,
 		Clients: *clients, Processes: *processes, Worker: workerCmd, Preload: *preload, PreloadLive: *preloadLive, Duration: *duration, Rate: *rate, Window: *window, Retention: *retention,
 		Codec: codec, Logger: quietLogger()},
 		func(r bench.Result) {

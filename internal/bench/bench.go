@@ -35,6 +35,10 @@ type Options struct {
 	N int
 	// Concurrency overrides the client's queue concurrency (default 100).
 	Concurrency int
+	// Prefetch is the benchmarked queue's QueueConfig.Prefetch (default 0) on the clients the
+	// scenarios work it with in this process (not fanout's, latency-remote's worker, nor the
+	// worker processes of Processes).
+	Prefetch int
 	// Clients is how many clients (nodes) work the queue together in jobs, chain, gated and rated
 	// (default 1).
 	Clients int
@@ -175,9 +179,9 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options, emit func(Result
 	if opts.Clients == 0 {
 		opts.Clients = 1
 	}
-	if opts.Concurrency < 0 || opts.N < 0 || opts.Clients < 0 || opts.Processes < 0 || opts.Preload < 0 || opts.PreloadLive < 0 ||
+	if opts.Concurrency < 0 || opts.Prefetch < 0 || opts.N < 0 || opts.Clients < 0 || opts.Processes < 0 || opts.Preload < 0 || opts.PreloadLive < 0 ||
 		opts.Duration < 0 || opts.Rate < 0 || opts.Window < 0 || opts.Retention < 0 {
-		return fmt.Errorf("--n, --concurrency, --clients, --processes, --preload, --duration, --rate, --window and --retention must be positive")
+		return fmt.Errorf("--n, --concurrency, --prefetch, --clients, --processes, --preload, --duration, --rate, --window and --retention must be positive")
 	}
 	if opts.Processes > 0 && opts.Worker == nil {
 		return fmt.Errorf("--processes needs a way to start worker processes")
@@ -289,7 +293,7 @@ func (r *runner) named(name string, machines []gendurable.Machine, hooks ...func
 		Name:              name,
 		Schema:            r.opts.Schema,
 		Machines:          machines,
-		Queues:            map[string]gendurable.QueueConfig{"bench": {Concurrency: r.opts.Concurrency}},
+		Queues:            map[string]gendurable.QueueConfig{"bench": {Concurrency: r.opts.Concurrency, Prefetch: r.opts.Prefetch}},
 		Logger:            r.opts.Logger,
 		Hooks:             hooks,
 		ConcurrencyLimits: r.limits,

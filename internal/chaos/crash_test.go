@@ -89,6 +89,43 @@ func TestKilledWorkerIsRecoveredByAnother(t *testing.T) {
 	rescuer.kill()
 }
 
+// A worker killed while it holds prefetched claims beside its running steps: the reaper releases
+// them all once the lease runs out, another worker runs them, and the prefetched rows never ran
+// in the victim.
+func TestKilledWorkersPrefetchedClaimsAreRecovered(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 16)
+	const n = 40
+	insertLinear(t, e, n)
+	victim := startWorker(t, e.crashCfg("victim", leaseMS(1500), func(c *workerCfg) {
+		c.StepMS, c.ReaperMS, c.Conc, c.Prefetch = 60000, 0, 4, 12
+	}))
+	// The victim runs no reaper and nobody else works the queue: its claims stay its own until
+	// the kill, however late its heartbeat.
+	var held []int64
+	eventually(t, 20*time.Second, "the victim holding 16 claims, running 4 steps", func() bool {
+		rows, err := e.pool.Query(context.Background(), expand(`SELECT id FROM {schema}.instances
+			WHERE status = 'executing' AND locked_by LIKE 'victim:%'`, e.schema))
+		require.NoError(t, err)
+		held, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+		require.NoError(t, err)
+		return len(held) == 16 && e.count(t, `SELECT count(*) FROM {schema}.t_effects WHERE pid = $1`, victim.pid()) == 4
+	})
+	victim.kill()
+	rescuer := startWorker(t, e.crashCfg("rescuer", leaseMS(1500), func(c *workerCfg) {
+		c.StepMS, c.Prefetch = 1, 8
+	}))
+	eventually(t, 60*time.Second, "all done", func() bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'done'`) == n
+	})
+	requireAllExact(t, e, n)
+	require.Equal(t, 16, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE id = ANY($1) AND errors @> '[{"kind":"lease"}]'`, held),
+		"the reaper released the victim's 16 claims, running and prefetched")
+	require.Equal(t, 4, e.count(t, `SELECT count(*) FROM {schema}.t_effects WHERE pid = $1`, victim.pid()),
+		"the victim ran only the steps it had begun")
+	rescuer.kill()
+}
+
 func TestStartupReclaimTakesOnlyStaleClaims(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 16)

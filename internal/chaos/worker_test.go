@@ -77,10 +77,12 @@ type workerCfg struct {
 	// Machines is the machine set (machinesCrash, machinesChaos, machinesRaces, machinesDocsV1,
 	// machinesDocsV2 or machinesFast).
 	Machines string
-	// Queues are worked with Conc slots each; Probes adds one-slot queues p0, p1, …
-	Queues []string
-	Conc   int
-	Probes int
+	// Queues are worked with Conc slots each and Prefetch more claims; Probes adds one-slot
+	// queues p0, p1, …
+	Queues   []string
+	Conc     int
+	Prefetch int
+	Probes   int
 	// QueuePollMS overrides PollMS for some queues.
 	QueuePollMS map[string]int
 	// The client's timing.
@@ -447,7 +449,7 @@ func workerMain(cfgJSON string) int {
 	}
 	queues := map[string]gendurable.QueueConfig{}
 	for _, q := range cfg.Queues {
-		queues[q] = gendurable.QueueConfig{Concurrency: cfg.Conc, PollInterval: ms(cfg.QueuePollMS[q])}
+		queues[q] = gendurable.QueueConfig{Concurrency: cfg.Conc, Prefetch: cfg.Prefetch, PollInterval: ms(cfg.QueuePollMS[q])}
 	}
 	// Probe queues of one slot each: a probe insert goes to a queue of its own, so that only a
 	// poke, never a poll of a busy queue, can start it fast.

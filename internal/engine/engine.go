@@ -53,6 +53,8 @@ type Pool interface {
 type QueueConfig struct {
 	Concurrency  int
 	PollInterval time.Duration
+	// Prefetch is how many claimed rows may wait in the client beyond its Concurrency executors.
+	Prefetch int
 }
 
 // Config is the engine's validated configuration; the root package fills every field.
@@ -462,9 +464,10 @@ func (e *Engine) Running() bool {
 	return e.running && !e.stopped
 }
 
-// Stop drains: the schedulers stop claiming, running steps get until ctx is done to finish
-// (their outcomes commit), then the rest have their contexts cancelled and their claims handed
-// back. Outcomes that arrive after that are dropped as stale.
+// Stop drains: the schedulers stop claiming, prefetched rows not yet begun are handed back,
+// running steps get until ctx is done to finish (their outcomes commit), then the rest have
+// their contexts cancelled and their claims handed back. Outcomes that arrive after that are
+// dropped as stale.
 func (e *Engine) Stop(ctx context.Context) error {
 	e.mu.Lock()
 	if !e.running || e.stopped {
@@ -478,6 +481,9 @@ func (e *Engine) Stop(ctx context.Context) error {
 		r.beginStop()
 	}
 	e.loops.Wait()
+	for _, r := range e.runners {
+		r.handBackWaiting()
+	}
 	e.waitInserts(ctx)
 	for _, r := range e.runners {
 		r.closeWork() // the executor goroutines finish what they hold, then exit

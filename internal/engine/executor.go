@@ -21,11 +21,22 @@ import (
 
 // runStep executes one claimed step and hands its outcome to the committer (or, for a step that
 // wrote through its transaction, commits it there). release frees the row's executor slot: once
-// the outcome is handed off (the committer's bounded queue is the backpressure).
-func (e *Engine) runStep(queue string, c *store.Claimed, gl *gateLease, release func()) {
-	f, ctx := e.track(queue, c.Owner, c, gl)
-	out, call := e.execute(ctx, e.pool, queue, c)
-	if (out.Kind == store.KindRetry || out.Kind == store.KindFailed) && errors.Is(context.Cause(ctx), durabletype.ErrLeaseLost) {
+// the outcome is handed off (the committer's bounded queue is the backpressure). A job may have
+// waited for its executor (prefetched says the queue prefetches), and what happened meanwhile
+// decides whether its step runs (begin).
+func (e *Engine) runStep(queue string, j job, prefetched bool, release func()) {
+	f, ctx, c, gl := j.f, j.ctx, j.row, j.lease
+	out, run, abandoned := e.begin(queue, j, prefetched)
+	if abandoned {
+		e.inFlight.Add(-1)
+		release()
+		return
+	}
+	var call *Call
+	if run {
+		out, call = e.execute(ctx, e.pool, queue, c)
+	}
+	if run && (out.Kind == store.KindRetry || out.Kind == store.KindFailed) && errors.Is(context.Cause(ctx), durabletype.ErrLeaseLost) {
 		// The heartbeat could not reach the database for a whole lease and cancelled the step,
 		// which then failed: the cancellation's failure, not the step's. The database may still
 		// show the claim as this client's (no reaper released it yet); the claim is handed back
@@ -111,6 +122,37 @@ func (e *Engine) runStep(queue string, c *store.Claimed, gl *gateLease, release 
 		return
 	}
 	e.committer.submit(&commitReq{flight: f, out: out, release: release})
+}
+
+// begin decides, as an executor takes a job, whether its step runs (run); if not, out is what
+// goes in its place. A row Stop handed back while it waited (abandoned) has nothing left to do;
+// one whose claim the heartbeat found lost goes back as a lost lease would after its step; one
+// whose instance was cancelled is not run (its claim is gone); and a prefetched row is handed
+// back unrun, no attempt spent, once Stop has begun or if its queue or machine was paused while
+// it waited (a pick would not have claimed it).
+func (e *Engine) begin(queue string, j job, prefetched bool) (out store.Outcome, run, abandoned bool) {
+	e.mu.Lock()
+	abandoned, stopping := j.f.state == flightAbandoned, e.stopped
+	if !abandoned {
+		j.f.started = time.Now()
+	}
+	e.mu.Unlock()
+	c := j.row
+	switch {
+	case abandoned:
+		return out, false, true
+	case errors.Is(context.Cause(j.ctx), durabletype.ErrLeaseLost):
+		return store.Recovery(c, c.Slot(), 0, errKindLease, e.cfg.MaxRecoveries,
+			fmt.Errorf("%w: the worker's heartbeat could not reach the database for a whole lease before the step began",
+				durabletype.ErrLeaseLost)), false, false
+	case errors.Is(context.Cause(j.ctx), durabletype.ErrCancelled):
+		// An operator cancelled the instance: its claim is gone, and this hand-back is dropped
+		// as stale.
+		return store.HandBack(store.Claim{ID: c.ID, Owner: c.Owner}, c.Slot(), 0), false, false
+	case prefetched && (stopping || e.paused.Load().queuePaused(queue) || e.paused.Load().machinePaused(c.Machine)):
+		return store.HandBack(store.Claim{ID: c.ID, Owner: c.Owner}, c.Slot(), 0), false, false
+	}
+	return out, true, false
 }
 
 // execute runs one claimed step and returns its outcome, fenced by the claim, and the Call (whose

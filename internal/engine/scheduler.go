@@ -31,9 +31,13 @@ const maxPickBatch = 1000
 // timer, whose interval grows from a short cooldown to PollInterval over consecutive empty picks
 // (the idle backoff); a poke-driven empty pick does not stretch it.
 type runner struct {
-	e         *Engine
-	queue     string
+	e     *Engine
+	queue string
+	// conc is how many rows the runner may hold claimed: its workers (the executor goroutines,
+	// Concurrency) and, beyond them, its prefetch (rows waiting in work for an executor).
 	conc      int
+	workers   int
+	prefetch  int
 	poll      time.Duration
 	minDemand int
 	workerID  string
@@ -71,25 +75,30 @@ type runner struct {
 	pickSpell spell.Log
 }
 
-// job is a claimed row for an executor, and the gate lease it took its slot from (nil: none).
-// The row points into its pick's batch (one allocation per pick, not one copy per row).
+// job is a claimed row for an executor: its flight (tracked from the moment the row is handed
+// over, so that the heartbeat keeps its lease while it waits for an executor) and the context
+// its step runs under. The row points into its pick's batch (one allocation per pick, not one
+// copy per row).
 type job struct {
 	row   *store.Claimed
 	lease *gateLease
+	f     *flight
+	ctx   context.Context
 }
 
 func newRunner(e *Engine, queue string, qc QueueConfig) *runner {
-	md := qc.Concurrency / 10
+	conc := qc.Concurrency + qc.Prefetch
+	md := conc / 10
 	if md < 1 {
 		md = 1
 	}
 	return &runner{
-		e: e, queue: queue, conc: qc.Concurrency, poll: qc.PollInterval, minDemand: md,
+		e: e, queue: queue, conc: conc, workers: qc.Concurrency, prefetch: qc.Prefetch, poll: qc.PollInterval, minDemand: md,
 		workerID:    e.workerPrefix(queue) + e.uniq,
 		stop:        make(chan struct{}),
 		wake:        make(chan struct{}, 1),
 		slotFreed:   make(chan struct{}, 1),
-		work:        make(chan job, qc.Concurrency),
+		work:        make(chan job, conc),
 		pickTimeout: StatementTimeout(e.cfg.Lease),
 	}
 }
@@ -97,15 +106,39 @@ func newRunner(e *Engine, queue string, qc QueueConfig) *runner {
 // startWorkers starts the queue's executor goroutines: Concurrency long-lived goroutines (their
 // stacks stay grown, nothing is spawned per step). They exit once work is closed and drained.
 func (r *runner) startWorkers() {
-	r.e.steps.Add(r.conc)
-	for range r.conc {
+	r.e.steps.Add(r.workers)
+	for range r.workers {
 		go func() {
 			defer r.e.steps.Done()
 			for j := range r.work {
-				r.e.runStep(r.queue, j.row, j.lease, r.release)
+				r.e.runStep(r.queue, j, r.prefetch > 0, r.release)
 			}
 		}()
 	}
+}
+
+// handBackWaiting hands back, once Stop has ended the pick loop, the prefetched rows still
+// waiting for an executor: none has begun, and another node (or the next start) can run them now
+// instead of after the running steps. An executor that takes one first hands it back the same
+// way (begin).
+func (r *runner) handBackWaiting() {
+	if r.prefetch == 0 {
+		return
+	}
+	for {
+		select {
+		case j := <-r.work:
+			r.e.runStep(r.queue, j, true, r.release)
+		default:
+			return
+		}
+	}
+}
+
+// handOver tracks a claimed row as in flight and makes it an executor's job.
+func (r *runner) handOver(c *store.Claimed, gl *gateLease) job {
+	f, ctx := r.e.track(r.queue, c.Owner, c, gl)
+	return job{row: c, lease: gl, f: f, ctx: ctx}
 }
 
 func (r *runner) poke() {
@@ -148,11 +181,13 @@ func (r *runner) takeUpTo(n int) int {
 func (r *runner) reserve() bool { return r.reserveLeaving(0) }
 
 // reserveLeaving reserves a slot if more than spare are free: a reservation that may come to
-// nothing (a signal's, in every queue) leaves a queue's last slot to its picks.
+// nothing (a signal's, in every queue) leaves a queue's last slot to its picks. A reservation's
+// row starts as its call returns, so it takes an executor's slot, never a prefetched one: busy
+// counts every claimed row, waiting or running.
 func (r *runner) reserveLeaving(spare int) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.closed || r.stopping || r.busy >= r.conc-spare {
+	if r.closed || r.stopping || r.busy >= r.workers-spare {
 		return false
 	}
 	r.busy++
@@ -452,11 +487,11 @@ func (r *runner) dispatch(rows []store.Claimed, gl *gateLease) {
 	}
 	r.e.inFlight.Add(int64(len(rows)))
 	for i := range rows {
-		j := job{row: &rows[i]}
+		var leased *gateLease
 		if gl != nil && isLeased(&rows[i], gl) {
-			j.lease = gl
+			leased = gl
 		}
-		r.work <- j // never blocks: each row has its slot, and work holds Concurrency
+		r.work <- r.handOver(&rows[i], leased) // never blocks: each row has its slot, and work holds them all
 	}
 }
 
@@ -521,7 +556,7 @@ func (e *Engine) RunInserted(queue string, c *store.Claimed, took time.Duration)
 	r.mu.Lock()
 	if c != nil && !r.closed {
 		e.inFlight.Add(1)
-		r.work <- job{row: c} // never blocks: the reserved slot is this row's, and work holds Concurrency
+		r.work <- r.handOver(c, nil) // never blocks: the reserved slot is this row's, and work holds every slot
 		r.mu.Unlock()
 		e.Emit(durabletype.Event{Name: durabletype.EventSchedulerPicked, Queue: queue, Count: 1, Duration: took})
 		return
