@@ -481,8 +481,9 @@ func (e *Engine) Stop(ctx context.Context) error {
 		r.beginStop()
 	}
 	e.loops.Wait()
+	var waitErr error
 	for _, r := range e.runners {
-		r.handBackWaiting()
+		waitErr = errors.Join(waitErr, r.handBackWaiting())
 	}
 	e.waitInserts(ctx)
 	for _, r := range e.runners {
@@ -497,6 +498,7 @@ func (e *Engine) Stop(ctx context.Context) error {
 	case <-ctx.Done():
 		err = e.abandon()
 	}
+	err = errors.Join(waitErr, err)
 	e.sends.Wait()
 	e.committer.stop()
 	for _, r := range e.runners {

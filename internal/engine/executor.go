@@ -125,11 +125,11 @@ func (e *Engine) runStep(queue string, j job, prefetched bool, release func()) {
 }
 
 // begin decides, as an executor takes a job, whether its step runs (run); if not, out is what
-// goes in its place. A row Stop handed back while it waited (abandoned) has nothing left to do;
-// one whose claim the heartbeat found lost goes back as a lost lease would after its step; one
-// whose instance was cancelled is not run (its claim is gone); and a prefetched row is handed
-// back unrun, no attempt spent, once Stop has begun or if its queue or machine was paused while
-// it waited (a pick would not have claimed it).
+// goes in its place. A row Stop handed back while it waited (abandoned) has nothing left to do.
+// A row whose step was cancelled before it began (its claim found lost by the heartbeat, its
+// instance cancelled) is handed back unrun, as is a prefetched row once Stop has begun or if
+// its queue or machine was paused while it waited (a pick would not have claimed it); a
+// hand-back spends no attempt and counts no recovery.
 func (e *Engine) begin(queue string, j job, prefetched bool) (out store.Outcome, run, abandoned bool) {
 	e.mu.Lock()
 	abandoned, stopping := j.f.state == flightAbandoned, e.stopped
@@ -141,15 +141,10 @@ func (e *Engine) begin(queue string, j job, prefetched bool) (out store.Outcome,
 	switch {
 	case abandoned:
 		return out, false, true
-	case errors.Is(context.Cause(j.ctx), durabletype.ErrLeaseLost):
-		return store.Recovery(c, c.Slot(), 0, errKindLease, e.cfg.MaxRecoveries,
-			fmt.Errorf("%w: the worker's heartbeat could not reach the database for a whole lease before the step began",
-				durabletype.ErrLeaseLost)), false, false
-	case errors.Is(context.Cause(j.ctx), durabletype.ErrCancelled):
-		// An operator cancelled the instance: its claim is gone, and this hand-back is dropped
-		// as stale.
-		return store.HandBack(store.Claim{ID: c.ID, Owner: c.Owner}, c.Slot(), 0), false, false
-	case prefetched && (stopping || e.paused.Load().queuePaused(queue) || e.paused.Load().machinePaused(c.Machine)):
+	case context.Cause(j.ctx) != nil, prefetched && (stopping || e.paused.Load().queuePaused(queue) || e.paused.Load().machinePaused(c.Machine)):
+		// Nothing ran, so nothing is charged: the claim goes back untouched if it is still this
+		// client's, and the hand-back is dropped as stale if it is not (an operator cancelled the
+		// instance, or a reaper released the claim the heartbeat found lost).
 		return store.HandBack(store.Claim{ID: c.ID, Owner: c.Owner}, c.Slot(), 0), false, false
 	}
 	return out, true, false

@@ -51,19 +51,52 @@ func (e *Engine) abandon() error {
 		if f.state != flightRunning && f.state != flightCommitting {
 			continue
 		}
-		f.state = flightAbandoned
-		f.cancel(durabletype.ErrClientStopped)
-		// The hand-back credits the counter, leased slot or not.
-		if gl := f.lease.Swap(nil); gl != nil {
-			gl.settle(false)
-		}
-		rows = append(rows, store.HandBack(store.Claim{ID: f.id, Owner: f.owner}, f.slot, 0))
-		delete(e.flights, f.id)
+		rows = append(rows, e.giveUp(f))
 	}
 	e.mu.Unlock()
 	if len(rows) == 0 {
 		return nil
 	}
+	if err := e.handBackAtStop(rows); err != nil {
+		return err
+	}
+	e.log.Info("gendurable: stop deadline reached; running steps cancelled and their claims released",
+		"client", e.cfg.Name, "claims", len(rows))
+	return nil
+}
+
+// giveUp abandons a claim at shutdown and returns its hand-back: its step, if running, is
+// cancelled, a late outcome of it is dropped, and its gate slot goes back to the counter (the
+// hand-back credits it, leased slot or not). e.mu is held.
+func (e *Engine) giveUp(f *flight) store.Outcome {
+	f.state = flightAbandoned
+	f.cancel(durabletype.ErrClientStopped)
+	if gl := f.lease.Swap(nil); gl != nil {
+		gl.settle(false)
+	}
+	if cur, ok := e.flights[f.id]; ok && cur == f {
+		delete(e.flights, f.id)
+	}
+	return store.HandBack(store.Claim{ID: f.id, Owner: f.owner}, f.slot, 0)
+}
+
+// giveUpWaiting abandons, at shutdown, the claims of jobs no executor began, and returns their
+// hand-backs.
+func (e *Engine) giveUpWaiting(jobs []job) []store.Outcome {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	rows := make([]store.Outcome, 0, len(jobs))
+	for _, j := range jobs {
+		if j.f.state == flightRunning {
+			rows = append(rows, e.giveUp(j.f))
+		}
+	}
+	return rows
+}
+
+// handBackAtStop applies the hand-backs of claims given up at shutdown, in one statement of at
+// most 10s (not the drain's deadline: past it, the claims would wait for their leases).
+func (e *Engine) handBackAtStop(rows []store.Outcome) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, _, err := e.store.ApplyOutcomes(ctx, e.pool, rows); err != nil {
@@ -71,8 +104,6 @@ func (e *Engine) abandon() error {
 			"client", e.cfg.Name, "claims", len(rows), "error", err)
 		return fmt.Errorf("gendurable: stop: release %d claims: %w", len(rows), err)
 	}
-	e.log.Info("gendurable: stop deadline reached; running steps cancelled and their claims released",
-		"client", e.cfg.Name, "claims", len(rows))
 	return nil
 }
 

@@ -118,21 +118,39 @@ func (r *runner) startWorkers() {
 }
 
 // handBackWaiting hands back, once Stop has ended the pick loop, the prefetched rows still
-// waiting for an executor: none has begun, and another node (or the next start) can run them now
-// instead of after the running steps. An executor that takes one first hands it back the same
-// way (begin).
-func (r *runner) handBackWaiting() {
+// waiting for an executor, in one statement, and pokes their queue: none has begun, and another
+// node (or the next start) can run them now instead of after the running steps. An executor
+// that takes one first hands it back through the committer (begin).
+func (r *runner) handBackWaiting() error {
 	if r.prefetch == 0 {
-		return
+		return nil
 	}
-	for {
+	var jobs []job
+	for taking := true; taking; {
 		select {
 		case j := <-r.work:
-			r.e.runStep(r.queue, j, true, r.release)
+			jobs = append(jobs, j)
 		default:
-			return
+			taking = false
 		}
 	}
+	if len(jobs) == 0 {
+		return nil
+	}
+	rows := r.e.giveUpWaiting(jobs)
+	var err error
+	if len(rows) > 0 {
+		if err = r.e.handBackAtStop(rows); err == nil {
+			r.e.log.Info("gendurable: stopping: handed back the prefetched claims no step had begun",
+				"client", r.e.cfg.Name, "queue", r.queue, "claims", len(rows))
+			r.e.Poke(r.queue)
+		}
+	}
+	for range jobs {
+		r.e.inFlight.Add(-1)
+		r.release()
+	}
+	return err
 }
 
 // handOver tracks a claimed row as in flight and makes it an executor's job.
