@@ -21,8 +21,8 @@ func doneCount(t *testing.T, e *env) int {
 	return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'done'`)
 }
 
-// T1: three workers, one SIGKILLed at random every U(200ms, 1s) and restarted at once under the
-// same name (so startup reclaim meets its predecessor's claims), until every instance is done.
+// T1: three workers (one of them prefetching), one SIGKILLed at random every U(200ms, 1s) and
+// restarted at once under the same name (so startup reclaim meets its predecessor's claims), until every instance is done.
 // Nothing is lost or finished twice, every repeated effect comes from a killed process, and the
 // last instance finishes within lease + 2 × reaper + 3s of the last kill. A fault-free run of the
 // same workers first gives the throughput baseline.
@@ -32,7 +32,12 @@ func TestKillLoopLosesNothing(t *testing.T) {
 	seed, rng := oracle.Seed(t)
 	n, baseN := oracle.Size(600, 10000), oracle.Size(200, 1000)
 	began := time.Now()
-	c := newCrew(t, e, 3, nil, e.t1Cfg(""))
+	// One of the three prefetches (QueueConfig.Prefetch): its waiting claims die with it too.
+	c := newVariedCrew(t, e, 3, nil, e.t1Cfg(""), func(i int, c *workerCfg) {
+		if i == 0 {
+			c.Prefetch = 3 * c.Conc
+		}
+	})
 
 	baseFrom := time.Now()
 	insertLinear(t, e, baseN)

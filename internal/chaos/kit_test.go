@@ -40,6 +40,8 @@ type crew struct {
 	t   *testing.T
 	e   *env
 	cfg workerCfg
+	// vary, if set, changes worker i's configuration in every incarnation.
+	vary func(i int, c *workerCfg)
 	// name gives worker i's name in its gen-th incarnation.
 	name    func(i, gen int) string
 	workers []*worker
@@ -56,10 +58,16 @@ type crew struct {
 // incarnation, so a restart takes over its predecessor's worker-id prefix).
 func newCrew(t *testing.T, e *env, n int, name func(i, gen int) string, cfg workerCfg) *crew {
 	t.Helper()
+	return newVariedCrew(t, e, n, name, cfg, nil)
+}
+
+// newVariedCrew is newCrew with vary(i, cfg) changing worker i's configuration.
+func newVariedCrew(t *testing.T, e *env, n int, name func(i, gen int) string, cfg workerCfg, vary func(i int, c *workerCfg)) *crew {
+	t.Helper()
 	if name == nil {
 		name = func(i, _ int) string { return fmt.Sprint("w", i) }
 	}
-	c := &crew{t: t, e: e, cfg: cfg, name: name, workers: make([]*worker, n), gens: make([]int, n),
+	c := &crew{t: t, e: e, cfg: cfg, vary: vary, name: name, workers: make([]*worker, n), gens: make([]int, n),
 		killed: map[int]bool{}, paused: map[int]bool{}}
 	for i := range c.workers {
 		c.workers[i] = c.spawn(i)
@@ -72,6 +80,9 @@ func (c *crew) spawn(i int) *worker {
 	c.t.Helper()
 	cfg := c.cfg
 	cfg.Name = c.name(i, c.gens[i])
+	if c.vary != nil {
+		c.vary(i, &cfg)
+	}
 	w := startWorker(c.t, cfg)
 	c.all = append(c.all, w)
 	return w
