@@ -2,6 +2,7 @@ package gendurable_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -63,6 +64,23 @@ func (g *gatedSteps) ranAll() int {
 	return n
 }
 
+// waitClaimed waits until the database shows claimed rows executing, running of them in g's steps.
+func (g *gatedSteps) waitClaimed(t *testing.T, e *env, claimed, running int) {
+	t.Helper()
+	eventually(t, 10*time.Second, fmt.Sprintf("%d rows claimed, %d running", claimed, running), func() bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'executing'`) == claimed &&
+			g.running.Load() == int64(running)
+	})
+}
+
+// waitDone waits until n instances are done.
+func waitDone(t *testing.T, e *env, n int) {
+	t.Helper()
+	eventually(t, 20*time.Second, "all done", func() bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'done'`) == n
+	})
+}
+
 func insertHeld(t *testing.T, cl *gendurable.Client, job gendurable.Job[int], n int) []int64 {
 	t.Helper()
 	params := make([]gendurable.InsertManyParams, n)
@@ -89,15 +107,11 @@ func TestPrefetchClaimsAheadButRunsAtMostConcurrency(t *testing.T) {
 		Queues: map[string]gendurable.QueueConfig{"pf": {Concurrency: 4, Prefetch: 12}}})
 	insertHeld(t, cl, job, 40)
 	start(t, cl)
-	eventually(t, 10*time.Second, "16 rows claimed, 4 of them running", func() bool {
-		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'executing'`) == 16 && g.running.Load() == 4
-	})
+	g.waitClaimed(t, e, 16, 4)
 	// The 12 prefetched rows wait: no step beyond the four starts while they are held.
 	require.Equal(t, 4, g.ranAll())
 	close(g.open)
-	eventually(t, 20*time.Second, "all done", func() bool {
-		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'done'`) == 40
-	})
+	waitDone(t, e, 40)
 	require.LessOrEqual(t, g.most.Load(), int64(4), "more steps ran at once than the queue's Concurrency")
 	require.Equal(t, 40, g.ranAll(), "every instance ran once")
 }
@@ -114,9 +128,7 @@ func TestPrefetchedRowsKeepTheirLeases(t *testing.T) {
 		Reaper: &gendurable.ReaperConfig{Interval: 50 * time.Millisecond}})
 	insertHeld(t, cl, job, 4)
 	start(t, cl)
-	eventually(t, 10*time.Second, "4 rows claimed, 1 running", func() bool {
-		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'executing'`) == 4 && g.running.Load() == 1
-	})
+	g.waitClaimed(t, e, 4, 1)
 	var claimedUntil time.Time
 	require.NoError(t, e.pool.QueryRow(context.Background(), expand(`SELECT max(locked_until) FROM {schema}.instances`, e.schema)).Scan(&claimedUntil))
 	// Hold the running step until the database's clock is a second past the leases the rows were
@@ -127,9 +139,7 @@ func TestPrefetchedRowsKeepTheirLeases(t *testing.T) {
 	require.Equal(t, 4, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'executing' AND locked_until > $1`, claimedUntil),
 		"the heartbeat extends the leases of the rows waiting for an executor")
 	close(g.open)
-	eventually(t, 20*time.Second, "all done", func() bool {
-		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'done'`) == 4
-	})
+	waitDone(t, e, 4)
 	require.Equal(t, 0, e.count(t, `SELECT count(*) FROM {schema}.instances WHERE errors IS NOT NULL AND errors <> '[]'::jsonb`),
 		"no claim was released by the reaper")
 	require.Equal(t, 4, g.ranAll(), "every instance ran once")
@@ -146,9 +156,7 @@ func TestStopHandsBackPrefetchedRows(t *testing.T) {
 		Queues: map[string]gendurable.QueueConfig{"pf": {Concurrency: 1, Prefetch: 3}}})
 	ids := insertHeld(t, cl, job, 4)
 	require.NoError(t, cl.Start(context.Background()))
-	eventually(t, 10*time.Second, "4 rows claimed, 1 running", func() bool {
-		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'executing'`) == 4 && g.running.Load() == 1
-	})
+	g.waitClaimed(t, e, 4, 1)
 	stopped := make(chan error, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -170,9 +178,7 @@ func TestStopHandsBackPrefetchedRows(t *testing.T) {
 	other := e.client(t, &gendurable.Config{Name: "other", Machines: []gendurable.Machine{g2.job("pf")},
 		Queues: map[string]gendurable.QueueConfig{"pf": {Concurrency: 4}}})
 	start(t, other)
-	eventually(t, 20*time.Second, "all done", func() bool {
-		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'done'`) == 4
-	})
+	waitDone(t, e, 4)
 	for _, id := range ids {
 		require.Equal(t, 1, g.ran(id)+g2.ran(id), "instance %d ran once", id)
 	}
@@ -190,9 +196,7 @@ func TestPrefetchedRowsOfAPausedQueueAreHandedBack(t *testing.T) {
 	ids := insertHeld(t, cl, job, 4)
 	start(t, cl)
 	ctx := context.Background()
-	eventually(t, 10*time.Second, "4 rows claimed, 1 running", func() bool {
-		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'executing'`) == 4 && g.running.Load() == 1
-	})
+	g.waitClaimed(t, e, 4, 1)
 	require.NoError(t, cl.Pause(ctx, gendurable.PauseTarget{Queue: "pf"}, "test"))
 	close(g.open)
 	eventually(t, 10*time.Second, "the running step done and the waiting rows handed back", func() bool {
@@ -201,9 +205,7 @@ func TestPrefetchedRowsOfAPausedQueueAreHandedBack(t *testing.T) {
 	})
 	require.Equal(t, 1, g.ranAll(), "no row ran after the pause")
 	require.NoError(t, cl.Resume(ctx, gendurable.PauseTarget{Queue: "pf"}))
-	eventually(t, 20*time.Second, "all done", func() bool {
-		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'done'`) == 4
-	})
+	waitDone(t, e, 4)
 	for _, id := range ids {
 		require.Equal(t, 1, g.ran(id))
 	}
