@@ -166,7 +166,8 @@ func (c *Client) checkSearchPath(ctx context.Context) {
 	}
 }
 
-// Stop drains the client: schedulers stop claiming, running steps have until ctx is done to
+// Stop drains the client: schedulers stop claiming, prefetched rows no step has begun
+// (QueueConfig.Prefetch) are handed back at once, running steps have until ctx is done to
 // finish (their outcomes commit); then the rest are cancelled (their context's cause is
 // ErrClientStopped) and their claims handed back at once for other workers. A step that ignores
 // its context keeps its goroutine until it returns; its late outcome is dropped.
