@@ -48,6 +48,15 @@ func (g *gatedSteps) job(queue string) gendurable.Job[int] {
 	}}
 }
 
+// client builds a client of cfg that works queue "pf" with g's job, conc executors and prefetch.
+func (g *gatedSteps) client(t *testing.T, e *env, cfg gendurable.Config, conc, prefetch int) (*gendurable.Client, gendurable.Job[int]) {
+	t.Helper()
+	job := g.job("pf")
+	cfg.Machines = []gendurable.Machine{job}
+	cfg.Queues = map[string]gendurable.QueueConfig{"pf": {Concurrency: conc, Prefetch: prefetch}}
+	return e.client(t, &cfg), job
+}
+
 func (g *gatedSteps) ran(id int64) int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -102,9 +111,7 @@ func TestPrefetchClaimsAheadButRunsAtMostConcurrency(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	g := newGatedSteps()
-	job := g.job("pf")
-	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{job},
-		Queues: map[string]gendurable.QueueConfig{"pf": {Concurrency: 4, Prefetch: 12}}})
+	cl, job := g.client(t, e, gendurable.Config{}, 4, 12)
 	insertHeld(t, cl, job, 40)
 	start(t, cl)
 	g.waitClaimed(t, e, 16, 4)
@@ -122,10 +129,7 @@ func TestPrefetchedRowsKeepTheirLeases(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	g := newGatedSteps()
-	job := g.job("pf")
-	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{job}, Lease: time.Second,
-		Queues: map[string]gendurable.QueueConfig{"pf": {Concurrency: 1, Prefetch: 3}},
-		Reaper: &gendurable.ReaperConfig{Interval: 50 * time.Millisecond}})
+	cl, job := g.client(t, e, gendurable.Config{Lease: time.Second, Reaper: &gendurable.ReaperConfig{Interval: 50 * time.Millisecond}}, 1, 3)
 	insertHeld(t, cl, job, 4)
 	start(t, cl)
 	g.waitClaimed(t, e, 4, 1)
@@ -151,9 +155,7 @@ func TestStopHandsBackPrefetchedRows(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	g := newGatedSteps()
-	job := g.job("pf")
-	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{job}, Lease: time.Minute, Reaper: &gendurable.ReaperConfig{Disabled: true},
-		Queues: map[string]gendurable.QueueConfig{"pf": {Concurrency: 1, Prefetch: 3}}})
+	cl, job := g.client(t, e, gendurable.Config{Lease: time.Minute, Reaper: &gendurable.ReaperConfig{Disabled: true}}, 1, 3)
 	ids := insertHeld(t, cl, job, 4)
 	require.NoError(t, cl.Start(context.Background()))
 	g.waitClaimed(t, e, 4, 1)
@@ -190,9 +192,7 @@ func TestPrefetchedRowsOfAPausedQueueAreHandedBack(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	g := newGatedSteps()
-	job := g.job("pf")
-	cl := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{job},
-		Queues: map[string]gendurable.QueueConfig{"pf": {Concurrency: 1, Prefetch: 3}}})
+	cl, job := g.client(t, e, gendurable.Config{}, 1, 3)
 	ids := insertHeld(t, cl, job, 4)
 	start(t, cl)
 	ctx := context.Background()

@@ -36,8 +36,8 @@ type Options struct {
 	// Concurrency overrides the client's queue concurrency (default 100).
 	Concurrency int
 	// Prefetch is the benchmarked queue's QueueConfig.Prefetch (default 0) on the clients the
-	// scenarios work it with in this process (not fanout's, latency-remote's worker, nor the
-	// worker processes of Processes).
+	// scenarios work it with in this process (not fanout's, latency-remote's worker, soak's, nor
+	// the worker processes of Processes).
 	Prefetch int
 	// Clients is how many clients (nodes) work the queue together in jobs, chain, gated and rated
 	// (default 1).
