@@ -121,8 +121,10 @@ func TestAwaitBridgeUnderFaults(t *testing.T) {
 			}
 		}(&calls[i])
 	}
-	// Kill one producer once, while it holds claims.
-	eventually(t, time.Minute, "p0 holding claims", func() bool { return executingBy(t, e, "p0") >= 2 })
+	// Kill one producer once, while it holds claims: stopped first, and killed once its sessions
+	// are idle and the database still shows it holding two or more (its steps of 20ms could
+	// otherwise all commit between a look and the kill).
+	catch(t, crew, 0, "holding two claims or more", func(name string, _ int) int { return executingBy(t, e, name) - 1 }, nil)
 	crew.kill(0)
 
 	returned := make(chan struct{})
