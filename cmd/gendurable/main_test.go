@@ -105,8 +105,8 @@ func TestBenchSmoke(t *testing.T) {
 	want := map[string][]string{
 		"jobs":           {"insert_per_s", "work_per_s", "client_cpu_us_per_job"},
 		"chain":          {"steps_per_s", "client_cpu_us_per_job"},
-		"latency":        {"p50_ms", "p95_ms", "p99_ms"},
-		"latency-remote": {"p50_ms", "p95_ms", "p99_ms"},
+		"latency":        {"p50_ms", "p95_ms", "p99_ms", "insert_p50_ms", "insert_p99_ms"},
+		"latency-remote": {"p50_ms", "p95_ms", "p99_ms", "insert_p50_ms", "insert_p99_ms", "pick_p50_ms", "pick_p99_ms"},
 		"latency-tx":     {"p50_ms", "p95_ms", "p99_ms"},
 		"await":          {"steps_per_s", "p50_ms", "p99_ms"},
 		"signal":         {"steps_per_s", "p50_ms", "p99_ms", "client_cpu_us_per_job"},

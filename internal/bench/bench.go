@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"runtime"
 	"runtime/metrics"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -82,6 +83,13 @@ type Result struct {
 	P50ms      *float64 `json:"p50_ms,omitempty"`
 	P95ms      *float64 `json:"p95_ms,omitempty"`
 	P99ms      *float64 `json:"p99_ms,omitempty"`
+	// The parts of a pickup (latency, latency-remote): InsertP50ms and InsertP99ms are the
+	// Insert call's own round trip, its commit included; PickP50ms and PickP99ms the worker's
+	// picks that claimed the rows (latency-remote, where a pick starts each step).
+	InsertP50ms *float64 `json:"insert_p50_ms,omitempty"`
+	InsertP99ms *float64 `json:"insert_p99_ms,omitempty"`
+	PickP50ms   *float64 `json:"pick_p50_ms,omitempty"`
+	PickP99ms   *float64 `json:"pick_p99_ms,omitempty"`
 	// DBmsPerFire is the database's statement time per schedule fire (cron).
 	DBmsPerFire *float64 `json:"db_ms_per_fire,omitempty"`
 	// DBmsPerJob and XactsPerJob are the database's statement time and committed transactions
@@ -601,6 +609,7 @@ func latency(ctx context.Context, r *runner, n int, remote bool) (Result, error)
 	}}
 	var finished atomic.Int64
 	var worker, web *gendurable.Client
+	var picks, inserts []time.Duration
 	var err error
 	if !remote {
 		worker, err = r.client([]gendurable.Machine{job}, finishedCounter(&finished))
@@ -617,7 +626,7 @@ func latency(ctx context.Context, r *runner, n int, remote bool) (Result, error)
 		defer wp.Close()
 		worker, err = gendurable.NewClient(wp, &gendurable.Config{Name: "worker", Schema: r.opts.Schema, Logger: r.opts.Logger,
 			Machines: []gendurable.Machine{job}, Queues: map[string]gendurable.QueueConfig{"bench": {Concurrency: r.opts.Concurrency}},
-			Hooks: []func(gendurable.Event){finishedCounter(&finished)}, Poke: poke})
+			Hooks: []func(gendurable.Event){finishedCounter(&finished), pickTimer(&mu, &picks)}, Poke: poke})
 		if err == nil {
 			webPoke := gendurable.PokePostgres()
 			if r.opts.Poke != nil {
@@ -644,10 +653,13 @@ func latency(ctx context.Context, r *runner, n int, remote bool) (Result, error)
 	// Let the clients settle into their idle state first.
 	time.Sleep(500 * time.Millisecond)
 	t0 := time.Now()
+	inserts = make([]time.Duration, 0, n)
 	for range n {
-		if _, err := web.Insert(ctx, job.With(latArgs{T0: time.Now().UnixNano()}), nil); err != nil {
+		began := time.Now()
+		if _, err := web.Insert(ctx, job.With(latArgs{T0: began.UnixNano()}), nil); err != nil {
 			return Result{}, err
 		}
+		inserts = append(inserts, time.Since(began))
 		time.Sleep(5 * time.Millisecond)
 	}
 	if err := waitFor(ctx, time.Minute, "all latency jobs done", func() bool { return finished.Load() >= int64(n) }); err != nil {
@@ -656,8 +668,22 @@ func latency(ctx context.Context, r *runner, n int, remote bool) (Result, error)
 	d := time.Since(t0)
 	mu.Lock()
 	defer mu.Unlock()
-	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	return Result{Seconds: round(d.Seconds()), P50ms: pct(lat, 0.50), P95ms: pct(lat, 0.95), P99ms: pct(lat, 0.99)}, nil
+	for _, ds := range [][]time.Duration{lat, inserts, picks} {
+		slices.Sort(ds)
+	}
+	return Result{Seconds: round(d.Seconds()), P50ms: pct(lat, 0.50), P95ms: pct(lat, 0.95), P99ms: pct(lat, 0.99),
+		InsertP50ms: pct(inserts, 0.50), InsertP99ms: pct(inserts, 0.99), PickP50ms: pct(picks, 0.50), PickP99ms: pct(picks, 0.99)}, nil
+}
+
+// pickTimer collects, under mu, the durations of a worker's picks that claimed rows.
+func pickTimer(mu *sync.Mutex, picks *[]time.Duration) func(gendurable.Event) {
+	return func(ev gendurable.Event) {
+		if ev.Name == gendurable.EventSchedulerPicked && ev.Count > 0 {
+			mu.Lock()
+			*picks = append(*picks, ev.Duration)
+			mu.Unlock()
+		}
+	}
 }
 
 // runAwait is the request/response round trip: insert, then hold the caller until the instance

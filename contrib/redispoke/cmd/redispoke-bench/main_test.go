@@ -37,7 +37,7 @@ func TestLatencyRemoteThroughRedis(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(out.String())), &r), out.String())
 	require.Equal(t, "latency-remote", r["scenario"])
 	require.Equal(t, float64(50), r["n"])
-	for _, f := range []string{"p50_ms", "p95_ms", "p99_ms"} {
+	for _, f := range []string{"p50_ms", "p95_ms", "p99_ms", "insert_p50_ms", "insert_p99_ms", "pick_p50_ms", "pick_p99_ms"} {
 		require.Greater(t, r[f].(float64), 0.0, f)
 	}
 }
