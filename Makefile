@@ -15,7 +15,7 @@ TESTFLAGS ?=
 # picks' latency under load lowers), or need the machine's full throughput for
 # their fault to land (connection resets during commits). Then, at once, vet and lint, each
 # contrib module's tests, and the tests that run a Postgres cluster of their own (the soaks, the
-# session kills, the clock skew, the full disks and the read-only server together, then the failover's pg_auto_failover formation): each of those offers a fixed load well under what
+# session kills, the clock skew, the full disks and the read-only server together, then the failover's pg_auto_failover formation and the full NOTIFY queue, one at a time): each of those offers a fixed load well under what
 # its cluster can do (a soak offers 40% of the capacity it measured) and judges its cluster
 # against itself (the clock skew's time bounds are its cluster's clock, with seconds of slack),
 # so neighbours slow nothing it measures, and they leave most of the cores idle. Then two jobs at
@@ -26,10 +26,11 @@ TESTFLAGS ?=
 # server's too) and run out of the server's 100 connections. LATENCY and CLUSTER are go test -run
 # regexps over the root package's and internal/chaos's tests; every other run skips them.
 LATENCY := ^(TestAwait.*|TestFairShareBurstDoesNotStarveSmallTenants|TestFairKeyAloneUsesEverySlot|TestSecurity.*|TestSaturatedKeyDoesNotStarveTheWorkBehindIt|TestRateLimitConservesTokensAcrossEightClients|TestPoke.*|TestLostPokesCostAtMostAPoll|TestSignalPokesTheParkedInstancesNode|TestFanOutRoundTripWithoutPolling|TestBadInput|TestPostgresRestartMidRun|TestSmokeSuite.*|TestPartitionedWorkerIsFencedOut|TestConnectionResetsLoseCommitAcks)$$
-CLUSTER := ^(TestBloatSoak|TestLongSnapshotDuringSoak|TestSessionKills|TestStatementCancelsLoseNothing|TestWorkersOffTheDatabaseClockKeepLeasesHonest|TestDatabaseClockJumpsAheadLosesNothing|TestDatabaseClockStepsBackLosesNothing|TestDiskFullLosesNothing|TestWALDiskFullLosesNothing|TestConnectionsRunOutLosesNothing|TestRestoredBackupLosesNothing|TestReadOnlyServerLosesNothing|TestTableLockedPastTheLeaseLosesNothing|TestFailoverLosesNothing)$$
-# FAILOVER: the cluster test that is no light neighbour (a pg_auto_failover formation of three
-# servers and three busy workers); test/cluster runs it after the others, not beside them.
-FAILOVER := ^TestFailoverLosesNothing$$
+CLUSTER := ^(TestBloatSoak|TestLongSnapshotDuringSoak|TestSessionKills|TestStatementCancelsLoseNothing|TestWorkersOffTheDatabaseClockKeepLeasesHonest|TestDatabaseClockJumpsAheadLosesNothing|TestDatabaseClockStepsBackLosesNothing|TestDiskFullLosesNothing|TestWALDiskFullLosesNothing|TestConnectionsRunOutLosesNothing|TestRestoredBackupLosesNothing|TestReadOnlyServerLosesNothing|TestTableLockedPastTheLeaseLosesNothing|TestFailoverLosesNothing|TestNotifyQueueFullLosesNothing)$$
+# FAILOVER: the cluster tests that are no light neighbours (a pg_auto_failover formation of three
+# servers and three busy workers; gigabytes of notifications written to fill the server's NOTIFY
+# queue); test/cluster runs them after the others, one at a time, not beside them.
+FAILOVER := ^(TestFailoverLosesNothing|TestNotifyQueueFullLosesNothing)$$
 # contrib/redispoke's tests measure a poke's trip between processes through Redis, and its
 # pings' answers within 100ms: test/latency runs them, with the others; test/contrib vets it.
 # SIDE: the packages whose tests make test runs after the root package's, in the same job.
@@ -82,9 +83,9 @@ test/faults: ## internal/chaos's fault tests at their CI size, but the latency-b
 test/tagged: ## the deterministic race tests, which drive the engine's fault points (-tags chaos)
 	$(GO) test -count=1 -tags chaos -run '^TestChaos' -timeout 10m $(TESTFLAGS) ./internal/fault/ ./internal/chaos/
 
-test/cluster: ## the fault tests that run a Postgres cluster of their own (soaks, session kills, clock skew) together, then the failover
+test/cluster: ## the fault tests that run a Postgres cluster of their own (soaks, session kills, clock skew) together, then the failover and the full NOTIFY queue
 	$(GO) test -count=1 -parallel 3 -timeout 10m -run '$(CLUSTER)' -skip '$(FAILOVER)' $(TESTFLAGS) ./internal/chaos/
-	$(GO) test -count=1 -timeout 10m -run '$(FAILOVER)' $(TESTFLAGS) ./internal/chaos/
+	$(GO) test -count=1 -parallel 1 -timeout 10m -run '$(FAILOVER)' $(TESTFLAGS) ./internal/chaos/
 
 test/contrib: $(CONTRIB_JOBS) ## vet and test the contrib modules and e2e (contrib/redispoke's tests are test/latency's)
 

@@ -269,9 +269,10 @@ func (c *Client) insertClaimed(ctx context.Context, row *store.InsertRow, owner 
 
 // InsertTx inserts one instance inside the caller's transaction: workers see it only once tx
 // commits, and never if it rolls back. With PokePostgres its poke rides tx and leaves with the
-// commit; with the other transports no other node is poked (their poll finds the row), and
-// this client, if it works the queue, watches for the commit and starts the instance once it
-// sees it (see docs/operations.md).
+// commit (unless the server's NOTIFY queue is half full or more: a full one fails every commit
+// that notified); with the other transports, or without the poke, no other node is poked (their
+// poll finds the row), and this client, if it works the queue, watches for the commit and starts
+// the instance once it sees it (see docs/operations.md).
 func (c *Client) InsertTx(ctx context.Context, tx pgx.Tx, in Input, opts *InsertOpts) (InsertResult, error) {
 	res, err := c.insert(ctx, tx, []InsertManyParams{{Input: in, Opts: opts}})
 	if err != nil {

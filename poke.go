@@ -68,7 +68,9 @@ func (localPoke) Open(context.Context, PokeNode) (PokeConn, error) { return nil,
 // ("gd.<schema>.<queue>"), so only the nodes running a queue hear it. Each client listens on a
 // connection of its own (opened from its pool's configuration, outside the pool) and sends through
 // its pool. Pokes of InsertTx and SignalTx ride the caller's transaction and leave with its
-// commit. A lost listening connection is reopened with backoff; meanwhile queues are polled.
+// commit, unless the server's NOTIFY queue is half full or more (once it is full, every
+// transaction that notified fails at its commit): then the caller's transaction commits without
+// them. A lost listening connection is reopened with backoff; meanwhile queues are polled.
 func PokePostgres() PokeTransport { return pgPoke{} }
 
 type pgPoke struct{}

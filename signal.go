@@ -69,7 +69,9 @@ func (c *Client) Signal(ctx context.Context, target Target, name string, payload
 
 // SignalTx is Signal inside the caller's transaction: the signal exists, and wakes the target,
 // only once tx commits. The target's row stays locked until then. With PokePostgres the wake's
-// poke rides tx; with the other transports the queue's poll finds the woken row.
+// poke rides tx (unless the server's NOTIFY queue is half full or more: a full one fails every
+// commit that notified); with the other transports, or without the poke, the queue's poll finds
+// the woken row.
 func (c *Client) SignalTx(ctx context.Context, tx pgx.Tx, target Target, name string, payload any) (SignalResult, error) {
 	p, err := c.signalInput(target, name, payload)
 	if err != nil {

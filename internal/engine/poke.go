@@ -16,9 +16,10 @@ type PokeConn interface {
 }
 
 // TxPoker is a PokeConn that can send pokes inside a transaction, so that they leave with its
-// commit (LISTEN/NOTIFY).
+// commit (LISTEN/NOTIFY). PublishTx reports whether it did: it may decline (sent false, no
+// error) when sending would put the transaction's commit at risk.
 type TxPoker interface {
-	PublishTx(ctx context.Context, tx pgx.Tx, queues []string) error
+	PublishTx(ctx context.Context, tx pgx.Tx, queues []string) (sent bool, err error)
 }
 
 // OpenPoke opens a transport for this client: origin tags its publishes, queues are the queues
@@ -40,7 +41,8 @@ func (e *Engine) Poke(queues ...string) {
 }
 
 // PokeTx sends pokes for queues inside tx when the transport can (they leave with its commit)
-// and reports whether it did; otherwise it does nothing and the queues' poll finds the rows (or
+// and reports whether it did; otherwise (a transport that cannot, or one that declined: the
+// server's NOTIFY queue is filling up) it does nothing and the queues' poll finds the rows (or
 // WatchCommit, for new rows). Nothing is sent before tx commits in any case.
 func (e *Engine) PokeTx(ctx context.Context, tx pgx.Tx, queues []string) (bool, error) {
 	p := e.poker.Load()
@@ -48,7 +50,7 @@ func (e *Engine) PokeTx(ctx context.Context, tx pgx.Tx, queues []string) (bool, 
 		return false, nil
 	}
 	if tp, ok := (*p).(TxPoker); ok {
-		return true, tp.PublishTx(ctx, tx, queues)
+		return tp.PublishTx(ctx, tx, queues)
 	}
 	return false, nil
 }

@@ -38,6 +38,8 @@ type Postgres struct {
 	mu      sync.Mutex
 	pending map[string]struct{}
 	kick    chan struct{}
+	// queueFull keeps the log of PublishTx declining for a filling NOTIFY queue short.
+	queueFull spell.Log
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -58,9 +60,13 @@ type timings struct {
 	ping, connect time.Duration
 	// check is how long the startup self-check waits for its own notification.
 	check time.Duration
+	// rideBelow is the share of the server's NOTIFY queue in use from which pokes no longer ride
+	// callers' transactions (PublishTx).
+	rideBelow float64
 }
 
-var defaultTimings = timings{idle: 30 * time.Second, ping: 5 * time.Second, connect: 10 * time.Second, check: time.Second}
+var defaultTimings = timings{idle: 30 * time.Second, ping: 5 * time.Second, connect: 10 * time.Second, check: time.Second,
+	rideBelow: 0.5}
 
 // Open starts the transport: if the client runs queues, it connects and LISTENs on their
 // channels before returning (a failure is returned: Start fails with it); afterwards a broken
@@ -118,12 +124,24 @@ func (p *Postgres) Publish(queues []string) {
 }
 
 // PublishTx sends the pokes inside tx: they leave when it commits, and every node running the
-// queues hears them, this one included (the insert did not wake it directly).
-func (p *Postgres) PublishTx(ctx context.Context, tx pgx.Tx, queues []string) error {
-	if err := p.store.Notify(ctx, tx, p.chans(queues), ""); err != nil {
-		return fmt.Errorf("gendurable: poke in transaction: %w", err)
+// queues hears them, this one included (the insert did not wake it directly). While the server's
+// NOTIFY queue is half full or more it sends none and returns false: a full queue fails the
+// commit of every transaction that notified, and the caller's must not fail for a poke (the
+// caller then relies on its commit watch and the other nodes' poll).
+func (p *Postgres) PublishTx(ctx context.Context, tx pgx.Tx, queues []string) (bool, error) {
+	sent, usage, err := p.store.Notify(ctx, tx, p.chans(queues), "", p.t.rideBelow)
+	if err != nil {
+		return false, fmt.Errorf("gendurable: poke in transaction: %w", err)
 	}
-	return nil
+	if !sent {
+		p.queueFull.Failed(p.log, "gendurable: the server's NOTIFY queue is filling up (a session that listens reads none of it "+
+			"while it sits in a transaction): pokes no longer ride callers' transactions, whose commits would fail once it is full; "+
+			"this node starts the rows it inserts once it sees them, and the other nodes find them by polling",
+			"client", p.client, "queue_usage", usage)
+		return false, nil
+	}
+	p.queueFull.Succeeded(p.log, "gendurable: pokes ride callers' transactions again", "client", p.client)
+	return true, nil
 }
 
 // Close stops the listener and the sender; pokes not yet sent are dropped (the poll finds

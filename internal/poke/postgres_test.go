@@ -68,7 +68,9 @@ func pool(t *testing.T, url string, mode pgx.QueryExecMode) *pgxpool.Pool {
 // transport to wake the queue.
 func pokeArrives(t *testing.T, st *store.Store, db *pgxpool.Pool, wakes chan string) {
 	t.Helper()
-	require.NoError(t, st.Notify(context.Background(), db, []string{st.PokeChannel("q")}, "another node"))
+	sent, _, err := st.Notify(context.Background(), db, []string{st.PokeChannel("q")}, "another node", 1)
+	require.NoError(t, err)
+	require.True(t, sent)
 	select {
 	case q := <-wakes:
 		require.Equal(t, "q", q)
@@ -253,4 +255,110 @@ func TestListenerIgnoresThePoolsNotificationCallback(t *testing.T) {
 	taken.Lock()
 	defer taken.Unlock()
 	require.False(t, tookOne, "the pool's callback saw the listener's notifications")
+}
+
+// Once the server's NOTIFY queue is full, every transaction that notified fails at its commit,
+// so a poke that rode a caller's transaction would fail the caller's insert. The queue fills
+// behind a session that listens and then sits in a transaction (it reads nothing meanwhile).
+// From rideBelow on (here 0.1%, which 14 MB of notifications pass), PublishTx sends nothing:
+// the caller's transaction commits without a notification, and the transport says so once; once
+// the session has read the queue, pokes ride transactions again. On a private cluster: the
+// queue is the whole server's.
+func TestPokesStopRidingTransactionsWhileTheNotifyQueueFills(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cluster, err := devdb.StartCluster(ctx, devdb.ClusterOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, cluster.Close()) })
+	db := pool(t, cluster.URL, pgx.QueryExecModeCacheStatement)
+	tm := defaultTimings
+	tm.rideBelow = 0.001
+	p, st, l, _ := transport(t, db, tm)
+	within(t, 5*time.Second, "the self-check passes", func() bool { return l.count("self-check passed") == 1 })
+
+	// A session of the test's own hears the queue's channel, payloads included, in commit order.
+	ch := st.PokeChannel("q")
+	heard, err := pgx.Connect(ctx, cluster.URL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = heard.Close(context.Background()) })
+	require.NoError(t, st.Listen(ctx, heard, []string{ch}))
+	next := func() string {
+		t.Helper()
+		wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+		defer wcancel()
+		n, err := heard.WaitForNotification(wctx)
+		require.NoError(t, err)
+		return n.Payload
+	}
+	// insertTx is a caller's transaction that pokes and commits, followed by a marker poke sent
+	// on its own: what the test's session hears first tells whether the transaction notified
+	// (its commit comes first).
+	marker := 0
+	insertTx := func() (sent bool, first string) {
+		t.Helper()
+		tx, err := db.Begin(ctx)
+		require.NoError(t, err)
+		sent, err = p.PublishTx(ctx, tx, []string{"q"})
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit(ctx), "the caller's transaction commits")
+		marker++
+		require.NoError(t, st.NotifyAlone(ctx, db, []string{ch}, "marker "+strconv.Itoa(marker)))
+		first = next()
+		if first == "" { // the transaction's poke (no origin), then the marker
+			require.Equal(t, "marker "+strconv.Itoa(marker), next())
+		}
+		return sent, first
+	}
+
+	sent, first := insertTx()
+	require.True(t, sent)
+	require.Empty(t, first, "below the limit the poke rides the transaction")
+
+	// batch sends n notifications of about 7,000 bytes each, all different (a transaction sends
+	// identical ones once), on a channel only the stuck session listens to.
+	batch := 0
+	notify := func(n int) {
+		batch++
+		_, err := db.Exec(ctx, `SELECT count(pg_notify('gd_stuck', repeat(md5(($1::int * 100000 + g)::text), 218)))
+			FROM generate_series(1, $2::int) AS g`, batch, n)
+		require.NoError(t, err)
+	}
+	stuck, err := db.Acquire(ctx)
+	require.NoError(t, err)
+	defer stuck.Release()
+	_, err = stuck.Exec(ctx, "LISTEN gd_stuck")
+	require.NoError(t, err)
+	stx, err := stuck.Begin(ctx)
+	require.NoError(t, err)
+	_, err = stx.Exec(ctx, "SELECT 1")
+	require.NoError(t, err)
+	for range 20 { // 14 MB: about 0.17% of the queue
+		notify(100)
+	}
+	var usage float64
+	require.NoError(t, db.QueryRow(ctx, "SELECT pg_notification_queue_usage()").Scan(&usage))
+	require.Greater(t, usage, tm.rideBelow, "the stuck session holds the queue")
+
+	for i := range 3 {
+		sent, first := insertTx()
+		require.False(t, sent, "try %d", i)
+		require.Equal(t, "marker "+strconv.Itoa(marker), first, "try %d: the transaction committed without a notification", i)
+	}
+	require.Equal(t, 1, l.count("NOTIFY queue is filling up"), "said once")
+
+	// The session's transaction ends and it reads the queue; the next notifications move the
+	// queue's tail, and pokes ride transactions again.
+	require.NoError(t, stx.Rollback(ctx))
+	_, err = stuck.Exec(ctx, "UNLISTEN *")
+	require.NoError(t, err)
+	for deadline := time.Now().Add(30 * time.Second); usage >= tm.rideBelow; time.Sleep(10 * time.Millisecond) {
+		require.True(t, time.Now().Before(deadline), "the queue read: %.4f in use", usage)
+		notify(10)
+		require.NoError(t, db.QueryRow(ctx, "SELECT pg_notification_queue_usage()").Scan(&usage))
+	}
+	sent, first = insertTx()
+	require.True(t, sent)
+	require.Empty(t, first)
+	require.Equal(t, 1, l.count("pokes ride callers' transactions again"))
 }

@@ -6,9 +6,17 @@
 
 -- One notification per channel: $1 the channels (one per queue), $2 the origin tag. Run inside a
 -- caller's transaction, the notifications are sent when it commits and never if it rolls back;
--- Postgres folds identical notifications of one transaction into one.
+-- Postgres folds identical notifications of one transaction into one. Nothing is sent while the
+-- server's NOTIFY queue is $3 full or more (pg_notification_queue_usage, 0 to 1: notifications
+-- stay queued until every listening session has read them, and one that sits in a transaction
+-- reads none): once the queue is full, every transaction that notified fails at its commit, and
+-- a poke must never fail the transaction it rides. Returns the queue's usage and how many
+-- notifications were sent. Reading the usage takes the queue's lock in shared mode for an
+-- instant; no row locks.
 -- name: poke_notify
-SELECT pg_notify(ch, $2) FROM unnest($1::text[]) AS ch;
+WITH q AS (SELECT pg_catalog.pg_notification_queue_usage() AS usage)
+SELECT q.usage, (SELECT count(pg_notify(ch, $2)) FROM unnest($1::text[]) AS ch WHERE q.usage < $3)
+FROM q;
 
 -- The same, sent on its own (the transport's sender, not a caller's transaction): the statement's
 -- implicit transaction commits without waiting for its WAL flush. A NOTIFY gets a transaction id
