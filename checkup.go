@@ -195,8 +195,9 @@ func (c *Client) Checkup(ctx context.Context, opts *CheckupOpts) ([]Finding, err
 			"the horizon check lists long transactions, and from half full the server log's \"NOTIFY queue is … full\" "+
 			"names the session's pid.",
 			"the server's NOTIFY queue is %.1f%% full: a session that listens reads none of it while its transaction lasts. "+
-				"Once it is full every NOTIFY fails: with PokePostgres, the commits of InsertTx and SignalTx, which poke from "+
-				"inside the caller's transaction, fail with it, and the other pokes are lost (nodes wait for their poll)",
+				"Once it is full every transaction that notified fails at its commit: from half full, PokePostgres no longer "+
+				"sends the pokes of InsertTx and SignalTx inside the caller's transaction (nodes find those rows by their poll), "+
+				"and once it is full the other pokes are lost too",
 			100*f.NotifyQueue)
 	}
 	for _, x := range f.Invalid {

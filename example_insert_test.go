@@ -16,7 +16,8 @@ type Welcome struct {
 
 // InsertTx inserts an instance in the application's own transaction: workers see it only once
 // the transaction commits, and never if it rolls back. With PokePostgres, its poke leaves with
-// the commit too, so a worker on any node starts it at once.
+// the commit too (while the server's NOTIFY queue is less than half full), so a worker on any
+// node starts it at once.
 func ExampleClient_InsertTx() {
 	ctx := context.Background()
 	pool, schema, cleanup := examplePool("insert_tx")

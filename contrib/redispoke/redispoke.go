@@ -14,7 +14,8 @@
 // # When to choose it over PokePostgres
 //
 // gendurable.PokePostgres needs nothing but the database, and its pokes of InsertTx and
-// SignalTx leave with the caller's commit. Choose this transport instead when:
+// SignalTx leave with the caller's commit (while the server's NOTIFY queue is less than half
+// full). Choose this transport instead when:
 //   - the database's connections are scarce: PokePostgres holds one LISTEN connection per client
 //     outside the pool, this transport holds none;
 //   - the clients reach Postgres through PgBouncer in transaction pooling mode, where LISTEN does

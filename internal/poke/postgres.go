@@ -136,7 +136,7 @@ func (p *Postgres) PublishTx(ctx context.Context, tx pgx.Tx, queues []string) (b
 	if !sent {
 		p.queueFull.Failed(p.log, "gendurable: the server's NOTIFY queue is filling up (a session that listens reads none of it "+
 			"while it sits in a transaction): pokes no longer ride callers' transactions, whose commits would fail once it is full; "+
-			"this node starts the rows it inserts once it sees them, and the other nodes find them by polling",
+			"a client that works the queue starts the rows it inserted once it sees them committed, and the other nodes find them by polling",
 			"client", p.client, "queue_usage", usage)
 		return false, nil
 	}

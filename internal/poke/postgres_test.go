@@ -173,7 +173,8 @@ func TestHalfOpenListenerIsReplaced(t *testing.T) {
 // its flush (NotifyAlone): the notification arrives, and the connection it used, which the pool
 // hands to data-writing statements next, still commits synchronously afterwards, in every
 // query mode the library supports (the setting is local to the statement's implicit
-// transaction).
+// transaction). In each mode a poke inside a caller's transaction, its NOTIFY-queue limit a
+// parameter, leaves with the commit too.
 func TestNotifyAloneLeavesTheSessionDurable(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -211,6 +212,20 @@ func TestNotifyAloneLeavesTheSessionDurable(t *testing.T) {
 		require.Equal(t, ch, n.Channel)
 		require.Equal(t, mode.String(), n.Payload)
 		require.Equal(t, "on", after, "mode %v: the session commits synchronously after the poke", mode)
+
+		// A poke inside a caller's transaction (its limit a float parameter) leaves with the commit.
+		tx, err := db.Begin(ctx)
+		require.NoError(t, err)
+		sent, usage, err := st.Notify(ctx, tx, []string{ch}, "tx "+mode.String(), 0.5)
+		require.NoError(t, err, "mode %v", mode)
+		require.True(t, sent, "mode %v", mode)
+		require.Less(t, usage, 0.5)
+		require.NoError(t, tx.Commit(ctx))
+		wctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+		n, err = listener.WaitForNotification(wctx)
+		cancel()
+		require.NoError(t, err, "mode %v: the transaction's notification arrives", mode)
+		require.Equal(t, "tx "+mode.String(), n.Payload)
 	}
 }
 
@@ -262,7 +277,7 @@ func TestListenerIgnoresThePoolsNotificationCallback(t *testing.T) {
 // behind a session that listens and then sits in a transaction (it reads nothing meanwhile).
 // From rideBelow on (here 0.1%, which 14 MB of notifications pass), PublishTx sends nothing:
 // the caller's transaction commits without a notification, and the transport says so once; once
-// the session has read the queue, pokes ride transactions again. On a private cluster: the
+// the session ends, pokes ride transactions again. On a private cluster: the
 // queue is the whole server's.
 func TestPokesStopRidingTransactionsWhileTheNotifyQueueFills(t *testing.T) {
 	t.Parallel()
@@ -347,14 +362,12 @@ func TestPokesStopRidingTransactionsWhileTheNotifyQueueFills(t *testing.T) {
 	}
 	require.Equal(t, 1, l.count("NOTIFY queue is filling up"), "said once")
 
-	// The session's transaction ends and it reads the queue; the next notifications move the
-	// queue's tail, and pokes ride transactions again.
-	require.NoError(t, stx.Rollback(ctx))
-	_, err = stuck.Exec(ctx, "UNLISTEN *")
-	require.NoError(t, err)
+	// The session ends (its connection closed, not read into the pool's: the queue holds 14 MB),
+	// and the queue's tail moves past what it held (reading the usage moves it); pokes ride
+	// transactions again.
+	require.NoError(t, stuck.Conn().Close(ctx))
 	for deadline := time.Now().Add(30 * time.Second); usage >= tm.rideBelow; time.Sleep(10 * time.Millisecond) {
 		require.True(t, time.Now().Before(deadline), "the queue read: %.4f in use", usage)
-		notify(10)
 		require.NoError(t, db.QueryRow(ctx, "SELECT pg_notification_queue_usage()").Scan(&usage))
 	}
 	sent, first = insertTx()

@@ -31,13 +31,17 @@ func (s *Store) PokeChannel(queue string) string {
 
 // Notify sends one poke per channel, tagged with origin, unless the share of the server's NOTIFY
 // queue in use (usage, 0 to 1) is at least below: then it sends none and sent is false. On a
-// caller's transaction the pokes leave when it commits.
+// caller's transaction the pokes leave when it commits. With no channel it sends nothing and
+// reads nothing.
 func (s *Store) Notify(ctx context.Context, db DB, channels []string, origin string, below float64) (sent bool, usage float64, err error) {
+	if len(channels) == 0 {
+		return false, 0, nil
+	}
 	var n int64
 	if err := db.QueryRow(ctx, s.sql("poke_notify"), channels, origin, below).Scan(&usage, &n); err != nil {
 		return false, 0, err
 	}
-	return n > 0 || len(channels) == 0, usage, nil
+	return n > 0, usage, nil
 }
 
 // NotifyAlone sends one poke per channel, tagged with origin, in a transaction of its own on db

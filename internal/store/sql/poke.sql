@@ -11,8 +11,11 @@
 -- stay queued until every listening session has read them, and one that sits in a transaction
 -- reads none): once the queue is full, every transaction that notified fails at its commit, and
 -- a poke must never fail the transaction it rides. Returns the queue's usage and how many
--- notifications were sent. Reading the usage takes the queue's lock in shared mode for an
--- instant; no row locks.
+-- notifications were sent. The usage is read as the statement runs, not at the commit: half the
+-- queue (4 GB on Postgres 15) is the margin. Reading it first moves the queue's tail past what
+-- every listening session has read (asyncQueueAdvanceTail: the queue's lightweight locks, held
+-- exclusively for an instant, and on crossing a segment the removal of the segments read, which
+-- a notifying commit does anyway every few pages); no row locks.
 -- name: poke_notify
 WITH q AS (SELECT pg_catalog.pg_notification_queue_usage() AS usage)
 SELECT q.usage, (SELECT count(pg_notify(ch, $2)) FROM unnest($1::text[]) AS ch WHERE q.usage < $3)
