@@ -9,7 +9,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gendurable/gendurable/internal/engine"
@@ -40,6 +42,10 @@ type Postgres struct {
 	kick    chan struct{}
 	// queueFull keeps the log of PublishTx declining for a filling NOTIFY queue short.
 	queueFull spell.Log
+	// usage is the share of the server's NOTIFY queue in use that the transport read last
+	// (float64 bits), usageAt when (Unix ns; 0: never); sample asks the sampler for a new one.
+	usage, usageAt atomic.Int64
+	sample         chan struct{}
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -61,12 +67,14 @@ type timings struct {
 	// check is how long the startup self-check waits for its own notification.
 	check time.Duration
 	// rideBelow is the share of the server's NOTIFY queue in use from which pokes no longer ride
-	// callers' transactions (PublishTx).
-	rideBelow float64
+	// callers' transactions (PublishTx). PublishTx goes by the usage read last while it is
+	// younger than usageStale, and asks for a new reading once it is older than usageFresh.
+	rideBelow              float64
+	usageFresh, usageStale time.Duration
 }
 
 var defaultTimings = timings{idle: 30 * time.Second, ping: 5 * time.Second, connect: 10 * time.Second, check: time.Second,
-	rideBelow: 0.5}
+	rideBelow: 0.5, usageFresh: 500 * time.Millisecond, usageStale: 5 * time.Second}
 
 // Open starts the transport: if the client runs queues, it connects and LISTENs on their
 // channels before returning (a failure is returned: Start fails with it); afterwards a broken
@@ -89,7 +97,7 @@ func open(ctx context.Context, st *store.Store, pool *pgxpool.Pool, client, orig
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	p := &Postgres{store: st, pool: pool, origin: origin, client: client, log: log, wake: wake, queues: queues,
-		channels: map[string]string{}, pending: map[string]struct{}{}, kick: make(chan struct{}, 1),
+		channels: map[string]string{}, pending: map[string]struct{}{}, kick: make(chan struct{}, 1), sample: make(chan struct{}, 1),
 		check: "gd.check." + hex.EncodeToString(b[:]), t: t}
 	for _, q := range queues {
 		p.channels[st.PokeChannel(q)] = q
@@ -105,8 +113,9 @@ func open(ctx context.Context, st *store.Store, pool *pgxpool.Pool, client, orig
 		p.wg.Add(1)
 		go p.receive(bg, conn, keep)
 	}
-	p.wg.Add(1)
+	p.wg.Add(2)
 	go p.send(bg)
+	go p.sampleUsage(bg)
 	return p, nil
 }
 
@@ -127,11 +136,33 @@ func (p *Postgres) Publish(queues []string) {
 // queues hears them, this one included (the insert did not wake it directly). While the server's
 // NOTIFY queue is half full or more it sends none and returns false: a full queue fails the
 // commit of every transaction that notified, and the caller's must not fail for a poke (the
-// caller then relies on its commit watch and the other nodes' poll).
+// caller then relies on its commit watch and the other nodes' poll). The usage comes from the
+// sampler, read off the callers' path (reading it moves the queue's tail, under the queue's
+// locks), or, when the last reading is stale, from the statement that sends the pokes.
 func (p *Postgres) PublishTx(ctx context.Context, tx pgx.Tx, queues []string) (bool, error) {
-	sent, usage, err := p.store.Notify(ctx, tx, p.chans(queues), "", p.t.rideBelow)
-	if err != nil {
-		return false, fmt.Errorf("gendurable: poke in transaction: %w", err)
+	var sent bool
+	var usage float64
+	now := time.Now()
+	if at := p.usageAt.Load(); at == 0 || now.Sub(time.Unix(0, at)) > p.t.usageStale {
+		var err error
+		if sent, usage, err = p.store.NotifyBelow(ctx, tx, p.chans(queues), "", p.t.rideBelow); err != nil {
+			return false, fmt.Errorf("gendurable: poke in transaction: %w", err)
+		}
+		p.setUsage(usage, now)
+	} else {
+		if now.Sub(time.Unix(0, at)) > p.t.usageFresh {
+			select {
+			case p.sample <- struct{}{}:
+			default:
+			}
+		}
+		usage = math.Float64frombits(uint64(p.usage.Load()))
+		if usage < p.t.rideBelow {
+			if err := p.store.Notify(ctx, tx, p.chans(queues), ""); err != nil {
+				return false, fmt.Errorf("gendurable: poke in transaction: %w", err)
+			}
+			sent = true
+		}
 	}
 	if !sent {
 		p.queueFull.Failed(p.log, "gendurable: the server's NOTIFY queue is filling up (a session that listens reads none of it "+
@@ -142,6 +173,30 @@ func (p *Postgres) PublishTx(ctx context.Context, tx pgx.Tx, queues []string) (b
 	}
 	p.queueFull.Succeeded(p.log, "gendurable: pokes ride callers' transactions again", "client", p.client)
 	return true, nil
+}
+
+func (p *Postgres) setUsage(u float64, at time.Time) {
+	p.usage.Store(int64(math.Float64bits(u)))
+	p.usageAt.Store(at.UnixNano())
+}
+
+// sampleUsage reads the share of the server's NOTIFY queue in use when PublishTx asks.
+func (p *Postgres) sampleUsage(ctx context.Context) {
+	defer p.wg.Done()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.sample:
+		}
+		at := time.Now()
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		u, err := p.store.NotifyQueueUsage(sctx, p.pool)
+		cancel()
+		if err == nil {
+			p.setUsage(u, at) // (a failed read leaves the last one to go stale)
+		}
+	}
 }
 
 // Close stops the listener and the sender; pokes not yet sent are dropped (the poll finds

@@ -29,19 +29,32 @@ func (s *Store) PokeChannel(queue string) string {
 	return prefix + "#" + hex.EncodeToString(sum[:16])
 }
 
-// Notify sends one poke per channel, tagged with origin, unless the share of the server's NOTIFY
-// queue in use (usage, 0 to 1) is at least below: then it sends none and sent is false. On a
-// caller's transaction the pokes leave when it commits. With no channel it sends nothing and
+// Notify sends one poke per channel, tagged with origin. On a caller's transaction the pokes
+// leave when it commits.
+func (s *Store) Notify(ctx context.Context, db DB, channels []string, origin string) error {
+	_, err := db.Exec(ctx, s.sql("poke_notify"), channels, origin)
+	return err
+}
+
+// NotifyBelow is Notify unless the share of the server's NOTIFY queue in use (usage, 0 to 1) is
+// at least below: then it sends none and sent is false. With no channel it sends nothing and
 // reads nothing.
-func (s *Store) Notify(ctx context.Context, db DB, channels []string, origin string, below float64) (sent bool, usage float64, err error) {
+func (s *Store) NotifyBelow(ctx context.Context, db DB, channels []string, origin string, below float64) (sent bool, usage float64, err error) {
 	if len(channels) == 0 {
 		return false, 0, nil
 	}
 	var n int64
-	if err := db.QueryRow(ctx, s.sql("poke_notify"), channels, origin, below).Scan(&usage, &n); err != nil {
+	if err := db.QueryRow(ctx, s.sql("poke_notify_below"), channels, origin, below).Scan(&usage, &n); err != nil {
 		return false, 0, err
 	}
 	return n > 0, usage, nil
+}
+
+// NotifyQueueUsage returns the share of the server's NOTIFY queue in use, 0 to 1.
+func (s *Store) NotifyQueueUsage(ctx context.Context, db DB) (float64, error) {
+	var u float64
+	err := db.QueryRow(ctx, s.sql("poke_queue_usage")).Scan(&u)
+	return u, err
 }
 
 // NotifyAlone sends one poke per channel, tagged with origin, in a transaction of its own on db
