@@ -40,11 +40,20 @@ func runBench(ctx context.Context, args []string, out io.Writer) error {
 	window := fs.Duration("window", 0, "soak: how often it reports (default 1m)")
 	retention := fs.Duration("retention", 0, "soak: GC's retention of finished instances (default the library's)")
 	asJSON := fs.Bool("json", false, "print one JSON object per scenario per line")
+	poke := fs.String("poke", "local", "the in-process clients' poke transport: local (PokeLocal) or postgres (PokePostgres)")
 	sealed := fs.Bool("codec", false, "the benchmarked clients seal payloads (Config.Codec: AES-256-GCM, a throwaway key)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof)")
 	memProfile := fs.String("memprofile", "", "write a profile of the run's allocations to this file at its end (go tool pprof -sample_index=alloc_space)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	var clientPoke gendurable.PokeTransport
+	switch *poke {
+	case "local":
+	case "postgres":
+		clientPoke = gendurable.PokePostgres()
+	default:
+		return fmt.Errorf("--poke %q: local or postgres", *poke)
 	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
@@ -94,7 +103,7 @@ func runBench(ctx context.Context, args []string, out io.Writer) error {
 	var results []bench.Result
 	err = bench.Run(ctx, pool, bench.Options{Schema: db.schema, Scenarios: scenarios, N: *n, Concurrency: *conc, Prefetch: *prefetch,
 		Clients: *clients, Processes: *processes, Worker: workerCmd, Preload: *preload, PreloadLive: *preloadLive, Duration: *duration, Rate: *rate, Window: *window, Retention: *retention,
-		Codec: codec, Logger: quietLogger()},
+		Codec: codec, ClientPoke: clientPoke, Logger: quietLogger()},
 		func(r bench.Result) {
 			if r.Partial {
 				if *asJSON {

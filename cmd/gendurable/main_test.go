@@ -199,3 +199,20 @@ func TestDemoRunsToCompletion(t *testing.T) {
 	require.Contains(t, out, "instances by status:")
 	require.Contains(t, out, "done")
 }
+
+// --poke postgres gives the in-process clients PokePostgres: latency-tx's InsertTx then sends its
+// poke inside the transaction, and every instance still starts. A transport the flag does not
+// know is refused before anything runs.
+func TestBenchPokeFlag(t *testing.T) {
+	code, out, errOut := runCLI(t, "bench", "--database-url", durabledbtest.URL(t), "--schema", "t_cli_bench_poke",
+		"--scenario", "latency-tx", "--poke", "postgres", "--n", "50", "--json")
+	require.Equal(t, 0, code, errOut)
+	var r map[string]any
+	require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(out)), &r))
+	require.Equal(t, "latency-tx", r["scenario"])
+	require.Greater(t, r["p50_ms"].(float64), 0.0)
+
+	code, _, errOut = runCLI(t, "bench", "--database-url", durabledbtest.URL(t), "--poke", "redis")
+	require.NotEqual(t, 0, code)
+	require.Contains(t, errOut, `--poke "redis": local or postgres`)
+}

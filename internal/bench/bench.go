@@ -68,6 +68,9 @@ type Options struct {
 	// Codec, when set, is the Config.Codec of the clients built by named (jobs, chain, gated,
 	// rated and the others that run in-process on one queue): the cost of sealing payloads.
 	Codec gendurable.Codec
+	// ClientPoke, when set, is the Config.Poke of the clients built by named (default
+	// PokeLocal): with PokePostgres, latency-tx's InsertTx sends its poke inside the transaction.
+	ClientPoke gendurable.PokeTransport
 	// Logger receives the engine's logs (default: warnings and errors to stderr).
 	Logger *slog.Logger
 }
@@ -307,6 +310,7 @@ func (r *runner) named(name string, machines []gendurable.Machine, hooks ...func
 		ConcurrencyLimits: r.limits,
 		RateLimits:        r.rates,
 		Codec:             r.opts.Codec,
+		Poke:              r.opts.ClientPoke,
 	})
 }
 
