@@ -613,7 +613,7 @@ func latency(ctx context.Context, r *runner, n int, remote bool) (Result, error)
 	}}
 	var finished atomic.Int64
 	var worker, web *gendurable.Client
-	var picks, inserts []time.Duration
+	var picks []time.Duration
 	var err error
 	if !remote {
 		worker, err = r.client([]gendurable.Machine{job}, finishedCounter(&finished))
@@ -657,7 +657,7 @@ func latency(ctx context.Context, r *runner, n int, remote bool) (Result, error)
 	// Let the clients settle into their idle state first.
 	time.Sleep(500 * time.Millisecond)
 	t0 := time.Now()
-	inserts = make([]time.Duration, 0, n)
+	inserts := make([]time.Duration, 0, n)
 	for range n {
 		began := time.Now()
 		if _, err := web.Insert(ctx, job.With(latArgs{T0: began.UnixNano()}), nil); err != nil {
