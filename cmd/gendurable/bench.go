@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"flag"
@@ -43,6 +44,7 @@ func runBench(ctx context.Context, args []string, out io.Writer) error {
 	poke := fs.String("poke", "local", "the in-process clients' poke transport: local (PokeLocal) or postgres (PokePostgres)")
 	sealed := fs.Bool("codec", false, "the benchmarked clients seal payloads (Config.Codec: AES-256-GCM, a throwaway key)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof)")
+	samples := fs.String("samples", "", "write one CSV line per pickup of latency and latency-remote to this file (scenario, at_ms, total_ms, insert_ms)")
 	memProfile := fs.String("memprofile", "", "write a profile of the run's allocations to this file at its end (go tool pprof -sample_index=alloc_space)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -72,6 +74,24 @@ func runBench(ctx context.Context, args []string, out io.Writer) error {
 				fmt.Fprintln(os.Stderr, "gendurable bench: memory profile:", err)
 			}
 		}()
+	}
+	var sampleOut io.Writer
+	if *samples != "" && *worker == "" {
+		f, err := os.Create(*samples)
+		if err != nil {
+			return fmt.Errorf("--samples: %w", err)
+		}
+		defer func() { _ = f.Close() }()
+		bw := bufio.NewWriter(f)
+		defer func() {
+			if err := bw.Flush(); err != nil {
+				fmt.Fprintln(os.Stderr, "gendurable bench: samples:", err)
+			}
+		}()
+		if _, err := io.WriteString(bw, "scenario,at_ms,total_ms,insert_ms\n"); err != nil {
+			return fmt.Errorf("--samples: %w", err)
+		}
+		sampleOut = bw
 	}
 	pool, closeDB, err := db.open(ctx, *worker == "", os.Stderr)
 	if err != nil {
@@ -103,7 +123,7 @@ func runBench(ctx context.Context, args []string, out io.Writer) error {
 	var results []bench.Result
 	err = bench.Run(ctx, pool, bench.Options{Schema: db.schema, Scenarios: scenarios, N: *n, Concurrency: *conc, Prefetch: *prefetch,
 		Clients: *clients, Processes: *processes, Worker: workerCmd, Preload: *preload, PreloadLive: *preloadLive, Duration: *duration, Rate: *rate, Window: *window, Retention: *retention,
-		Codec: codec, ClientPoke: clientPoke, Logger: quietLogger()},
+		Codec: codec, ClientPoke: clientPoke, Logger: quietLogger(), Samples: sampleOut},
 		func(r bench.Result) {
 			if r.Partial {
 				if *asJSON {

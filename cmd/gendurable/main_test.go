@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -215,4 +216,48 @@ func TestBenchPokeFlag(t *testing.T) {
 	code, _, errOut = runCLI(t, "bench", "--database-url", durabledbtest.URL(t), "--poke", "redis")
 	require.NotEqual(t, 0, code)
 	require.Contains(t, errOut, `--poke "redis": local or postgres`)
+}
+
+// --samples writes one line per pickup of latency and latency-remote, in insert order; jitter
+// (asked for by name) measures the host alone.
+func TestBenchSamplesAndJitter(t *testing.T) {
+	samples := filepath.Join(t.TempDir(), "samples.csv")
+	code, out, errOut := runCLI(t, "bench", "--database-url", durabledbtest.URL(t), "--schema", "t_cli_bench_samples",
+		"--scenario", "latency", "--scenario", "latency-remote", "--scenario", "jitter", "--n", "40", "--json", "--samples", samples)
+	require.Equal(t, 0, code, errOut)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 3)
+	var jitter map[string]any
+	require.NoError(t, json.Unmarshal([]byte(lines[2]), &jitter))
+	require.Equal(t, "jitter", jitter["scenario"])
+	require.GreaterOrEqual(t, jitter["p99_ms"].(float64), jitter["p50_ms"].(float64))
+
+	raw, err := os.ReadFile(samples)
+	require.NoError(t, err)
+	rows := strings.Split(strings.TrimSpace(string(raw)), "\n")
+	require.Equal(t, "scenario,at_ms,total_ms,insert_ms", rows[0])
+	require.Len(t, rows, 1+2*40)
+	last := map[string]float64{}
+	for i, row := range rows[1:] {
+		f := strings.Split(row, ",")
+		require.Len(t, f, 4, row)
+		want := "latency"
+		if i >= 40 {
+			want = "latency-remote"
+		}
+		require.Equal(t, want, f[0], row)
+		var at, total, insert float64
+		for j, v := range []*float64{&at, &total, &insert} {
+			*v, err = strconv.ParseFloat(f[j+1], 64)
+			require.NoError(t, err, row)
+		}
+		if prev, ok := last[f[0]]; ok {
+			require.Greater(t, at, prev, "samples in insert order: %s", row)
+		} else {
+			require.Zero(t, at, row)
+		}
+		last[f[0]] = at
+		require.Greater(t, insert, 0.0, row)
+		require.Greater(t, total, 0.0, row)
+	}
 }

@@ -73,6 +73,10 @@ type Options struct {
 	ClientPoke gendurable.PokeTransport
 	// Logger receives the engine's logs (default: warnings and errors to stderr).
 	Logger *slog.Logger
+	// Samples, when set, receives one CSV line per pickup of latency and latency-remote:
+	// scenario, when its Insert began (ms after the scenario's first), the pickup's total and its
+	// Insert's round trip (ms), so that a tail can be placed in time.
+	Samples io.Writer
 }
 
 // Result is one scenario's figures. Pointers are fields that do not apply to every scenario.
@@ -145,6 +149,7 @@ func scenarios() []scenario {
 		{name: "chain", defaultN: 50000, summary: "N/5 instances of a 5-step no-op FSM inserted in bulk, worked by one client", run: runChain},
 		{name: "latency", defaultN: 500, summary: "an idle running client; N single Inserts 5 ms apart; time from the Insert call to the step's start", run: runLatency},
 		{name: "latency-remote", defaultN: 500, summary: "latency across nodes: a client that works no queue inserts, a worker client on its own pool starts the step, woken by the poke transport (PokePostgres)", run: runLatencyRemote},
+		{name: "jitter", defaultN: 2000, named: true, summary: "no database: N sleeps of 5 ms (the latency scenarios' spacing); how late the host wakes a sleeping goroutine, of which a pickup takes several in series", run: runJitter},
 		{name: "latency-tx", defaultN: 500, summary: "an idle running client on the default configuration; N InsertTx, each in a transaction of its own committed at once, 5 ms apart; time from the Commit call to the step's start", run: runLatencyTx},
 		{name: "await", defaultN: 500, summary: "an idle running client; N sequential Insert + client.Await of a one-step job; time from the Insert call to Await's answer", run: runAwait},
 		{name: "signal", defaultN: 5000, summary: "N instances parked on Await, each signalled (4 senders at once); time from the Signal call to the woken step's start", run: runSignal},
@@ -604,10 +609,12 @@ func runLatencyTx(ctx context.Context, r *runner, n int) (Result, error) {
 func latency(ctx context.Context, r *runner, n int, remote bool) (Result, error) {
 	var mu sync.Mutex
 	lat := make([]time.Duration, 0, n)
+	total := make(map[int64]time.Duration, n) // by T0, for Samples
 	job := gendurable.Job[latArgs]{Name: "latency", Queue: "bench", Perform: func(_ *gendurable.Ctx, a latArgs) error {
 		d := time.Since(time.Unix(0, a.T0))
 		mu.Lock()
 		lat = append(lat, d)
+		total[a.T0] = d
 		mu.Unlock()
 		return nil
 	}}
@@ -658,12 +665,14 @@ func latency(ctx context.Context, r *runner, n int, remote bool) (Result, error)
 	time.Sleep(500 * time.Millisecond)
 	t0 := time.Now()
 	inserts := make([]time.Duration, 0, n)
+	begans := make([]time.Time, 0, n)
 	for range n {
 		began := time.Now()
 		if _, err := web.Insert(ctx, job.With(latArgs{T0: began.UnixNano()}), nil); err != nil {
 			return Result{}, err
 		}
 		inserts = append(inserts, time.Since(began))
+		begans = append(begans, began)
 		time.Sleep(5 * time.Millisecond)
 	}
 	if err := waitFor(ctx, time.Minute, "all latency jobs done", func() bool { return finished.Load() >= int64(n) }); err != nil {
@@ -672,11 +681,43 @@ func latency(ctx context.Context, r *runner, n int, remote bool) (Result, error)
 	d := time.Since(t0)
 	mu.Lock()
 	defer mu.Unlock()
+	if w := r.opts.Samples; w != nil {
+		name := "latency"
+		if remote {
+			name = "latency-remote"
+		}
+		for i, b := range begans {
+			if _, err := fmt.Fprintf(w, "%s,%.3f,%.3f,%.3f\n", name, ms(b.Sub(begans[0])), ms(total[b.UnixNano()]), ms(inserts[i])); err != nil {
+				return Result{}, fmt.Errorf("write the samples: %w", err)
+			}
+		}
+	}
 	for _, ds := range [][]time.Duration{lat, inserts, picks} {
 		slices.Sort(ds)
 	}
 	return Result{Seconds: round(d.Seconds()), P50ms: pct(lat, 0.50), P95ms: pct(lat, 0.95), P99ms: pct(lat, 0.99),
 		InsertP50ms: pct(inserts, 0.50), InsertP99ms: pct(inserts, 0.99), PickP50ms: pct(picks, 0.50), PickP99ms: pct(picks, 0.99)}, nil
+}
+
+// ms is d in milliseconds.
+func ms(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
+
+// runJitter is the host's own latency, without the database: n sleeps of 5 ms (the spacing of
+// the latency scenarios' inserts), and how much later than asked each one woke. A pickup is
+// several such wake-ups in series (the inserting goroutine's, the server's backends', the
+// worker's goroutines'), each as late as the host makes it.
+func runJitter(_ context.Context, _ *runner, n int) (Result, error) {
+	const nap = 5 * time.Millisecond
+	late := make([]time.Duration, 0, n)
+	t0 := time.Now()
+	for range n {
+		at := time.Now()
+		time.Sleep(nap)
+		late = append(late, max(time.Since(at)-nap, 0))
+	}
+	d := time.Since(t0)
+	slices.Sort(late)
+	return Result{Seconds: round(d.Seconds()), P50ms: pct(late, 0.50), P95ms: pct(late, 0.95), P99ms: pct(late, 0.99)}, nil
 }
 
 // pickTimer collects, under mu, the durations of a worker's picks that claimed rows.
