@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/rand"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -22,7 +23,7 @@ type multiFlag []string
 func (m *multiFlag) String() string     { return fmt.Sprint(*m) }
 func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 
-func runBench(ctx context.Context, args []string, out io.Writer) error {
+func runBench(ctx context.Context, args []string, out io.Writer) (err error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	var db dbFlags
 	db.register(fs, "gendurable_bench")
@@ -77,19 +78,19 @@ func runBench(ctx context.Context, args []string, out io.Writer) error {
 	}
 	var sampleOut io.Writer
 	if *samples != "" && *worker == "" {
-		f, err := os.Create(*samples)
-		if err != nil {
-			return fmt.Errorf("--samples: %w", err)
+		f, ferr := os.Create(*samples)
+		if ferr != nil {
+			return fmt.Errorf("--samples: %w", ferr)
 		}
-		defer func() { _ = f.Close() }()
 		bw := bufio.NewWriter(f)
 		defer func() {
-			if err := bw.Flush(); err != nil {
-				fmt.Fprintln(os.Stderr, "gendurable bench: samples:", err)
+			// A samples file cut short (a full disk) fails the run, as a failed scenario does.
+			if cerr := errors.Join(bw.Flush(), f.Close()); cerr != nil {
+				err = errors.Join(err, fmt.Errorf("--samples: %w", cerr))
 			}
 		}()
-		if _, err := io.WriteString(bw, "scenario,at_ms,total_ms,insert_ms\n"); err != nil {
-			return fmt.Errorf("--samples: %w", err)
+		if _, werr := io.WriteString(bw, "scenario,at_ms,total_ms,insert_ms\n"); werr != nil {
+			return fmt.Errorf("--samples: %w", werr)
 		}
 		sampleOut = bw
 	}

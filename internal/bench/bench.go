@@ -706,11 +706,14 @@ func ms(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
 // the latency scenarios' inserts), and how much later than asked each one woke. A pickup is
 // several such wake-ups in series (the inserting goroutine's, the server's backends', the
 // worker's goroutines'), each as late as the host makes it.
-func runJitter(_ context.Context, _ *runner, n int) (Result, error) {
+func runJitter(ctx context.Context, _ *runner, n int) (Result, error) {
 	const nap = 5 * time.Millisecond
 	late := make([]time.Duration, 0, n)
 	t0 := time.Now()
 	for range n {
+		if err := ctx.Err(); err != nil {
+			return Result{}, err
+		}
 		at := time.Now()
 		time.Sleep(nap)
 		late = append(late, max(time.Since(at)-nap, 0))

@@ -17,13 +17,17 @@ import (
 // and outcomes (the reaper's and the registry's first rounds, 5 s after Start): a step's pickup
 // then waited on that connection's first statements. So Start warms the pool in the background:
 // it holds as many connections at once as the node's loops can use together, which opens them,
-// and runs the node's hot statements on each with nothing to claim, apply or insert.
+// and runs on each the statements that have nothing to do when given nothing: an insert of no
+// rows (the table's caches), and on a node with queues the plain pick with a limit of 0 and the
+// plain outcome batch of no outcomes, which a queue without gates, rate limits or fairness keys
+// runs for every step.
 
-// warmTimeout bounds the warm-up. It takes a connection only while the pool has one idle or room
-// for one, waits at most warmWait for it, and never holds more than half the pool: the
-// application and the node's own loops (or other clients on the same pool) must not wait on it.
+// warmTimeout bounds the warm-up, opening its connections included. It takes a connection only
+// while the pool has one idle or room for one and while less than half the pool is in use (its
+// own included), and waits at most warmWait for an idle one: the application and the node's own
+// loops (or other clients on the same pool) must not wait on it.
 const (
-	warmTimeout = 10 * time.Second
+	warmTimeout = 3 * time.Second
 	warmWait    = 100 * time.Millisecond
 )
 
@@ -35,8 +39,8 @@ type warmPool interface {
 
 // warmConns is how many pool connections this node's loops may hold at once: a pick per queue,
 // the committers, and each sweep (registry, pauses, reaper, schedules, GC) and the inserts and
-// awaits, capped by half the pool's size.
-func (e *Engine) warmConns(maxConns int) int {
+// awaits.
+func (e *Engine) warmConns() int {
 	n := 2 // the registry, and an insert or await of the application's
 	if len(e.runners) > 0 {
 		n += len(e.runners) + e.cfg.Committers + 1 // + the pauses
@@ -50,12 +54,12 @@ func (e *Engine) warmConns(maxConns int) int {
 	if e.cfg.GCInterval > 0 {
 		n++
 	}
-	return min(n, maxConns/2)
+	return n
 }
 
-// warm opens the connections the node's loops use together and runs its hot statements on each:
-// an insert of no rows, and on a node with queues a pick that may claim none and an outcome batch
-// of none. None of them writes a row. It gives up quietly: a cold connection is slow, not wrong.
+// warm opens the connections the node's loops use together and runs the hot statements on each,
+// releasing each connection once its statements ran. None of them writes a row. It gives up
+// quietly: a cold connection is slow, not wrong.
 func (e *Engine) warm() {
 	defer e.bg.Done()
 	p, ok := e.pool.(warmPool)
@@ -64,21 +68,11 @@ func (e *Engine) warm() {
 	}
 	ctx, cancel := context.WithTimeout(e.bgCtx, warmTimeout)
 	defer cancel()
-	want := e.warmConns(int(p.Stat().MaxConns()))
+	want := e.warmConns()
 	conns := make([]*pgxpool.Conn, 0, want)
-	defer func() {
-		for _, c := range conns {
-			c.Release()
-		}
-	}()
 	for range want {
-		if st := p.Stat(); st.IdleConns() == 0 && st.TotalConns() >= st.MaxConns() {
-			break
-		}
-		actx, acancel := context.WithTimeout(ctx, warmWait)
-		c, err := p.Acquire(actx)
-		acancel()
-		if err != nil {
+		c := warmAcquire(ctx, p)
+		if c == nil {
 			break
 		}
 		conns = append(conns, c)
@@ -93,12 +87,35 @@ func (e *Engine) warm() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer c.Release()
 			if err := e.warmConn(ctx, c, queue); err != nil && ctx.Err() == nil {
 				e.log.Debug("gendurable: could not warm a pool connection", "client", e.cfg.Name, "error", err)
 			}
 		}()
 	}
 	wg.Wait()
+}
+
+// warmAcquire takes a connection for the warm-up, or returns nil: half the pool is in use, or it
+// is full and none is idle within warmWait.
+func warmAcquire(ctx context.Context, p warmPool) *pgxpool.Conn {
+	st := p.Stat()
+	if 2*st.AcquiredConns() >= st.MaxConns() {
+		return nil
+	}
+	if st.TotalConns() >= st.MaxConns() {
+		if st.IdleConns() == 0 {
+			return nil
+		}
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, warmWait)
+		defer cancel()
+	} // else there is room for one: opening it may take a while (TLS, a remote server)
+	c, err := p.Acquire(ctx)
+	if err != nil {
+		return nil
+	}
+	return c
 }
 
 // warmConn runs the hot statements on c: queue, if not empty, is one of the node's queues (the
