@@ -18,7 +18,6 @@
 //   - await.go: the await bridge behind Client.Await.
 //   - drain.go: the test kit's inline drain, through the same pick, executor and outcome.
 //   - txwatch.go: the commit watcher, which starts an InsertTx's rows once the caller commits.
-//   - warm.go: the pool's warm-up at Start, so that no pickup waits on a cold connection.
 //   - machine.go (MachineDef, Call), poke.go (transports), events.go (hooks), ops.go.
 //
 // docs/architecture.md follows one row through these files.
@@ -296,8 +295,6 @@ func (e *Engine) Start(ctx context.Context) error {
 			e.poker.Store(&pc)
 		}
 	}
-	e.bg.Add(1)
-	go e.warm()
 	for _, r := range e.runners {
 		r.startWorkers()
 		e.loops.Add(1)

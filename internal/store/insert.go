@@ -274,10 +274,3 @@ func (s *Store) insertRound(ctx context.Context, db DB, in []InsertRow, idx []in
 	}
 	return again, nil
 }
-
-// WarmInsert runs the insert statement with no rows (it writes nothing), so that db's connection
-// has it planned and prepared, and the instances table's caches built, before a caller's insert.
-func (s *Store) WarmInsert(ctx context.Context, db DB) error {
-	_, err := s.insertRound(ctx, db, nil, nil, nil)
-	return err
-}
