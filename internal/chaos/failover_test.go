@@ -374,7 +374,7 @@ func TestFailoverLosesNothing(t *testing.T) {
 	mostGate := most
 	mu.Unlock()
 	lostBeats := all.Events[string(gendurable.EventHeartbeatLost)]
-	t.Logf("%d instances, %d steps, %d outcome commits retried (events), %d stale outcomes; gate: %d samples (%d failed during the changes), at most %d executing (limit %d); claims released as expired: %d; running steps cancelled for a lost claim: %d; step transactions that lost their session, claims handed back: %d",
+	t.Logf("%d instances, %d steps, %d outcome commits retried (events), %d stale outcomes; gate: %d samples (%d failed during the changes), at most %d executing (limit %d); claims released as expired: %d; heartbeats that found running claims lost (each cancels those steps): %d; step transactions that lost their session, claims handed back: %d",
 		n, all.steps(), all.Events[string(gendurable.EventCommitFailed)], all.stale(), gateSamples, gateFailed, mostGate, haLimit, expired, lostBeats, all.HandBacks)
 	oracle.Report(t, oracle.Summary{Test: t.Name(), Seed: seed, Instances: n, Faults: len(faults),
 		Violations: len(v), DuplicateTerminal: dupTerminal, Seconds: time.Since(began).Seconds()})
