@@ -149,7 +149,7 @@ func scenarios() []scenario {
 		{name: "chain", defaultN: 50000, summary: "N/5 instances of a 5-step no-op FSM inserted in bulk, worked by one client", run: runChain},
 		{name: "latency", defaultN: 500, summary: "an idle running client; N single Inserts 5 ms apart; time from the Insert call to the step's start", run: runLatency},
 		{name: "latency-remote", defaultN: 500, summary: "latency across nodes: a client that works no queue inserts, a worker client on its own pool starts the step, woken by the poke transport (PokePostgres)", run: runLatencyRemote},
-		{name: "jitter", defaultN: 2000, named: true, summary: "no database: N sleeps of 5 ms (the latency scenarios' spacing); how late the host wakes a sleeping goroutine, of which a pickup takes several in series", run: runJitter},
+		{name: "jitter", defaultN: 2000, named: true, summary: "uses no database: N sleeps of 5 ms (the latency scenarios' spacing); how late the host wakes a sleeping goroutine, of which a pickup takes several in series", run: runJitter},
 		{name: "latency-tx", defaultN: 500, summary: "an idle running client on the default configuration; N InsertTx, each in a transaction of its own committed at once, 5 ms apart; time from the Commit call to the step's start", run: runLatencyTx},
 		{name: "await", defaultN: 500, summary: "an idle running client; N sequential Insert + client.Await of a one-step job; time from the Insert call to Await's answer", run: runAwait},
 		{name: "signal", defaultN: 5000, summary: "N instances parked on Await, each signalled (4 senders at once); time from the Signal call to the woken step's start", run: runSignal},
