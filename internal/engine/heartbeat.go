@@ -87,7 +87,12 @@ func (e *Engine) beat() bool {
 	var lost []int64
 	err := store.RetryConnLost(ctx, func() error {
 		return e.onBeatConn(func(db store.DB) (err error) {
-			lost, err = e.store.Heartbeat(ctx, db, ids, owners, e.cfg.Lease)
+			if lost, err = e.store.Heartbeat(ctx, db, ids, owners, e.cfg.Lease); err == nil && len(lost) > 0 {
+				// Cancelling steps on this server's word needs a write its standbys
+				// acknowledged (store.ConfirmLost): a beat that held none of its claims wrote
+				// nothing, and an old primary restarted read-write would say they are lost.
+				err = e.store.ConfirmLost(ctx, db, e.Origin())
+			}
 			return err
 		})
 	})

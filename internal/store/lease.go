@@ -85,3 +85,14 @@ func (s *Store) Heartbeat(ctx context.Context, db DB, ids []int64, owners []stri
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[int64])
 }
+
+// ConfirmLost backs a heartbeat's verdict that claims are lost before the caller acts on it: it
+// writes node's registry row (seen_at) on db's server, a commit that waits for that server's
+// synchronous standbys as the claims' own writes did. On a server outside the synchronous set it
+// waits until ctx ends or the server does.
+func (s *Store) ConfirmLost(ctx context.Context, db DB, node string) error {
+	if _, err := db.Exec(ctx, s.sql("heartbeat_confirm"), node); err != nil {
+		return fmt.Errorf("confirm lost claims: %w", err)
+	}
+	return nil
+}

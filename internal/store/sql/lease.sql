@@ -39,6 +39,17 @@ WHERE NOT EXISTS (
 );
 
 
+-- Backing a heartbeat's verdict that claims are lost (Store.ConfirmLost): a write, the client's
+-- own registry row seen again, so that its commit waits as every write's does, for the WAL flush
+-- and for the synchronous standbys. The heartbeat above writes nothing when none of its claims is
+-- held, and its commit then waits for nothing: on a server that is not the primary the standbys
+-- follow (an old primary restarted read-write after a failover, before it is demoted), its "lost"
+-- would be acted on. (A transaction that is only given an id writes no WAL and waits for no
+-- standby.) Locks the client's own nodes row; a row deleted meanwhile is not written, and the
+-- verdict then stands unconfirmed, as it did before.
+-- name: heartbeat_confirm
+UPDATE {schema}.nodes SET seen_at = now() WHERE id = $1;
+
 -- Gate leases (see the schema). A runner whose batches are all of one gated key far from its
 -- limit leases a block of slots of one shard and claims that key's rows against it (pick_leased):
 -- no counter is read or written per pick, and an outcome gives its slot back to the lease, not
