@@ -143,14 +143,15 @@ func (p *Postgres) PublishTx(ctx context.Context, tx pgx.Tx, queues []string) (b
 	var sent bool
 	var usage float64
 	now := time.Now()
-	if at := p.usageAt.Load(); at == 0 || now.Sub(time.Unix(0, at)) > p.t.usageStale {
+	at := p.usageAt.Load()
+	if age := now.Sub(time.Unix(0, at)); at == 0 || age > p.t.usageStale {
 		var err error
 		if sent, usage, err = p.store.NotifyBelow(ctx, tx, p.chans(queues), "", p.t.rideBelow); err != nil {
 			return false, fmt.Errorf("gendurable: poke in transaction: %w", err)
 		}
 		p.setUsage(usage, now)
 	} else {
-		if now.Sub(time.Unix(0, at)) > p.t.usageFresh {
+		if age > p.t.usageFresh {
 			select {
 			case p.sample <- struct{}{}:
 			default:

@@ -11,12 +11,12 @@
 SELECT pg_notify(ch, $2) FROM unnest($1::text[]) AS ch;
 
 -- poke_notify sent on its own (the transport's sender, not a caller's transaction): the
--- statement's implicit transaction commits without waiting for its WAL flush. A NOTIFY gets a transaction id
--- and a commit record, so a synchronous commit would wait for a flush (and hold the server's
--- notify lock, which serializes every notifying commit, through that wait) for a transaction
--- that wrote no row: nothing here needs to survive a crash of Postgres, whose notifications are
--- lost anyway, and the notification is delivered at commit, flushed or not. The rows the poke
--- announces were committed, and flushed, before it is sent.
+-- statement's implicit transaction commits without waiting for its WAL flush. A NOTIFY gets a
+-- transaction id and a commit record, so a synchronous commit would wait for a flush (and hold
+-- the server's notify lock, which serializes every notifying commit, through that wait) for a
+-- transaction that wrote no row: nothing here needs to survive a crash of Postgres, whose
+-- notifications are lost anyway, and the notification is delivered at commit, flushed or not.
+-- The rows the poke announces were committed, and flushed, before it is sent.
 -- name: poke_notify_alone
 SELECT pg_catalog.set_config('synchronous_commit', 'off', true), count(pg_notify(ch, $2))
 FROM unnest($1::text[]) AS ch;
@@ -25,13 +25,13 @@ FROM unnest($1::text[]) AS ch;
 -- $3 full or more (pg_notification_queue_usage, 0 to 1: notifications stay queued until every
 -- listening session has read them, and one that sits in a transaction reads none): once the
 -- queue is full, every transaction that notified fails at its commit, and a poke must never fail
--- the transaction it rides. Returns the queue's usage and how many
--- notifications were sent. The usage is read as the statement runs, not at the commit: half the
--- queue (4 GB on Postgres 15) is the margin. Reading it first moves the queue's tail past what
--- every listening session has read (asyncQueueAdvanceTail: the queue's lightweight locks, held
--- exclusively for an instant, and on crossing a segment the removal of the segments read, which
--- a notifying commit does anyway every few pages); no row locks. The transport sends it only
--- when it has not read the usage for a while (see poke_queue_usage).
+-- the transaction it rides. Returns the queue's usage and how many notifications were sent. The
+-- usage is read as the statement runs, not at the commit: half the queue (4 GB on Postgres 15)
+-- is the margin. Reading it first moves the queue's tail past what every listening session has
+-- read (asyncQueueAdvanceTail: the queue's lightweight locks, held exclusively for an instant,
+-- and on crossing a segment the removal of the segments read, which a notifying commit does
+-- anyway every few pages); no row locks. The transport sends it only when it has not read the
+-- usage for a while (see poke_queue_usage).
 -- name: poke_notify_below
 WITH q AS (SELECT pg_catalog.pg_notification_queue_usage() AS usage)
 SELECT q.usage, (SELECT count(pg_notify(ch, $2)) FROM unnest($1::text[]) AS ch WHERE q.usage < $3)
