@@ -8,13 +8,15 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// LogClaims installs, in schema, a log of every claim (t_claims: the row's id and fairness key,
-// the claim token, the claiming pick's transaction time), kept by a trigger of the test's.
+// LogClaims installs, in schema, a log of every claim (t_claims: the row's id, fairness key and
+// fair tag, the claim token, the claiming pick's transaction and its time), kept by a trigger of
+// the test's.
 func LogClaims(ctx context.Context, db *pgxpool.Pool, schema string) error {
 	s := q(schema)
-	_, err := db.Exec(ctx, fmt.Sprintf(`CREATE TABLE %[1]s.t_claims (seq bigserial, id bigint, fair_key text, owner text, at timestamptz NOT NULL DEFAULT now());
+	_, err := db.Exec(ctx, fmt.Sprintf(`CREATE TABLE %[1]s.t_claims (seq bigserial, id bigint, fair_key text, owner text, tag double precision,
+			xact xid8 NOT NULL DEFAULT pg_current_xact_id(), at timestamptz NOT NULL DEFAULT now());
 		CREATE FUNCTION %[1]s.t_log_claim() RETURNS trigger LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
-		BEGIN INSERT INTO %[1]s.t_claims (id, fair_key, owner) VALUES (NEW.id, NEW.fair_key, NEW.locked_by); RETURN NULL; END $fn$;
+		BEGIN INSERT INTO %[1]s.t_claims (id, fair_key, owner, tag) VALUES (NEW.id, NEW.fair_key, NEW.locked_by, OLD.fair_tag); RETURN NULL; END $fn$;
 		CREATE TRIGGER t_log_claim AFTER UPDATE ON %[1]s.instances FOR EACH ROW
 		WHEN (OLD.status = 'available' AND NEW.status = 'executing')
 		EXECUTE FUNCTION %[1]s.t_log_claim()`, s))
