@@ -19,6 +19,8 @@ import (
 // for a standby that never comes, and the test takes the step's claim away in a transaction that
 // does not wait for it. The beat's confirmation is seen waiting for the standby while the step
 // runs on; once the server stops waiting for standbys, the step is cancelled for its lost claim.
+// (The client's lease is long: no beat gives up for lack of time, which would cancel the step on
+// the client's own clock.)
 func TestHeartbeatCancelsAStepOnlyAfterAnAcknowledgedCommit(t *testing.T) {
 	t.Parallel()
 	e, cluster := privateEnv(t, nil)
@@ -37,7 +39,7 @@ func TestHeartbeatCancelsAStepOnlyAfterAnAcknowledgedCommit(t *testing.T) {
 			lost.Add(1)
 		}
 	}
-	w := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{job}, Heartbeat: 50 * time.Millisecond,
+	w := e.client(t, &gendurable.Config{Machines: []gendurable.Machine{job}, Heartbeat: 50 * time.Millisecond, Lease: 10 * time.Minute,
 		Queues: map[string]gendurable.QueueConfig{"hbq": {Concurrency: 1}}, Hooks: []func(gendurable.Event){hook}})
 	start(t, w)
 	_, err := w.Insert(ctx, job.With(1), nil)
@@ -54,6 +56,7 @@ func TestHeartbeatCancelsAStepOnlyAfterAnAcknowledgedCommit(t *testing.T) {
 	t.Cleanup(func() { _ = probe.Close(context.Background()) })
 	_, err = probe.Exec(ctx, `CREATE TABLE gendurable_test_probe (id bigserial PRIMARY KEY)`)
 	require.NoError(t, err)
+	probePID := probe.PgConn().PID()
 
 	// The claim is taken away in a transaction that holds the row until the server waits for
 	// standbys: meanwhile beats skip the locked row (they neither extend it nor call it lost).
@@ -70,22 +73,35 @@ func TestHeartbeatCancelsAStepOnlyAfterAnAcknowledgedCommit(t *testing.T) {
 		e.exec(t, `ALTER SYSTEM RESET synchronous_standby_names`)
 		e.exec(t, `SELECT pg_reload_conf()`)
 	})
-	// The setting is in force once a write waits for the standby (a probe on a connection of its
-	// own, abandoned while it waits).
-	deadline := time.Now().Add(time.Minute)
-	for {
-		require.True(t, time.Now().Before(deadline), "the server never began to wait for the standby")
-		pctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-		_, err := probe.Exec(pctx, `INSERT INTO gendurable_test_probe DEFAULT VALUES`)
-		cancel()
-		if err != nil {
-			break
+	// The setting is in force once a write waits for the standby: the probe writes, on its own
+	// connection, until one of its writes is seen waiting (a write that is merely slow is not).
+	probeCtx, stopProbe := context.WithCancel(ctx)
+	probing := make(chan struct{})
+	go func() {
+		defer close(probing)
+		for probeCtx.Err() == nil {
+			if _, err := probe.Exec(probeCtx, `INSERT INTO gendurable_test_probe DEFAULT VALUES`); err != nil {
+				return
+			}
 		}
+	}()
+	t.Cleanup(func() { stopProbe(); <-probing })
+	deadline := time.Now().Add(time.Minute)
+	for e.count(t, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event = 'SyncRep'`, probePID) == 0 {
+		require.True(t, time.Now().Before(deadline), "the server never began to wait for the standby")
+		time.Sleep(10 * time.Millisecond)
 	}
+	stopProbe() // (its connection closes; its backend waits on, as the standby never comes)
+	<-probing
 	require.NoError(t, tx.Commit(ctx))
 
+	// The confirmation waits for the standby itself, or for the row lock of a registry refresh of
+	// the same client's row that committed since the setting and waits for the standby in turn (a
+	// transaction keeps its locks until the standbys acknowledge its commit).
 	deadline = time.Now().Add(time.Minute)
-	for e.count(t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep' AND query LIKE '%SET seen_at = now() WHERE id =%'`) == 0 {
+	for e.count(t, `SELECT count(*) FROM pg_stat_activity AS a
+			WHERE a.query LIKE '%SET seen_at = now() WHERE id =%' AND (a.wait_event = 'SyncRep' OR EXISTS (
+				SELECT FROM pg_stat_activity AS b WHERE b.pid = ANY (pg_blocking_pids(a.pid)) AND b.wait_event = 'SyncRep'))`) == 0 {
 		require.True(t, time.Now().Before(deadline), "no heartbeat waited for the standby to confirm the lost claim")
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -104,5 +120,6 @@ func TestHeartbeatCancelsAStepOnlyAfterAnAcknowledgedCommit(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("the step was not cancelled once the server acknowledged the lost claim")
 	}
-	require.Positive(t, lost.Load())
+	// (The event follows the cancellation, which the step may see first.)
+	eventually(t, time.Minute, "a heartbeat.lost event", func() bool { return lost.Load() > 0 })
 }
