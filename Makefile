@@ -18,10 +18,11 @@ TESTFLAGS ?=
 # session kills, the clock skew, the full disks and the read-only server together, then the failover's pg_auto_failover formation and the full NOTIFY queue, one at a time): each of those offers a fixed load well under what
 # its cluster can do (a soak offers 40% of the capacity it measured) and judges its cluster
 # against itself (the clock skew's time bounds are its cluster's clock, with seconds of slack),
-# so neighbours slow nothing it measures, and they leave most of the cores idle. Then two jobs at
-# once: the root package's tests, then those of the packages in SIDE; and internal/chaos's fault
-# tests at their CI size, then the deterministic race tests (-tags chaos), then the other
-# packages' tests (SIDE balances the two jobs' lengths). Within a package, tests run as many at once as there are cores, each in a schema (or
+# so neighbours slow nothing it measures, and they leave most of the cores idle: beside them also
+# run the tests of the packages in SIDE, the deterministic race tests (-tags chaos) and the other
+# packages' tests, one after another (test/more), which fill the cores the cluster tests leave
+# idle. Then two jobs at once: the root package's tests, and internal/chaos's fault tests at
+# their CI size. Within a package, tests run as many at once as there are cores, each in a schema (or
 # database) of its own; more at once would slow each other down (the cores are busy, the
 # server's too) and run out of the server's 100 connections. LATENCY and CLUSTER are go test -run
 # regexps over the root package's and internal/chaos's tests; every other run skips them.
@@ -33,7 +34,7 @@ CLUSTER := ^(TestBloatSoak|TestLongSnapshotDuringSoak|TestSessionKills|TestState
 FAILOVER := ^(TestFailoverLosesNothing|TestNotifyQueueFullLosesNothing)$$
 # contrib/redispoke's tests measure a poke's trip between processes through Redis, and its
 # pings' answers within 100ms: test/latency runs them, with the others; test/contrib vets it.
-# SIDE: the packages whose tests make test runs after the root package's, in the same job.
+# SIDE: the packages whose tests test/side runs (in test/more, beside the cluster tests).
 SIDE     := ./cmd/gendurable ./internal/store ./internal/maintenance
 SIDE_RE  := /(cmd/gendurable|internal/store|internal/maintenance)
 # test/contrib's jobs: one per contrib module (and e2e).
@@ -45,7 +46,7 @@ RUN        ?= .
 CHAOSFLAGS ?= -p 1 -parallel 1 -timeout 90m
 CHAOSLOG   ?= chaos.log
 
-.PHONY: help demo test test/latency test/root test/packages test/side test/faults test/cluster test/tagged test/contrib $(CONTRIB_JOBS) test/root-packages test/race vet lint bench chaos chaos/random fuzz tidy
+.PHONY: help demo test test/latency test/root test/packages test/side test/faults test/cluster test/tagged test/contrib $(CONTRIB_JOBS) test/more test/race vet lint bench chaos chaos/random fuzz tidy
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -55,8 +56,8 @@ demo: ## run the demo: an order-processing workflow over a few thousand instance
 
 test: ## vet, lint and every test (contrib modules included) against a real Postgres
 	@$(MAKE) --no-print-directory test/latency
-	@$(MAKE) --no-print-directory -j6 --output-sync=target vet test/cluster test/contrib
-	@$(MAKE) --no-print-directory -j2 --output-sync=target test/root-packages test/faults
+	@$(MAKE) --no-print-directory -j6 --output-sync=target vet test/cluster test/contrib test/more
+	@$(MAKE) --no-print-directory -j2 --output-sync=target test/root test/faults
 
 vet: ## go vet with -tags chaos (lint vets the rest), then lint
 	$(GO) vet -tags chaos ./...
@@ -75,10 +76,8 @@ test/packages: ## the tests of every package but the root, internal/chaos and SI
 test/side: ## the tests of the packages in SIDE, one package at a time
 	$(GO) test -p 1 -count=1 -timeout 10m $(TESTFLAGS) $(SIDE)
 
-test/faults: ## internal/chaos's fault tests at their CI size, but the latency-bound and own-cluster ones; then test/tagged and test/packages
+test/faults: ## internal/chaos's fault tests at their CI size, but the latency-bound and own-cluster ones
 	$(GO) test -count=1 -timeout 10m -skip '$(LATENCY)|$(CLUSTER)' $(TESTFLAGS) ./internal/chaos/
-	@$(MAKE) --no-print-directory test/tagged
-	@$(MAKE) --no-print-directory test/packages
 
 test/tagged: ## the deterministic race tests, which drive the engine's fault points (-tags chaos)
 	$(GO) test -count=1 -tags chaos -run '^TestChaos' -timeout 10m $(TESTFLAGS) ./internal/fault/ ./internal/chaos/
@@ -93,10 +92,10 @@ $(CONTRIB_JOBS): test/contrib/%:
 	cd $* && $(GO) vet ./...
 	$(if $(filter contrib/redispoke,$*),,cd $* && $(GO) test -count=1 -timeout 10m $(TESTFLAGS) ./...)
 
-# make test's job that runs the root package's tests, then SIDE's.
-test/root-packages:
-	@$(MAKE) --no-print-directory test/root
+test/more: ## test/side, test/tagged and test/packages, one after another
 	@$(MAKE) --no-print-directory test/side
+	@$(MAKE) --no-print-directory test/tagged
+	@$(MAKE) --no-print-directory test/packages
 
 test/race: ## the tests under the race detector
 	$(GO) test -count=1 -race -timeout 20m $(TESTFLAGS) ./...
