@@ -21,8 +21,9 @@ TESTFLAGS ?=
 # so neighbours slow nothing it measures, and they leave most of the cores idle: beside them also
 # run the tests of the packages in SIDE, the deterministic race tests (-tags chaos) and the other
 # packages' tests, one after another (test/more), which fill the cores the cluster tests leave
-# idle. Then two jobs at once: the root package's tests, and internal/chaos's fault tests at
-# their CI size. Within a package, tests run as many at once as there are cores, each in a schema (or
+# idle. Then the root package's tests, then internal/chaos's fault tests at their CI size, one
+# after the other: each keeps both cores busy, and the two at once took longer than one after
+# the other. Within a package, tests run as many at once as there are cores, each in a schema (or
 # database) of its own; more at once would slow each other down (the cores are busy, the
 # server's too) and run out of the server's 100 connections. LATENCY and CLUSTER are go test -run
 # regexps over the root package's and internal/chaos's tests; every other run skips them.
@@ -57,7 +58,8 @@ demo: ## run the demo: an order-processing workflow over a few thousand instance
 test: ## vet, lint and every test (contrib modules included) against a real Postgres
 	@$(MAKE) --no-print-directory test/latency
 	@$(MAKE) --no-print-directory -j6 --output-sync=target vet test/cluster test/contrib test/more
-	@$(MAKE) --no-print-directory -j2 --output-sync=target test/root test/faults
+	@$(MAKE) --no-print-directory test/root
+	@$(MAKE) --no-print-directory test/faults
 
 vet: ## go vet with -tags chaos (lint vets the rest), then lint
 	$(GO) vet -tags chaos ./...
