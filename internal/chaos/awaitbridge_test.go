@@ -322,22 +322,7 @@ func (w *stallWatch) add(a, b time.Time) {
 
 // within is how long the process (or the server) stood still inside [from, to].
 func (w *stallWatch) within(from, to time.Time) time.Duration {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	var d time.Duration
-	for _, g := range w.gaps {
-		a, b := g[0], g[1]
-		if a.Before(from) {
-			a = from
-		}
-		if b.After(to) {
-			b = to
-		}
-		if b.After(a) {
-			d += b.Sub(a)
-		}
-	}
-	return d
+	return stillWithin(from, to, w)
 }
 
 // stillWithin is how long, inside [from, to], any of ws stood still (their stalls' union).
