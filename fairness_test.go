@@ -126,18 +126,18 @@ func passedOver(cols, groupBy string) string {
 }
 
 // logPassedOver logs the picks that passed key over (see passedOver), each with its rows, the
-// burst's, and their fair tags, after the tag and time of the key's first claim.
+// burst's, and their fair tags (-1: none), after the tag and time of the key's first claim.
 func logPassedOver(t *testing.T, e *env, key string, inserted time.Time) {
 	t.Helper()
 	ctx := context.Background()
 	var tag float64
 	var at time.Time
-	require.NoError(t, e.pool.QueryRow(ctx, expand(`SELECT tag, at FROM {schema}.t_claims WHERE fair_key = $1 ORDER BY seq LIMIT 1`, e.schema),
+	require.NoError(t, e.pool.QueryRow(ctx, expand(`SELECT coalesce(tag, -1), at FROM {schema}.t_claims WHERE fair_key = $1 ORDER BY seq LIMIT 1`, e.schema),
 		key).Scan(&tag, &at))
 	t.Logf("%s: insert committed by %s; first claimed at tag %g by a pick begun at %s", key,
 		inserted.Format(time.StampMicro), tag, at.Format(time.StampMicro))
 	rows, err := e.pool.Query(ctx, expand(passedOver(`c.xact::text, min(c.at), count(*), count(*) FILTER (WHERE c.fair_key = 'A'),
-		min(c.tag), max(c.tag), coalesce(min(c.tag) FILTER (WHERE c.fair_key = 'A'), -1)`, "c.xact"), e.schema), inserted, key)
+		coalesce(min(c.tag), -1), coalesce(max(c.tag), -1), coalesce(min(c.tag) FILTER (WHERE c.fair_key = 'A'), -1)`, "c.xact"), e.schema), inserted, key)
 	require.NoError(t, err)
 	defer rows.Close()
 	for rows.Next() {
