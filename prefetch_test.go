@@ -210,3 +210,47 @@ func TestPrefetchedRowsOfAPausedQueueAreHandedBack(t *testing.T) {
 		require.Equal(t, 1, g.ran(id))
 	}
 }
+
+// A row that waits for an executor when its instance is paused on its own is handed back unrun,
+// no attempt spent, once a heartbeat has seen the pause; the instance runs once resumed. The
+// other waiting rows run.
+func TestPrefetchedRowOfAPausedInstanceIsHandedBack(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	g := newGatedSteps()
+	var beats atomic.Int64
+	cl, job := g.client(t, e, gendurable.Config{Heartbeat: 50 * time.Millisecond,
+		Hooks: []func(gendurable.Event){func(ev gendurable.Event) {
+			if ev.Name == gendurable.EventHeartbeatBeat {
+				beats.Add(1)
+			}
+		}}}, 1, 3)
+	ids := insertHeld(t, cl, job, 4)
+	start(t, cl)
+	ctx := context.Background()
+	g.waitClaimed(t, e, 4, 1)
+	var waiting int64 // a prefetched row, not the one running
+	for _, id := range ids {
+		if g.ran(id) == 0 {
+			waiting = id
+			break
+		}
+	}
+	require.NotZero(t, waiting)
+	require.NoError(t, cl.Pause(ctx, gendurable.PauseTarget{Instance: waiting}, "test"))
+	// A beat that began after the pause committed has seen it: the second beat from now.
+	seen := beats.Load() + 2
+	eventually(t, 10*time.Second, "two heartbeats after the pause", func() bool { return beats.Load() >= seen })
+	close(g.open)
+	eventually(t, 10*time.Second, "the others done and the paused instance's row handed back", func() bool {
+		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'done'`) == 3 &&
+			e.count(t, `SELECT count(*) FROM {schema}.instances WHERE id = $1 AND status = 'available' AND attempt = 0
+				AND paused_at IS NOT NULL`, waiting) == 1
+	})
+	require.Zero(t, g.ran(waiting), "the paused instance's step ran")
+	require.NoError(t, cl.Resume(ctx, gendurable.PauseTarget{Instance: waiting}))
+	waitDone(t, e, 4)
+	for _, id := range ids {
+		require.Equal(t, 1, g.ran(id))
+	}
+}

@@ -128,11 +128,11 @@ func (e *Engine) runStep(queue string, j job, prefetched bool, release func()) {
 // goes in its place. A row Stop handed back while it waited (abandoned) has nothing left to do.
 // A row whose step was cancelled before it began (its claim found lost by the heartbeat, its
 // instance cancelled) is handed back unrun, as is a prefetched row once Stop has begun or if
-// its queue or machine was paused while it waited (a pick would not have claimed it); a
-// hand-back spends no attempt and counts no recovery.
+// its queue or machine was paused while it waited, or its instance as a heartbeat saw (a pick
+// would not have claimed it); a hand-back spends no attempt and counts no recovery.
 func (e *Engine) begin(queue string, j job, prefetched bool) (out store.Outcome, run, abandoned bool) {
 	e.mu.Lock()
-	abandoned, stopping := j.f.state == flightAbandoned, e.stopped
+	abandoned, stopping, paused := j.f.state == flightAbandoned, e.stopped, j.f.paused
 	if !abandoned {
 		j.f.started = time.Now()
 	}
@@ -141,7 +141,7 @@ func (e *Engine) begin(queue string, j job, prefetched bool) (out store.Outcome,
 	switch {
 	case abandoned:
 		return out, false, true
-	case context.Cause(j.ctx) != nil, prefetched && (stopping || e.paused.Load().queuePaused(queue) || e.paused.Load().machinePaused(c.Machine)):
+	case context.Cause(j.ctx) != nil, prefetched && (stopping || paused || e.paused.Load().queuePaused(queue) || e.paused.Load().machinePaused(c.Machine)):
 		// Nothing ran, so nothing is charged: the claim goes back untouched if it is still this
 		// client's, and the hand-back is dropped as stale if it is not (an operator cancelled the
 		// instance, or a reaper released the claim the heartbeat found lost).

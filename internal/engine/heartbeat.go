@@ -84,10 +84,10 @@ func (e *Engine) beat() bool {
 	began := time.Now()
 	// Extending leases is idempotent: a beat whose connection was lost (a restarted database's
 	// stale pool connections) is sent again at once on another.
-	var lost []int64
+	var lost, paused []int64
 	err := store.RetryConnLost(ctx, func() error {
 		return e.onBeatConn(func(db store.DB) (err error) {
-			if lost, err = e.store.Heartbeat(ctx, db, ids, owners, e.cfg.Lease); err == nil && len(lost) > 0 {
+			if lost, paused, err = e.store.Heartbeat(ctx, db, ids, owners, e.cfg.Lease); err == nil && len(lost) > 0 {
 				// Cancelling steps on this server's word needs a write its standbys
 				// acknowledged (store.ConfirmLost): a beat that held none of its claims wrote
 				// nothing, and an old primary restarted read-write would say they are lost.
@@ -110,13 +110,19 @@ func (e *Engine) beat() bool {
 	e.lastBeat = time.Now()
 	e.spells.beat.Succeeded(e.log, "gendurable: the heartbeat reaches the database again", "client", e.cfg.Name)
 	e.Emit(durabletype.Event{Name: durabletype.EventHeartbeatBeat, Count: len(ids), Duration: e.lastBeat.Sub(began)})
+	if len(lost) == 0 && len(paused) == 0 {
+		return true
+	}
+	// The statement names claims by row id; the claim is the one this beat sent for that id (one
+	// per id: flights holds one claim per row).
+	sent := make(map[int64]string, len(ids))
+	for i, id := range ids {
+		sent[id] = owners[i]
+	}
+	if len(paused) > 0 {
+		e.markPaused(paused, sent)
+	}
 	if len(lost) > 0 {
-		// The statement names lost claims by row id; the claim is the one this beat sent for
-		// that id (one per id: flights holds one claim per row).
-		sent := make(map[int64]string, len(ids))
-		for i, id := range ids {
-			sent[id] = owners[i]
-		}
 		lostOwners := make([]string, len(lost))
 		for i, id := range lost {
 			lostOwners[i] = sent[id]
@@ -124,6 +130,20 @@ func (e *Engine) beat() bool {
 		e.cancelAll(lost, lostOwners)
 	}
 	return true
+}
+
+// markPaused marks the flights of the claims a beat found held for instances paused on their
+// own: one that still waits for an executor (prefetched) is handed back when an executor takes it
+// (begin); a step already begun runs on. sent is the claim the beat sent for each id; a flight is
+// matched by its token, as in cancelAll.
+func (e *Engine) markPaused(paused []int64, sent map[int64]string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, id := range paused {
+		if f, ok := e.flights[id]; ok && f.owner == sent[id] {
+			f.paused = true
+		}
+	}
 }
 
 // beatFailed reports a beat of n claims that failed after took: an event each time, a log line

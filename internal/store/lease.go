@@ -77,13 +77,24 @@ func (s *Store) ReleaseLease(ctx context.Context, db DB, l Lease, unused int) er
 	return nil
 }
 
-// Heartbeat extends the leases of the given claims and returns the ids of those no longer held.
-func (s *Store) Heartbeat(ctx context.Context, db DB, ids []int64, owners []string, lease time.Duration) ([]int64, error) {
+// Heartbeat extends the leases of the given claims and returns the ids of those no longer held
+// (lost), and of those held for an instance paused on its own (paused).
+func (s *Store) Heartbeat(ctx context.Context, db DB, ids []int64, owners []string, lease time.Duration) (lost, paused []int64, err error) {
 	rows, err := db.Query(ctx, s.sql("heartbeat"), ids, owners, lease.Milliseconds())
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return pgx.CollectRows(rows, pgx.RowTo[int64])
+	var id int64
+	var gone bool
+	_, err = pgx.ForEachRow(rows, []any{&id, &gone}, func() error {
+		if gone {
+			lost = append(lost, id)
+		} else {
+			paused = append(paused, id)
+		}
+		return nil
+	})
+	return lost, paused, err
 }
 
 // ConfirmLost backs a heartbeat's verdict that claims are lost before the caller acts on it: it

@@ -5,7 +5,8 @@
 -- worker, so clock skew between nodes cannot reclaim a live claim early.
 
 -- Heartbeat: extend the leases of every claim a client holds, in one statement per interval,
--- and report the claims it no longer holds.
+-- and report the claims it no longer holds, and those it holds for an instance paused on its own
+-- (a prefetched row whose step has not begun is then handed back instead of run).
 --
 -- Locks: the owned rows are locked FOR NO KEY UPDATE SKIP LOCKED in id order, so the heartbeat
 -- never waits: a row it skips is being committed by its outcome at that moment (or read by a
@@ -13,7 +14,8 @@
 -- without locks: a claim is reported lost only if the row is no longer executing under that
 -- token, never merely because it was skipped.
 --
--- $1 ids, $2 claim tokens, $3 lease in ms. Returns the ids of lost claims.
+-- $1 ids, $2 claim tokens, $3 lease in ms. Returns (id, lost): the lost claims (true), and the
+-- held claims of paused instances (false).
 
 -- name: heartbeat
 WITH mine AS (
@@ -31,12 +33,10 @@ WITH mine AS (
   WHERE i.id = lockable.id
   RETURNING i.id
 )
-SELECT mine.id
+SELECT mine.id, i.id IS NULL AS lost
 FROM mine
-WHERE NOT EXISTS (
-  SELECT 1 FROM {schema}.instances AS i
-  WHERE i.id = mine.id AND i.locked_by = mine.owner
-);
+LEFT JOIN {schema}.instances AS i ON i.id = mine.id AND i.locked_by = mine.owner
+WHERE i.id IS NULL OR i.paused_at IS NOT NULL;
 
 
 -- Backing a heartbeat's verdict that claims are lost (Store.ConfirmLost): a write, the client's
