@@ -238,7 +238,8 @@ func TestPrefetchedRowOfAPausedInstanceIsHandedBack(t *testing.T) {
 	}
 	require.NotZero(t, waiting)
 	require.NoError(t, cl.Pause(ctx, gendurable.PauseTarget{Instance: waiting}, "test"))
-	// A beat that began after the pause committed has seen it: the second beat from now.
+	// A beat that began after the pause committed has seen it, and marked the row before its
+	// heartbeat.beat event: the second beat from now.
 	seen := beats.Load() + 2
 	eventually(t, 10*time.Second, "two heartbeats after the pause", func() bool { return beats.Load() >= seen })
 	close(g.open)

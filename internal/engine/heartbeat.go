@@ -109,19 +109,19 @@ func (e *Engine) beat() bool {
 	}
 	e.lastBeat = time.Now()
 	e.spells.beat.Succeeded(e.log, "gendurable: the heartbeat reaches the database again", "client", e.cfg.Name)
-	e.Emit(durabletype.Event{Name: durabletype.EventHeartbeatBeat, Count: len(ids), Duration: e.lastBeat.Sub(began)})
-	if len(lost) == 0 && len(paused) == 0 {
-		return true
-	}
 	// The statement names claims by row id; the claim is the one this beat sent for that id (one
 	// per id: flights holds one claim per row).
-	sent := make(map[int64]string, len(ids))
-	for i, id := range ids {
-		sent[id] = owners[i]
+	var sent map[int64]string
+	if len(lost) > 0 || len(paused) > 0 {
+		sent = make(map[int64]string, len(ids))
+		for i, id := range ids {
+			sent[id] = owners[i]
+		}
 	}
 	if len(paused) > 0 {
-		e.markPaused(paused, sent)
+		e.markPaused(paused, sent) // before the beat's event, which thus says the pauses are seen
 	}
+	e.Emit(durabletype.Event{Name: durabletype.EventHeartbeatBeat, Count: len(ids), Duration: e.lastBeat.Sub(began)})
 	if len(lost) > 0 {
 		lostOwners := make([]string, len(lost))
 		for i, id := range lost {
