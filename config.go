@@ -113,8 +113,9 @@ type QueueConfig struct {
 	// claims more rows for one round trip, so a backlog of short steps goes faster at the same
 	// Concurrency; a prefetched row is executing for the database (it holds its gate slot and
 	// concurrency key, and no other node runs it) while it waits here. Rows whose queue or
-	// machine is paused while they wait are handed back unrun. Default 0; at most 10,000. For
-	// queues of short steps only: behind long steps a prefetched row waits for as long.
+	// machine is paused while they wait are handed back unrun, and so is a row whose instance
+	// is paused once the heartbeat has seen it. Default 0; at most 10,000. For queues of short
+	// steps only: behind long steps a prefetched row waits for as long.
 	Prefetch int
 }
 

@@ -212,11 +212,12 @@ func TestPrefetchedRowsOfAPausedQueueAreHandedBack(t *testing.T) {
 }
 
 // A row that waits for an executor when its instance is paused on its own is handed back unrun,
-// no attempt spent, once a heartbeat has seen the pause; the instance runs once resumed. The
-// other waiting rows run.
+// no attempt spent, once a heartbeat has seen the pause; the instance runs once resumed. One
+// resumed before it starts is not handed back (it is claimed once), and the other waiting rows run.
 func TestPrefetchedRowOfAPausedInstanceIsHandedBack(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
+	logClaims(t, e)
 	g := newGatedSteps()
 	var beats atomic.Int64
 	cl, job := g.client(t, e, gendurable.Config{Heartbeat: 50 * time.Millisecond,
@@ -229,29 +230,39 @@ func TestPrefetchedRowOfAPausedInstanceIsHandedBack(t *testing.T) {
 	start(t, cl)
 	ctx := context.Background()
 	g.waitClaimed(t, e, 4, 1)
-	var waiting int64 // a prefetched row, not the one running
+	eventually(t, 10*time.Second, "the running step recorded", func() bool { return g.ranAll() == 1 })
+	var waiting []int64 // the prefetched rows, not the one running
 	for _, id := range ids {
 		if g.ran(id) == 0 {
-			waiting = id
-			break
+			waiting = append(waiting, id)
 		}
 	}
-	require.NotZero(t, waiting)
-	require.NoError(t, cl.Pause(ctx, gendurable.PauseTarget{Instance: waiting}, "test"))
-	// A beat that began after the pause committed has seen it, and marked the row before its
+	require.Len(t, waiting, 3)
+	paused, resumed := waiting[0], waiting[1]
+	// A beat that began after a change committed has seen it, and marked the rows before its
 	// heartbeat.beat event: the second beat from now.
-	seen := beats.Load() + 2
-	eventually(t, 10*time.Second, "two heartbeats after the pause", func() bool { return beats.Load() >= seen })
+	seen := func() {
+		n := beats.Load() + 2
+		eventually(t, 10*time.Second, "two heartbeats", func() bool { return beats.Load() >= n })
+	}
+	require.NoError(t, cl.Pause(ctx, gendurable.PauseTarget{Instance: paused}, "test"))
+	require.NoError(t, cl.Pause(ctx, gendurable.PauseTarget{Instance: resumed}, "test"))
+	seen()
+	require.NoError(t, cl.Resume(ctx, gendurable.PauseTarget{Instance: resumed}))
+	seen()
 	close(g.open)
 	eventually(t, 10*time.Second, "the others done and the paused instance's row handed back", func() bool {
 		return e.count(t, `SELECT count(*) FROM {schema}.instances WHERE status = 'done'`) == 3 &&
 			e.count(t, `SELECT count(*) FROM {schema}.instances WHERE id = $1 AND status = 'available' AND attempt = 0
-				AND paused_at IS NOT NULL`, waiting) == 1
+				AND paused_at IS NOT NULL`, paused) == 1
 	})
-	require.Zero(t, g.ran(waiting), "the paused instance's step ran")
-	require.NoError(t, cl.Resume(ctx, gendurable.PauseTarget{Instance: waiting}))
+	require.Zero(t, g.ran(paused), "the paused instance's step ran")
+	require.Equal(t, 1, e.count(t, `SELECT count(*) FROM {schema}.t_claims WHERE id = $1`, resumed),
+		"the instance resumed before its row started was handed back")
+	require.NoError(t, cl.Resume(ctx, gendurable.PauseTarget{Instance: paused}))
 	waitDone(t, e, 4)
 	for _, id := range ids {
 		require.Equal(t, 1, g.ran(id))
 	}
+	require.Equal(t, 2, e.count(t, `SELECT count(*) FROM {schema}.t_claims WHERE id = $1`, paused))
 }

@@ -29,8 +29,8 @@ type flight struct {
 	started  time.Time
 	cancel   context.CancelCauseFunc
 	state    flightState
-	// paused says a heartbeat found the instance paused on its own: a row that still waits
-	// (prefetched) for an executor is handed back instead of run.
+	// paused says the last heartbeat found the instance paused on its own: a row that still
+	// waits (prefetched) for an executor is handed back instead of run.
 	paused bool
 }
 

@@ -109,20 +109,15 @@ func (e *Engine) beat() bool {
 	}
 	e.lastBeat = time.Now()
 	e.spells.beat.Succeeded(e.log, "gendurable: the heartbeat reaches the database again", "client", e.cfg.Name)
-	// The statement names claims by row id; the claim is the one this beat sent for that id (one
-	// per id: flights holds one claim per row).
-	var sent map[int64]string
-	if len(lost) > 0 || len(paused) > 0 {
-		sent = make(map[int64]string, len(ids))
+	e.markPaused(ids, owners, paused) // before the beat's event, which thus says the pauses are seen
+	e.Emit(durabletype.Event{Name: durabletype.EventHeartbeatBeat, Count: len(ids), Duration: e.lastBeat.Sub(began)})
+	if len(lost) > 0 {
+		// The statement names lost claims by row id; the claim is the one this beat sent for
+		// that id (one per id: flights holds one claim per row).
+		sent := make(map[int64]string, len(ids))
 		for i, id := range ids {
 			sent[id] = owners[i]
 		}
-	}
-	if len(paused) > 0 {
-		e.markPaused(paused, sent) // before the beat's event, which thus says the pauses are seen
-	}
-	e.Emit(durabletype.Event{Name: durabletype.EventHeartbeatBeat, Count: len(ids), Duration: e.lastBeat.Sub(began)})
-	if len(lost) > 0 {
 		lostOwners := make([]string, len(lost))
 		for i, id := range lost {
 			lostOwners[i] = sent[id]
@@ -132,16 +127,24 @@ func (e *Engine) beat() bool {
 	return true
 }
 
-// markPaused marks the flights of the claims a beat found held for instances paused on their
-// own: one that still waits for an executor (prefetched) is handed back when an executor takes it
-// (begin); a step already begun runs on. sent is the claim the beat sent for each id; a flight is
-// matched by its token, as in cancelAll.
-func (e *Engine) markPaused(paused []int64, sent map[int64]string) {
+// markPaused records, on the flights of the claims a beat sent (ids[i] under token owners[i]),
+// whether their instances are paused on their own (paused, as the beat found): one that still
+// waits for an executor (prefetched) is handed back when an executor takes it (begin), and one
+// resumed by the next beat is not; a step already begun runs on. A flight is matched by its
+// token, as in cancelAll.
+func (e *Engine) markPaused(ids []int64, owners []string, paused []int64) {
+	var now map[int64]bool
+	if len(paused) > 0 {
+		now = make(map[int64]bool, len(paused))
+		for _, id := range paused {
+			now[id] = true
+		}
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for _, id := range paused {
-		if f, ok := e.flights[id]; ok && f.owner == sent[id] {
-			f.paused = true
+	for i, id := range ids {
+		if f, ok := e.flights[id]; ok && f.owner == owners[i] {
+			f.paused = now[id]
 		}
 	}
 }
